@@ -1,0 +1,1 @@
+"""Outside systems: the commitlog files, the tier backends and reader, Kafka."""

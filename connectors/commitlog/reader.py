@@ -1,0 +1,384 @@
+"""Tail-safe reading of a commitlog directory.
+
+The reader may run while a writer (tierlog's own, or a RocketMQ broker) is
+appending.  Its contract:
+
+* it returns only complete records; a record still being written (a torn
+  tail) is not a message yet and is left for a later call;
+* corrupt data (bad magic, impossible size, a CRC mismatch, a record that is
+  not where its own PHYSICALOFFSET says) raises :class:`CorruptRecordError`
+  naming the file and the physical offset; nothing is skipped;
+* physical offsets are the one address space of §3 and §8: ``scan`` and
+  ``spans`` resume strictly at the offset they are given, which must be a
+  record boundary, a blank marker or a file start.
+
+Telling a torn tail from corruption: a bad record is a torn tail only when it
+is the last thing in the log, i.e. nothing but zero bytes follows where it
+ends and no later file holds data.  The last complete record is also checked
+against its body CRC, because a broker copies records into its mapped file
+front to back and a reader can catch the copy half done.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator
+
+import numpy as np
+
+from connectors.commitlog import format as fmt
+from connectors.commitlog.errors import CorruptRecordError, LogLayoutError, OffsetOutOfRangeError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+_FILE_NAME = re.compile(r"^\d{20}$")
+_ZERO8 = bytes(8)
+TAIL_WINDOW = 1 << 20  # bytes after a suspect record checked for later data
+
+
+@dataclass(frozen=True)
+class MappedFile:
+    """One file of the log: its start offset (from its name), path and length on disk."""
+
+    base: int
+    path: str
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.base + self.length
+
+
+def list_files(directory: str) -> list[MappedFile]:
+    """The mapped files in ``directory``, in offset order, checked to be contiguous.
+
+    Files whose names are not 20 digits (locks, checkpoints) are ignored.
+    Raises :class:`LogLayoutError` when a name is not the end of its
+    predecessor, so a missing or misnamed file is never read across.
+    """
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return []
+    files = sorted(
+        (MappedFile(int(e.name), e.path, e.stat().st_size) for e in entries if _FILE_NAME.match(e.name)),
+        key=lambda f: f.base,
+    )
+    for prev, cur in zip(files, files[1:]):
+        if cur.base != prev.end:
+            raise LogLayoutError(
+                f"commitlog file {cur.path} does not follow {prev.path}: a file of "
+                f"{prev.length} bytes starting at {prev.base} should be followed by "
+                f"{fmt.file_name(prev.end)}. A file is missing, misnamed or was resized."
+            )
+    return files
+
+
+def _walk(buf, pos: int, limit: int, length: int, records_left: int, bytes_left: int, take_first: bool, span):
+    """The hot loop: step over well-formed message headers from ``pos`` towards ``limit``.
+
+    Appends each record to ``span`` and returns ``(pos, nbytes, limited)``:
+    where it stopped, the bytes it stepped over, and whether a record or byte
+    limit stopped it.  Anything that is not a plausible message header (blank,
+    zeros, garbage) also stops it, for the caller to classify.
+    """
+    unpack = fmt._SIZE_MAGIC.unpack_from
+    v1, v2, smallest = fmt.MAGIC_V1, fmt.MAGIC_V2, fmt.MIN_RECORD_SIZE
+    cap = length - fmt.END_FILE_MIN_BLANK_LENGTH  # every record leaves 8 bytes in its file
+    add_start, add_size = span.starts.append, span.sizes.append
+    nbytes = 0
+    stop_at = min(limit, cap)
+    while pos < stop_at:
+        if records_left == 0:
+            return pos, nbytes, True
+        size, magic = unpack(buf, pos)
+        if (magic != v1 and magic != v2) or size < smallest or size > cap - pos:
+            break
+        if nbytes + size > bytes_left and not take_first:
+            return pos, nbytes, True
+        take_first = False
+        add_start(pos)
+        add_size(size)
+        pos += size
+        nbytes += size
+        records_left -= 1
+    return pos, nbytes, False
+
+
+@dataclass
+class Span:
+    """Complete records found in one file: positions relative to ``file.base``."""
+
+    file: MappedFile
+    starts: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    end: int = 0  # physical offset where reading resumes after this span
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.sizes)
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """What ``scan`` found: where to resume, how many records and bytes lie before it."""
+
+    start: int
+    end: int
+    records: int
+    nbytes: int
+    # Record boundaries at least ``split_bytes`` apart, file starts included: where to cut partitions.
+    splits: tuple[int, ...] = ()
+
+
+class CommitLogReader:
+    """Reads complete records from a commitlog directory.  Not thread-safe; cheap to create."""
+
+    def __init__(self, directory: str, *, check_crc: bool = False):
+        self.directory = directory
+        self.check_crc = check_crc
+        self._maps: dict[str, mmap.mmap] = {}
+
+    # ------------------------------------------------------------ files
+
+    def files(self) -> list[MappedFile]:
+        return list_files(self.directory)
+
+    def first_offset(self) -> int:
+        files = self.files()
+        return files[0].base if files else 0
+
+    def close(self) -> None:
+        for mm in self._maps.values():
+            try:
+                mm.close()
+            except BufferError:
+                pass  # an Arrow or numpy view still points into it; freed with the last view
+        self._maps.clear()
+
+    def __enter__(self) -> "CommitLogReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _map(self, f: MappedFile) -> mmap.mmap:
+        mm = self._maps.get(f.path)
+        if mm is None or len(mm) < f.length:
+            if mm is not None:
+                mm.close()
+            with open(f.path, "rb") as fh:
+                mm = mmap.mmap(fh.fileno(), f.length, access=mmap.ACCESS_READ)
+            self._maps[f.path] = mm
+        return mm
+
+    def read_range(self, f: MappedFile, start: int, end: int) -> bytes:
+        """A copy of the bytes ``[start, end)`` of physical offsets inside file ``f``."""
+        return self._map(f)[start - f.base : end - f.base]
+
+    # ------------------------------------------------------------ walking
+
+    def _locate(self, files: list[MappedFile], offset: int) -> int | None:
+        """Index of the file holding ``offset``; None when ``offset`` is the end of the last file."""
+        if not files:
+            if offset == 0:
+                return None
+            raise OffsetOutOfRangeError(f"physical offset {offset}: the commitlog {self.directory} is empty")
+        if offset < files[0].base:
+            raise OffsetOutOfRangeError(
+                f"physical offset {offset} is below the first retained commitlog file "
+                f"{files[0].path}: those messages were deleted before they were read"
+            )
+        if offset >= files[-1].end:
+            if offset == files[-1].end:
+                return None  # the writer has not created the next file yet
+            raise OffsetOutOfRangeError(
+                f"physical offset {offset} is beyond the end of the commitlog ({files[-1].end}, "
+                f"file {files[-1].path}): was the log replaced?"
+            )
+        return bisect.bisect_right([f.base for f in files], offset) - 1
+
+    def _later_data(self, files: list[MappedFile], idx: int) -> bool:
+        """Does any file after ``files[idx]`` hold a record?  (Brokers pre-create empty files.)"""
+        return any(f.length >= 8 and self._map(f)[:8] != _ZERO8 for f in files[idx + 1 :])
+
+    def _is_tail(self, files: list[MappedFile], idx: int, after: int) -> bool:
+        """True when only zeros follow file position ``after``: in a window of the file, and in later files.
+
+        The window (``TAIL_WINDOW``) bounds the cost of the check at the frontier,
+        which runs on every poll; a zeroed region larger than it, followed by data,
+        reads as the frontier and holds the reader there instead of skipping it.
+        """
+        f = files[idx]
+        window = np.frombuffer(self._map(f), np.uint8, count=max(0, min(TAIL_WINDOW, f.length - after)), offset=min(after, f.length))
+        return not window.any() and not self._later_data(files, idx)
+
+    def _fail(self, f: MappedFile, pos: int, reason: str, size: int | None = None) -> CorruptRecordError:
+        return CorruptRecordError(f.path, f.base + pos, reason, size)
+
+    def _frontier_ok(self, f: MappedFile, pos: int) -> bool:
+        """Is the last record before the frontier complete?  A broker copies it in front to back."""
+        buf = self._map(f)
+        try:
+            m = fmt.decode(buf, pos, check_crc=True, expect_phy=f.base + pos)
+        except fmt.RecordError:
+            return False
+        # The CRC covers only the body: check the bytes after it were copied too.  Serialized
+        # properties always end in \x02 (§7.1), and a topic never ends in a NUL byte.
+        last = buf[pos + m.size - 1]
+        if m.properties or last:
+            return last == 2
+        return not m.topic or buf[pos + m.size - 3] != 0
+
+    def spans(
+        self,
+        start: int,
+        end: int | None = None,
+        *,
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+    ) -> Iterator[Span]:
+        """Yield spans of complete records from ``start`` up to ``end`` (or the frontier).
+
+        With ``end`` the range is taken as known-complete (a previous scan found
+        it) and must end on a record boundary.  ``max_records``/``max_bytes``
+        stop early; at least one record is returned when any is available.
+        """
+        files = self.files()
+        idx = self._locate(files, start)
+        records_left = max_records if max_records is not None else -1  # -1 never reaches 0
+        bytes_left = max_bytes if max_bytes is not None else 1 << 62
+        pos_abs = start
+        while idx is not None:
+            f = files[idx]
+            pos = pos_abs - f.base
+            limit = f.length if end is None else min(f.length, end - f.base)
+            span = Span(f)
+            take_first = records_left == max_records if max_records is not None else bytes_left == max_bytes
+            pos, nbytes, limited = _walk(
+                self._map(f), pos, limit, f.length, records_left, bytes_left, take_first or max_bytes is None, span
+            )
+            records_left -= len(span.starts)
+            bytes_left -= nbytes
+            if limited:
+                stop = "limit"
+            elif pos >= limit:
+                if pos > limit:
+                    raise OffsetOutOfRangeError(
+                        f"physical offset {end} is not a record boundary: the record at "
+                        f"{f.base + span.starts[-1]} in {f.path} runs past it"
+                    )
+                stop = "range"
+            else:
+                stop = self._classify_stop(files, idx, pos, end is not None)
+            if stop == "tail" and span.starts and self._is_tail(files, idx, pos):
+                if not self._frontier_ok(f, span.starts[-1]):
+                    pos -= span.sizes.pop()
+                    span.starts.pop()
+            span.end = f.base + pos
+            idx_next = None
+            if stop == "blank" and (end is None or f.end < end) and idx + 1 < len(files):
+                span.end = f.end
+                idx_next = idx + 1
+            if span.starts or span.end != pos_abs:
+                yield span
+            pos_abs = span.end
+            idx = idx_next
+
+    def _classify_stop(self, files: list[MappedFile], idx: int, pos: int, known_complete: bool) -> str:
+        """Why the fast walk stopped at ``pos``: "blank", "tail" (the frontier), or raise corruption."""
+        f = files[idx]
+        if f.length - pos < 8:
+            if idx == len(files) - 1 and not known_complete:
+                return "tail"  # a file still growing
+            raise self._fail(f, pos, f"{f.length - pos} bytes at the end of a file without a blank marker")
+        size, magic = fmt.read_size_magic(self._map(f), pos)
+        if magic == fmt.BLANK_MAGIC:
+            if size != f.length - pos:
+                raise self._fail(f, pos, f"blank marker claims {size} bytes but {f.length - pos} remain", size)
+            return "blank"
+        if size == 0 and magic == 0:
+            if known_complete or not self._is_tail(files, idx, pos):
+                raise self._fail(f, pos, "zero bytes where a record should be, and data follows later")
+            return "tail"
+        plausible = fmt.MIN_RECORD_SIZE <= size <= f.length - pos
+        if not known_complete and self._is_tail(files, idx, pos + size if plausible else pos + 8):
+            return "tail"
+        if magic in (fmt.MAGIC_V1, fmt.MAGIC_V2):
+            raise self._fail(f, pos, f"impossible TOTALSIZE {size} ({f.length - pos} bytes left in the file)", size)
+        raise self._fail(f, pos, f"unknown magic code 0x{magic:08X}", size)
+
+    def scan(
+        self,
+        start: int,
+        *,
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        split_bytes: int | None = None,
+    ) -> ScanResult:
+        """Walk record headers from ``start`` to the frontier (or a limit); no body is decoded."""
+        records = nbytes = 0
+        end = start
+        splits: list[int] = []
+        since_split = 0
+        for span in self.spans(start, max_records=max_records, max_bytes=max_bytes):
+            if span.file.base > start and (not splits or splits[-1] != span.file.base):
+                splits.append(span.file.base)
+                since_split = 0
+            for pos, size in zip(span.starts, span.sizes):
+                if split_bytes and since_split >= split_bytes:
+                    splits.append(span.file.base + pos)
+                    since_split = 0
+                since_split += size
+            records += len(span.starts)
+            nbytes += sum(span.sizes)
+            end = span.end
+        return ScanResult(start, end, records, nbytes, tuple(s for s in splits if start < s < end))
+
+    def messages(
+        self, start: int | None = None, end: int | None = None, *, max_records: int | None = None
+    ) -> Iterator[fmt.Message]:
+        """Decode messages one by one (the slow, simple path: CLI, oracle, recovery)."""
+        start = self.first_offset() if start is None else start
+        for span in self.spans(start, end, max_records=max_records):
+            buf = self._map(span.file)
+            for pos in span.starts:
+                try:
+                    yield fmt.decode(buf, pos, check_crc=self.check_crc, expect_phy=span.file.base + pos)
+                except fmt.RecordError as exc:
+                    raise self._fail(span.file, pos, exc.reason, exc.size) from None
+
+    def record_batches(
+        self,
+        start: int,
+        end: int | None = None,
+        *,
+        batch_rows: int = 16384,
+        key_property: str = "KEYS",
+    ) -> Iterator["pa.RecordBatch"]:
+        """The Arrow fast path: records in ``[start, end)`` as batches of the message row."""
+        from connectors.commitlog.arrow import BatchDecodeError, decode_batch
+
+        for span in self.spans(start, end):
+            buf = self._map(span.file)
+            for i in range(0, len(span.starts), batch_rows):
+                starts = np.asarray(span.starts[i : i + batch_rows], np.int64)
+                try:
+                    yield decode_batch(
+                        buf, starts, span.file.base, key_property=key_property, check_crc=self.check_crc
+                    )
+                except BatchDecodeError as exc:
+                    pos = int(starts[exc.index])
+                    raise self._fail(span.file, pos, exc.reason, span.sizes[i + exc.index]) from None
+
+    def end_offset(self) -> int:
+        """The physical offset just past the last complete record (the frontier)."""
+        files = self.files()
+        if not files:
+            return 0
+        return self.scan(files[-1].base).end

@@ -1,0 +1,275 @@
+"""The commitlog directory: writer, tail-safe reader, Arrow fast path, corruption."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from connectors.commitlog import (
+    CommitLogReader,
+    CommitLogWriter,
+    CorruptRecordError,
+    LogLayoutError,
+    Message,
+    OffsetOutOfRangeError,
+    WriterLockedError,
+)
+from connectors.commitlog import format as fmt
+from connectors.commitlog.arrow import MESSAGE_SCHEMA
+from tests.oracle import message_row, normalize_arrow_row, replay
+
+FILE = 16 * 1024
+
+
+def fill(directory: str, n: int, *, file_size: int = FILE, body: int = 100, start: int = 0) -> list[Message]:
+    with CommitLogWriter(directory, file_size=file_size, fsync="never") as w:
+        return w.append_many(
+            Message(
+                topic=f"t{i % 3}",
+                queue_id=i % 4,
+                body=bytes([i % 251]) * (body + i % 7),
+                properties={"KEYS": f"k{i % 10} extra", "TAGS": "tag", "UNIQ_KEY": f"U{start + i}"},
+            )
+            for i in range(start, start + n)
+        )
+
+
+def arrow_rows(directory: str, start: int = 0, end: int | None = None) -> list[dict]:
+    with CommitLogReader(directory, check_crc=True) as r:
+        table = pa.Table.from_batches(list(r.record_batches(start, end, batch_rows=37)), schema=MESSAGE_SCHEMA)
+    return [normalize_arrow_row(row) for row in table.to_pylist()]
+
+
+# ------------------------------------------------------------------ writer and reader
+
+
+def test_written_messages_read_back_identically_across_file_rolls(log_dir):
+    written = fill(log_dir, 500)
+    files = sorted(f for f in os.listdir(log_dir) if f.isdigit())
+    assert len(files) > 3 and files[1] == fmt.file_name(FILE)
+    assert all(os.path.getsize(os.path.join(log_dir, f)) == FILE for f in files)
+    assert replay(log_dir) == [message_row(m) for m in written]
+    assert arrow_rows(log_dir) == [message_row(m) for m in written]
+
+
+def test_queue_offsets_are_dense_per_queue_and_survive_restart(log_dir):
+    first = fill(log_dir, 100)
+    os.remove(os.path.join(log_dir, ".queue_offsets.json"))  # force recovery by scanning
+    second = fill(log_dir, 100, start=100)
+    per_queue: dict = {}
+    for m in first + second:
+        per_queue.setdefault((m.topic, m.queue_id), []).append(m.queue_offset)
+    assert all(offsets == list(range(len(offsets))) for offsets in per_queue.values())
+    assert [r["queue_offset"] for r in replay(log_dir)] == [m.queue_offset for m in first + second]
+
+
+def test_prepared_and_rollback_records_take_no_queue_offset(log_dir):
+    with CommitLogWriter(log_dir, file_size=FILE) as w:
+        a = w.append(Message(topic="t", body=b"a"))
+        p = w.append(Message(topic="t", body=b"p", sysflag=fmt.TRANSACTION_PREPARED))
+        b = w.append(Message(topic="t", body=b"b", sysflag=fmt.TRANSACTION_COMMIT))
+    assert (a.queue_offset, p.queue_offset, b.queue_offset) == (0, 0, 1)
+
+
+def test_second_writer_is_refused_with_the_holder(log_dir):
+    with CommitLogWriter(log_dir, file_size=FILE):
+        with pytest.raises(WriterLockedError, match=f"process {os.getpid()}") as exc:
+            CommitLogWriter(log_dir, file_size=FILE)
+        assert exc.value.retriable
+
+
+def test_a_bad_message_in_a_batch_writes_nothing(log_dir):
+    with CommitLogWriter(log_dir, file_size=FILE) as w:
+        with pytest.raises(ValueError):
+            w.append_many([Message(topic="t", body=b"ok"), Message(topic="t", properties={"K": "a\x01b"})])
+        assert w.append(Message(topic="t", body=b"x")).queue_offset == 0
+    assert [r["body"] for r in replay(log_dir)] == [b"x"]
+
+
+def test_message_larger_than_a_file_is_refused(log_dir):
+    with CommitLogWriter(log_dir, file_size=FILE) as w, pytest.raises(ValueError, match="cannot fit"):
+        w.append(Message(topic="t", body=b"x" * FILE))
+
+
+def test_scan_limits_and_splits(log_dir):
+    written = fill(log_dir, 300)
+    with CommitLogReader(log_dir) as r:
+        full = r.scan(0, split_bytes=4000)
+        assert full.records == 300 and full.nbytes == sum(m.size for m in written)
+        assert all(fmt.file_name(s) for s in full.splits) and FILE in full.splits
+        assert r.scan(0, max_records=7).records == 7
+        capped = r.scan(0, max_bytes=1000)
+        assert capped.nbytes <= 1000 and capped.records == 1000 // written[0].size
+        assert r.scan(0, max_bytes=1).records == 1  # always make progress
+        mid = written[150].phy_offset
+        assert [x["queue_offset"] for x in arrow_rows(log_dir, mid, full.end)] == [m.queue_offset for m in written[150:]]
+        assert r.scan(full.end).records == 0
+
+
+def test_offsets_out_of_range_are_named(log_dir):
+    written = fill(log_dir, 300)
+    with CommitLogReader(log_dir) as r:
+        with pytest.raises(OffsetOutOfRangeError, match="beyond the end"):
+            r.scan(10 * FILE)
+        with pytest.raises(OffsetOutOfRangeError, match="not a record boundary"):
+            list(r.spans(0, written[3].phy_offset + 1))
+    os.remove(os.path.join(log_dir, fmt.file_name(0)))
+    with CommitLogReader(log_dir) as r, pytest.raises(OffsetOutOfRangeError, match="below the first retained"):
+        r.scan(0)
+
+
+# ------------------------------------------------------------------ torn tails
+
+
+def _frontier(log_dir: str) -> tuple[str, int, int]:
+    with CommitLogReader(log_dir) as r:
+        end = r.end_offset()
+    base = end - end % FILE
+    return os.path.join(log_dir, fmt.file_name(base)), end - base, end
+
+
+@pytest.mark.parametrize("cut", [3, 4, 8, 40, 120, -1])
+def test_torn_tail_is_not_a_message_yet(log_dir, cut):
+    written = fill(log_dir, 20)
+    path, pos, end = _frontier(log_dir)
+    record = fmt.encode(Message(topic="t0", body=b"z" * 200, properties={"A": "b"}, phy_offset=end, store_ts=1))
+    torn = record[: cut if cut > 0 else len(record) - 1]
+    with open(path, "r+b") as fh:
+        fh.seek(pos)
+        fh.write(torn)
+    assert replay(log_dir) == [message_row(m) for m in written]
+    with CommitLogReader(log_dir) as r:
+        assert r.scan(0).end == end
+    # The writer discards the torn bytes and appends after the last complete record.
+    more = fill(log_dir, 5, start=20)
+    assert more[0].phy_offset == end
+    assert replay(log_dir) == [message_row(m) for m in written + more]
+
+
+def test_record_copied_front_to_back_is_held_until_complete(log_dir):
+    """A broker copies a record into its mapped file front to back; half a body fails the CRC."""
+    written = fill(log_dir, 10)
+    path, pos, end = _frontier(log_dir)
+    record = fmt.encode(Message(topic="t0", body=b"\x07" * 300, phy_offset=end, store_ts=1, born_ts=1))
+    with open(path, "r+b") as fh:
+        fh.seek(pos)
+        fh.write(record[:200])  # header and part of the body, the rest still zero
+    assert len(replay(log_dir)) == len(written)
+    with open(path, "r+b") as fh:
+        fh.seek(pos)
+        fh.write(record)
+    assert replay(log_dir)[-1]["body"] == b"\x07" * 300
+
+
+def test_killed_producer_leaves_a_readable_log(log_dir, tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from connectors.commitlog import CommitLogWriter, Message
+        w = CommitLogWriter({log_dir!r}, file_size={FILE}, fsync="never")
+        for i in range(300):
+            w.append(Message(topic="t", queue_id=i % 2, body=b"b" * 150))
+        os.kill(os.getpid(), signal.SIGKILL)  # no close(): no checkpoint of the last file
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], cwd=os.path.dirname(os.path.dirname(__file__)), check=False)
+    rows = replay(log_dir)
+    assert len(rows) == 300
+    with CommitLogWriter(log_dir, file_size=FILE) as w:
+        assert w.append(Message(topic="t", queue_id=0, body=b"x")).queue_offset == 150
+
+
+# ------------------------------------------------------------------ corruption
+
+
+def _corrupt(log_dir: str, index: int, rel: int, value: bytes) -> Message:
+    written = fill(log_dir, 40)
+    target = written[index]
+    base = target.phy_offset - target.phy_offset % FILE
+    with open(os.path.join(log_dir, fmt.file_name(base)), "r+b") as fh:
+        fh.seek(target.phy_offset - base + rel)
+        fh.write(value)
+    return target
+
+
+@pytest.mark.parametrize(
+    "rel,value,reason",
+    [
+        (4, b"\x00\x00\x00\x01", "unknown magic code"),
+        (0, b"\x7f\x00\x00\x00", "impossible TOTALSIZE"),
+        (100, b"\xff", "CRC mismatch"),
+        (28, b"\x00" * 8, "stored physical offset"),
+    ],
+)
+def test_corruption_stops_reading_and_names_file_and_offset(log_dir, rel, value, reason):
+    target = _corrupt(log_dir, 17, rel, value)
+    base = target.phy_offset - target.phy_offset % FILE
+    for read in (lambda: replay(log_dir), lambda: arrow_rows(log_dir)):
+        with pytest.raises(CorruptRecordError, match=reason) as exc:
+            read()
+        assert exc.value.offset == target.phy_offset
+        assert exc.value.file == os.path.join(log_dir, fmt.file_name(base))
+        assert f"physical offset {target.phy_offset}" in str(exc.value)
+
+
+def test_zeroed_region_before_later_data_is_corruption(log_dir):
+    target = _corrupt(log_dir, 5, 0, b"\x00" * 8)
+    with pytest.raises(CorruptRecordError, match="zero bytes where a record should be") as exc:
+        replay(log_dir)
+    assert exc.value.offset == target.phy_offset
+
+
+def test_swapped_files_are_detected(log_dir):
+    fill(log_dir, 300)
+    a, b = (os.path.join(log_dir, fmt.file_name(i * FILE)) for i in (1, 2))
+    os.rename(a, a + ".x")
+    os.rename(b, a)
+    os.rename(a + ".x", b)
+    with pytest.raises(CorruptRecordError, match="stored physical offset") as exc:
+        replay(log_dir)
+    assert exc.value.file == a
+
+
+def test_missing_or_truncated_file_is_a_layout_error(log_dir):
+    fill(log_dir, 300)
+    os.truncate(os.path.join(log_dir, fmt.file_name(FILE)), FILE // 2)
+    with pytest.raises(LogLayoutError, match=fmt.file_name(2 * FILE)):
+        replay(log_dir)
+
+
+# ------------------------------------------------------------------ property-based round trip
+
+names = st.text(alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), min_size=1, max_size=10)
+messages = st.lists(
+    st.builds(
+        Message,
+        topic=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=140),
+        body=st.one_of(st.binary(max_size=300), st.binary(min_size=3000, max_size=6000)),
+        queue_id=st.integers(0, 7),
+        properties=st.dictionaries(names, names, max_size=5),
+        born_host=st.sampled_from(["10.0.0.1:1", "[2001:db8::7]:65535", "127.0.0.1:0"]),
+        store_host=st.sampled_from(["10.9.9.9:10911", "[::1]:10911"]),
+        born_ts=st.integers(1, 2**41),
+        flag=st.integers(-(2**31), 2**31 - 1),
+        reconsume_times=st.integers(0, 16),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@given(batch=messages, file_size=st.sampled_from([8192, 16384, 65536]))
+def test_random_messages_round_trip_through_files(tmp_path_factory, batch, file_size):
+    directory = str(tmp_path_factory.mktemp("rt"))
+    with CommitLogWriter(directory, file_size=file_size, fsync="never") as w:
+        written = w.append_many(batch)
+    expected = [message_row(m) for m in written]
+    assert replay(directory) == expected
+    assert arrow_rows(directory) == expected
