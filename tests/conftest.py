@@ -19,3 +19,18 @@ def log_dir(tmp_path):
     path = tmp_path / "commitlog"
     path.mkdir()
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    """One SparkSession for the whole run: it takes about 11 s to start here."""
+    from streaming.session import build_session
+
+    warehouse = tmp_path_factory.mktemp("warehouse")
+    session = build_session(
+        "tierlog-tests",
+        "local[2]",
+        {"spark.sql.shuffle.partitions": "2", "spark.sql.warehouse.dir": str(warehouse)},
+    )
+    yield session
+    session.stop()

@@ -316,17 +316,19 @@ class CommitLogReader:
     def scan(
         self,
         start: int,
+        end: int | None = None,
         *,
         max_records: int | None = None,
         max_bytes: int | None = None,
         split_bytes: int | None = None,
     ) -> ScanResult:
-        """Walk record headers from ``start`` to the frontier (or a limit); no body is decoded."""
+        """Walk record headers from ``start`` to ``end``, the frontier or a limit; no body is decoded."""
         records = nbytes = 0
+        stop = end
         end = start
         splits: list[int] = []
         since_split = 0
-        for span in self.spans(start, max_records=max_records, max_bytes=max_bytes):
+        for span in self.spans(start, stop, max_records=max_records, max_bytes=max_bytes):
             if span.file.base > start and (not splits or splits[-1] != span.file.base):
                 splits.append(span.file.base)
                 since_split = 0

@@ -1,0 +1,54 @@
+"""Every SparkSession setting tierlog relies on, in one place."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from connectors.errors import ConfigError
+
+# Chosen for 2-core, 24 GB machines: few shuffle partitions (each is one RocksDB
+# instance per stateful operator), Arrow on, the UI off unless asked for.
+BASE_CONF = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.streaming.stateStore.providerClass": (
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    ),
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
+    "spark.python.worker.reuse": "true",
+}
+
+
+def check_java() -> None:
+    """Fail with instructions, not a Py4J stack trace, when no Java runtime is installed."""
+    if os.environ.get("JAVA_HOME") or shutil.which("java"):
+        return
+    raise ConfigError(
+        "Java was not found: Spark needs a Java 17 or 21 runtime. Install one "
+        "(for example `apt-get install openjdk-17-jre-headless`) or set JAVA_HOME."
+    )
+
+
+def build_session(app_name: str = "tierlog", master: str = "local[2]", extra: dict | None = None):
+    """Create (or reuse) the SparkSession with tierlog's settings and data sources registered."""
+    check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name).master(master)
+    for key, value in {**BASE_CONF, **(extra or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    import streaming
+
+    streaming.register(spark)
+    return spark
