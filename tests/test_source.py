@@ -94,6 +94,7 @@ def test_restarts_on_one_checkpoint_read_nothing_twice(spark, log_dir, tmp_path)
     q.stop()  # mid-stream, possibly mid-batch
     second_run = len(seen)
     writer.join(120)
+    produce(log_dir, 500, start=3010)  # something certainly left for the last run
     q = run(availableNow=True)
     q.awaitTermination(120)
 
@@ -106,7 +107,7 @@ def test_restarts_on_one_checkpoint_read_nothing_twice(spark, log_dir, tmp_path)
     assert list(by_id) == sorted(by_id)
     got = [row for rows in by_id.values() for row in rows]
     oracle = replay(log_dir)
-    assert len(oracle) == 3010
+    assert len(oracle) == 3510
     assert [r["phy_offset"] for r in got] == [r["phy_offset"] for r in oracle]  # in order, none twice
     assert got == oracle
 
