@@ -1,0 +1,333 @@
+"""The ``tierlog`` command.  ``tierlog --help`` and ``tierlog COMMAND --help`` explain each part.
+
+Exit codes: 0 success, 1 a runtime failure (corrupt data, an unreachable
+system), 2 a usage or configuration error.  Errors are one line on stderr that
+names the file, offset or setting, and what to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import socket
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Iterable, Iterator
+
+from connectors.errors import ConfigError, TierlogError
+from streaming import config as cfg
+
+log = logging.getLogger("tierlog")
+
+EPILOG = """\
+configuration: defaults < tierlog.toml (or --config FILE) < TIERLOG_<SECTION>_<KEY> variables < flags.
+Run `tierlog config show` to see every setting with its documentation."""
+
+
+# ---------------------------------------------------------------- output
+
+
+def emit(rows: Iterable[dict], fmt: str, columns: list[str] | None = None, out=None) -> int:
+    """Print rows as JSON lines or an aligned table; returns how many were printed."""
+    out = out or sys.stdout
+    rows = list(rows)
+    if fmt == "json":
+        for row in rows:
+            out.write(json.dumps(row, default=_json_default, ensure_ascii=False) + "\n")
+        return len(rows)
+    columns = columns or (list(rows[0]) if rows else [])
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    out.write("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip() + "\n")
+    for r in cells:
+        out.write("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() + "\n")
+    return len(rows)
+
+
+def _json_default(value):
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (bytes, bytearray)):
+        preview = bytes(value[:24]).decode("utf-8", "replace").replace("\n", " ")
+        return preview + ("…" if len(value) > 24 else "")
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def ms_to_iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+# ---------------------------------------------------------------- produce
+
+
+def _paced(messages: Iterator, rate: float, batch: int) -> Iterator[list]:
+    """Group messages into batches, sleeping so that ``rate`` msgs/s is not exceeded (0: no limit)."""
+    started = time.monotonic()
+    sent = 0
+    chunk: list = []
+    for m in messages:
+        chunk.append(m)
+        if len(chunk) >= batch:
+            yield chunk
+            sent += len(chunk)
+            chunk = []
+            if rate:
+                ahead = sent / rate - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+    if chunk:
+        yield chunk
+
+
+def _stdin_messages(stream) -> Iterator:
+    """JSON lines: {"topic", "queue_id", "body" | "body_b64", "properties", "keys", "tags"}."""
+    from connectors.commitlog.format import Message
+
+    for lineno, line in enumerate(stream, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            props = dict(obj.get("properties") or {})
+            for name, prop in (("keys", "KEYS"), ("tags", "TAGS")):
+                if obj.get(name) is not None:
+                    props[prop] = str(obj[name])
+            body = base64.b64decode(obj["body_b64"]) if "body_b64" in obj else str(obj.get("body", "")).encode()
+            yield Message(topic=str(obj["topic"]), queue_id=int(obj.get("queue_id", 0)), body=body, properties=props)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"stdin line {lineno}: not a message ({exc}); expected JSON with at least \"topic\"") from None
+
+
+def cmd_produce(args, conf: cfg.Config) -> int:
+    from connectors.commitlog.workload import Workload
+    from connectors.commitlog.writer import CommitLogWriter
+
+    if args.stdin:
+        messages = _stdin_messages(sys.stdin)
+        total = None
+    else:
+        try:
+            workload = Workload(
+                messages=args.messages, topics=args.topics, queues=args.queues, keys=args.keys,
+                body_size=args.body_size, delete_ratio=args.delete_ratio, seed=args.seed,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"tierlog produce: {exc}") from None
+        messages = workload.generate()
+        total = args.messages
+    c = conf.commitlog
+    produced = nbytes = 0
+    last_report = started = time.monotonic()
+    with CommitLogWriter(c.dir, file_size=c.file_size, fsync=c.fsync, fsync_interval_s=c.fsync_interval_s) as w:
+        first = w.offset
+        for chunk in _paced(messages, args.rate, max(1, min(1000, int(args.rate / 20) or 1000))):
+            w.append_many(chunk)
+            produced += len(chunk)
+            nbytes += sum(m.size for m in chunk)
+            if time.monotonic() - last_report >= 2:
+                last_report = time.monotonic()
+                of = f"/{total}" if total else ""
+                log.info("produced %d%s messages (%.0f msgs/s)", produced, of, produced / (last_report - started))
+        end = w.offset
+    elapsed = time.monotonic() - started
+    emit(
+        [{"messages": produced, "bytes": nbytes, "from_phy": first, "end_phy": end,
+          "seconds": round(elapsed, 3), "msgs_per_s": round(produced / elapsed) if elapsed else None,
+          "commitlog": c.dir}],
+        args.format,
+    )
+    return 0
+
+
+# ---------------------------------------------------------------- inspect
+
+INSPECT_COLUMNS = ["phy_offset", "topic", "queue_id", "queue_offset", "key", "tags", "op", "store_ts", "size", "body"]
+
+
+def cmd_inspect(args, conf: cfg.Config) -> int:
+    from connectors.commitlog.reader import CommitLogReader
+
+    if args.from_queue_offset is not None and (args.topic is None or args.queue is None):
+        raise ConfigError("inspect --from-queue-offset needs --topic and --queue")
+    with CommitLogReader(conf.commitlog.dir, check_crc=conf.commitlog.check_crc) as reader:
+        if not reader.files():
+            raise ConfigError(f"commitlog.dir {conf.commitlog.dir!r} holds no commitlog files")
+        rows = _inspect_rows(reader, args, conf.commitlog.key_property)
+        emit(rows, args.format, INSPECT_COLUMNS if args.format == "table" else None)
+    return 0
+
+
+def _inspect_rows(reader, args, key_property: str) -> Iterator[dict]:
+    shown = 0
+    for m in reader.messages(args.from_phy):
+        if args.topic is not None and m.topic != args.topic:
+            continue
+        if args.queue is not None and m.queue_id != args.queue:
+            continue
+        if args.from_queue_offset is not None and m.queue_offset < args.from_queue_offset:
+            continue
+        yield {
+            "topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset, "phy_offset": m.phy_offset,
+            "msg_id": m.msg_id, "key": m.key(key_property), "tags": m.tags, "body": m.body,
+            "properties": m.properties, "born_ts": m.born_ts, "store_ts": m.store_ts,
+            "born_host": m.born_host, "store_host": m.store_host, "sysflag": m.sysflag, "flag": m.flag,
+            "reconsume_times": m.reconsume_times, "op": m.op, "prepared_tx_offset": m.prepared_tx_offset,
+            "size": m.size,
+        } | ({"store_ts": ms_to_iso(m.store_ts)} if args.format == "table" else {})
+        shown += 1
+        if shown >= args.limit:
+            return
+
+
+# ---------------------------------------------------------------- config
+
+
+def cmd_config(args, conf: cfg.Config) -> int:
+    if args.config_command == "show":
+        if args.format == "json":
+            emit([cfg.as_dict(conf)], "json")
+        else:
+            sys.stdout.write(cfg.to_toml(conf))
+        return 0
+    problems = check_config(conf)
+    for problem in problems:
+        print(f"tierlog: config: {problem}", file=sys.stderr)
+    if not problems:
+        print("configuration OK")
+    return 1 if problems else 0
+
+
+def _dir_problem(path: str) -> str | None:
+    """Why ``path`` cannot be used as a directory tierlog writes to, or None."""
+    import os
+
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            return "is not a directory"
+        return None if os.access(path, os.W_OK) else "is not writable"
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        return f"does not exist and cannot be created under {parent}"
+    return None
+
+
+def check_config(conf: cfg.Config) -> list[str]:
+    """Reach out to what the configuration names; one line per problem, naming the setting."""
+    problems = []
+    for name, path in (("commitlog.dir", conf.commitlog.dir), ("tier.location", conf.tier.location)):
+        if not path.startswith("s3://"):
+            problem = _dir_problem(path)
+            if problem:
+                problems.append(f"{name} {path!r} {problem}")
+    for hostport in filter(None, (h.strip() for h in conf.kafka.bootstrap.split(","))):
+        host, _, port = hostport.rpartition(":")
+        if not host or not port.isdigit():
+            problems.append(f"kafka.bootstrap entry {hostport!r} is not host:port")
+            continue
+        try:
+            socket.create_connection((host, int(port)), timeout=3).close()
+        except OSError as exc:
+            problems.append(f"kafka.bootstrap {hostport!r} is unreachable: {exc.strerror or exc}")
+    return problems
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", metavar="FILE", help="TOML configuration file (default: ./tierlog.toml if present)")
+    common.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    common.add_argument("--commitlog-dir", dest="commitlog.dir", metavar="DIR", help="override commitlog.dir")
+    printing = argparse.ArgumentParser(add_help=False)
+    printing.add_argument("--format", choices=["table", "json"], default="table", help="table, or one JSON object per line")
+
+    parser = argparse.ArgumentParser(
+        prog="tierlog",
+        description="Tier a RocketMQ commitlog to cheap storage, keep the latest value per key, "
+        "and replicate it to Kafka, with Spark Structured Streaming.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "produce", parents=[common, printing], help="append a synthetic workload (or JSON lines) to the commitlog",
+        description="Append messages to the commitlog with the embedded producer. Generates a synthetic "
+        "workload, or reads JSON lines from stdin with --stdin. Another writer on the same directory is refused.",
+    )
+    p.add_argument("--messages", type=int, default=10000, metavar="N", help="how many messages (default 10000)")
+    p.add_argument("--topics", type=int, default=2, metavar="T", help="spread over T topics (default 2)")
+    p.add_argument("--queues", type=int, default=4, metavar="Q", help="queues per topic (default 4)")
+    p.add_argument("--keys", type=int, default=1000, metavar="K", help="distinct keys (default 1000)")
+    p.add_argument("--body-size", type=int, default=1024, metavar="B", help="body bytes (default 1024)")
+    p.add_argument("--delete-ratio", type=float, default=0.0, metavar="R", help="fraction of KV_OP=DELETE messages")
+    p.add_argument("--rate", type=float, default=0.0, metavar="R", help="at most R msgs/s (default: as fast as possible)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed: same seed, same messages")
+    p.add_argument("--stdin", action="store_true", help='read JSON lines: {"topic", "queue_id", "body" or "body_b64", "keys", "tags", "properties"}')
+    p.set_defaults(func=cmd_produce)
+
+    p = sub.add_parser(
+        "inspect", parents=[common, printing], help="decode commitlog messages",
+        description="Decode messages from the commitlog, from a physical offset or a queue offset.",
+    )
+    p.add_argument("--from-phy", type=int, default=None, metavar="N", help="start at physical offset N (default: the first retained)")
+    p.add_argument("--topic", help="only this topic")
+    p.add_argument("--queue", type=int, help="only this queue id")
+    p.add_argument("--from-queue-offset", type=int, metavar="N", help="with --topic and --queue: from queue offset N")
+    p.add_argument("--limit", type=int, default=20, metavar="N", help="at most N messages (default 20)")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser(
+        "config", parents=[common, printing], help="show or check the effective configuration",
+        description="show: print the effective configuration, every setting with its doc, secrets masked. "
+        "check: validate it and reach the commitlog directory, the tier and Kafka; one line per problem.",
+    )
+    p.add_argument("config_command", choices=["show", "check"])
+    p.set_defaults(func=cmd_config)
+    return parser
+
+
+def overrides_from(args: argparse.Namespace) -> dict:
+    """Flags named ``section.key`` override settings."""
+    return {k: v for k, v in vars(args).items() if "." in k and v is not None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        conf = cfg.load(args.config, overrides=overrides_from(args))
+        return args.func(args, conf)
+    except ConfigError as exc:
+        print(f"tierlog: error: {exc}", file=sys.stderr)
+        return 2
+    except TierlogError as exc:
+        print(f"tierlog: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

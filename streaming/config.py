@@ -1,0 +1,253 @@
+"""tierlog's configuration: one frozen dataclass tree, documented where it is defined.
+
+Values are layered, each layer overriding the one before:
+
+1. the defaults below;
+2. the TOML file (``--config``, else ``./tierlog.toml`` when it exists);
+3. environment variables ``TIERLOG_<SECTION>_<KEY>``, e.g. ``TIERLOG_TIER_LOCATION``;
+4. command-line flags.
+
+Every error names the setting (``section.key``) and where the bad value came
+from.  AWS credentials and endpoints are *not* settings: boto3 reads the
+standard ``AWS_*`` variables and its default credential chain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from connectors.errors import ConfigError
+
+ENV_PREFIX = "TIERLOG_"
+DEFAULT_FILE = "tierlog.toml"
+# Variables with the prefix that are not settings.
+_ENV_NOT_SETTINGS = {"TIERLOG_CONFIG", "TIERLOG_KAFKA_TESTS"}
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def setting(default: Any, doc: str, *, choices: tuple = (), secret: bool = False, size: bool = False):
+    """A field with its one-line documentation (shown by `config show` and in the README)."""
+    return field(default=default, metadata={"doc": doc, "choices": choices, "secret": secret, "size": size})
+
+
+@dataclass(frozen=True)
+class CommitlogConfig:
+    dir: str = setting("data/commitlog", "Directory of the mapped files; a broker's store/commitlog works as is.")
+    file_size: int = setting(1 << 30, "Size of each file the embedded producer creates (RocketMQ: 1 GiB).", size=True)
+    fsync: str = setting(
+        "interval", "When the embedded producer syncs appends: always, interval or never.",
+        choices=("always", "interval", "never"),
+    )
+    fsync_interval_s: float = setting(1.0, "Seconds between syncs under fsync = interval.")
+    check_crc: bool = setting(True, "Verify every message body's CRC while reading.")
+    key_property: str = setting("KEYS", "Property whose first space-separated word is a message's key.")
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    max_records_per_trigger: int = setting(0, "At most this many messages per micro-batch (0: no cap).")
+    max_bytes_per_trigger: int = setting(
+        256 << 20, "At most this many commitlog bytes per micro-batch (0: no cap).", size=True
+    )
+    partition_bytes: int = setting(64 << 20, "Split each micro-batch into Spark tasks of about this size.", size=True)
+    starting_offset: str = setting(
+        "earliest", "Where a query with a new checkpoint starts: earliest, latest or a physical offset."
+    )
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    location: str = setting("data/tier", "Where the tier lives: a directory, or s3://bucket/prefix.")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    dir: str = setting("checkpoints", "Root of the Spark checkpoints, one sub-directory per query.")
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap: str = setting("", "Kafka bootstrap servers, host:port[,host:port]; empty turns the Kafka sinks off.")
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    master: str = setting("local[2]", "Spark master URL: local[N] or spark://host:port.")
+    shuffle_partitions: int = setting(4, "spark.sql.shuffle.partitions; fixed once a stateful checkpoint exists.")
+
+
+@dataclass(frozen=True)
+class Config:
+    commitlog: CommitlogConfig = field(default_factory=CommitlogConfig)
+    source: SourceConfig = field(default_factory=SourceConfig)
+    tier: TierConfig = field(default_factory=TierConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    spark: SparkConfig = field(default_factory=SparkConfig)
+
+
+def sections() -> dict[str, type]:
+    return {f.name: f.default_factory for f in fields(Config)}  # type: ignore[misc]
+
+
+def settings_reference() -> list[tuple[str, str, Any, str]]:
+    """``(section.key, type, default, doc)`` for every setting, in definition order."""
+    out = []
+    for section, cls in sections().items():
+        for f in fields(cls):
+            out.append((f"{section}.{f.name}", _type_name(f), f.default, f.metadata["doc"]))
+    return out
+
+
+def _type_name(f: dataclasses.Field) -> str:
+    if f.metadata.get("size"):
+        return "size"
+    return {int: "int", float: "float", bool: "bool", str: "string"}.get(_base_type(f), "string")
+
+
+def _base_type(f: dataclasses.Field) -> type:
+    return {"int": int, "float": float, "bool": bool, "str": str}.get(str(f.type), str)
+
+
+def _coerce(f: dataclasses.Field, value: Any, name: str, origin: str) -> Any:
+    """Turn a TOML value or a string from the environment or a flag into the field's type."""
+    kind = _base_type(f)
+    where = f"setting {name} (from {origin})"
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if kind is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a whole number, got {value!r}")
+        if isinstance(value, int):
+            out = value
+        elif isinstance(value, str) and f.metadata.get("size") and _SIZE.match(value):
+            num, unit = _SIZE.match(value).groups()
+            out = int(num) * _UNITS[(unit or "")[:1].lower()]
+        elif isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+            out = int(value)
+        else:
+            hint = " (sizes may use KiB, MiB, GiB)" if f.metadata.get("size") else ""
+            raise ConfigError(f"{where}: expected a whole number{hint}, got {value!r}")
+        if out < 0:
+            raise ConfigError(f"{where}: must not be negative, got {out}")
+        return out
+    if kind is float:
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+        if out < 0:
+            raise ConfigError(f"{where}: must not be negative, got {out}")
+        return out
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    choices = f.metadata.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(f"{where}: must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def _apply(values: dict[str, dict[str, Any]], section: str, key: str, raw: Any, origin: str) -> None:
+    cls = sections().get(section)
+    if cls is None:
+        raise ConfigError(f"unknown section [{section}] (from {origin}); known: {', '.join(sections())}")
+    by_name = {f.name: f for f in fields(cls)}
+    if key not in by_name:
+        raise ConfigError(
+            f"unknown setting {section}.{key} (from {origin}); [{section}] has: {', '.join(by_name)}"
+        )
+    values.setdefault(section, {})[key] = _coerce(by_name[key], raw, f"{section}.{key}", origin)
+
+
+def _split_env(name: str) -> tuple[str, str]:
+    rest = name[len(ENV_PREFIX) :].lower()
+    for section in sorted(sections(), key=len, reverse=True):
+        if rest.startswith(section + "_"):
+            return section, rest[len(section) + 1 :]
+    raise ConfigError(
+        f"environment variable {name} is not a tierlog setting: use TIERLOG_<SECTION>_<KEY> "
+        f"with a section of {', '.join(sections())}"
+    )
+
+
+def resolve_path(path: str | None) -> str | None:
+    """The config file to read: the one given, else ./tierlog.toml if present, else none."""
+    if path:
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file {path!r} (--config) does not exist")
+        return path
+    return DEFAULT_FILE if os.path.isfile(DEFAULT_FILE) else None
+
+
+def load(
+    path: str | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the effective configuration: defaults, then file, then env, then ``overrides``.
+
+    ``overrides`` maps ``"section.key"`` to a value (from flags).
+    """
+    env = os.environ if env is None else env
+    values: dict[str, dict[str, Any]] = {}
+    file = resolve_path(path or env.get("TIERLOG_CONFIG"))
+    if file:
+        try:
+            with open(file, "rb") as fh:
+                data = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {file}: not valid TOML: {exc}") from None
+        for section, table in data.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"config file {file}: `{section}` must be a [section] table")
+            for key, raw in table.items():
+                _apply(values, section, key, raw, file)
+    for name in sorted(env):
+        if name.startswith(ENV_PREFIX) and name not in _ENV_NOT_SETTINGS:
+            section, key = _split_env(name)
+            _apply(values, section, key, env[name], f"environment variable {name}")
+    for dotted, raw in (overrides or {}).items():
+        if raw is None:
+            continue
+        section, _, key = dotted.partition(".")
+        _apply(values, section, key, raw, "command line")
+    return Config(**{s: cls(**values.get(s, {})) for s, cls in sections().items()})
+
+
+def to_toml(config: Config, *, with_docs: bool = True) -> str:
+    """The configuration as TOML, each setting preceded by its doc; secrets masked."""
+    lines = []
+    for section in sections():
+        lines.append(f"[{section}]")
+        sub = getattr(config, section)
+        for f in fields(sub):
+            value = getattr(sub, f.name)
+            if f.metadata.get("secret") and value:
+                value = "****"
+            if with_docs:
+                lines.append(f"# {f.metadata['doc']}")
+            lines.append(f"{f.name} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def as_dict(config: Config) -> dict:
+    return dataclasses.asdict(config)

@@ -1,0 +1,149 @@
+"""Configuration layering and the CLI commands of the foundation (produce, inspect, config)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from connectors.errors import ConfigError
+from streaming import cli
+from streaming import config as cfg
+from tests.oracle import replay
+
+
+def run_cli(*argv: str, stdin: str | None = None, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "streaming.cli", *argv], input=stdin, capture_output=True, text=True, cwd=cwd,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])},
+    )
+
+
+def test_layers_override_in_order(tmp_path):
+    file = tmp_path / "t.toml"
+    file.write_text('[commitlog]\ndir = "from-file"\nfile_size = "64MiB"\n[tier]\nlocation = "file-tier"\n')
+    env = {"TIERLOG_TIER_LOCATION": "env-tier", "TIERLOG_SOURCE_MAX_RECORDS_PER_TRIGGER": "500"}
+    conf = cfg.load(str(file), env=env, overrides={"tier.location": "flag-tier"})
+    assert conf.commitlog.dir == "from-file" and conf.commitlog.file_size == 64 << 20
+    assert conf.tier.location == "flag-tier" and conf.source.max_records_per_trigger == 500
+    assert cfg.load(None, env={}).commitlog.dir == "data/commitlog"
+
+
+@pytest.mark.parametrize(
+    "toml,env,match",
+    [
+        ('[commitlog]\nfile_size = "big"\n', {}, r"commitlog\.file_size \(from .*t\.toml\): expected a whole number"),
+        ("[commitlog]\nbogus = 1\n", {}, r"unknown setting commitlog\.bogus"),
+        ("[nosuch]\nx = 1\n", {}, r"unknown section \[nosuch\]"),
+        ("commitlog = 3\n", {}, r"`commitlog` must be a \[section\] table"),
+        ("[commitlog\n", {}, "not valid TOML"),
+        ("", {"TIERLOG_COMMITLOG_CHECK_CRC": "perhaps"}, r"commitlog\.check_crc \(from environment variable"),
+        ("", {"TIERLOG_WHATEVER": "1"}, "TIERLOG_WHATEVER is not a tierlog setting"),
+        ("", {"TIERLOG_COMMITLOG_FSYNC": "weekly"}, "must be one of always, interval, never"),
+        ("", {"TIERLOG_SOURCE_PARTITION_BYTES": "-5"}, "must not be negative"),
+    ],
+)
+def test_bad_settings_are_named(tmp_path, toml, env, match):
+    file = tmp_path / "t.toml"
+    file.write_text(toml)
+    with pytest.raises(ConfigError, match=match):
+        cfg.load(str(file), env=env)
+
+
+def test_every_setting_is_documented_and_shown():
+    text = cfg.to_toml(cfg.Config())
+    for name, _type, _default, doc in cfg.settings_reference():
+        assert doc and doc.endswith("."), name
+        assert f"\n{name.split('.')[1]} = " in text
+    assert cfg.load(None, env={}) == cfg.Config()
+
+
+def test_produce_then_inspect_round_trips_through_json(tmp_path):
+    log = str(tmp_path / "cl")
+    r = run_cli("produce", "--commitlog-dir", log, "--messages", "300", "--topics", "3", "--queues", "2",
+                "--keys", "20", "--body-size", "64", "--delete-ratio", "0.2", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["messages"] == 300
+    r = run_cli("inspect", "--commitlog-dir", log, "--limit", "1000", "--format", "json")
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    oracle = replay(log)
+    assert len(rows) == 300 == len(oracle)
+    for row, exp in zip(rows, oracle):
+        assert base64.b64decode(row["body"]) == exp["body"]
+        assert {k: row[k] for k in ("phy_offset", "queue_offset", "key", "op", "properties")} == {
+            k: exp[k] for k in ("phy_offset", "queue_offset", "key", "op", "properties")
+        }
+    deletes = [r for r in oracle if r["op"] == "delete"]
+    assert 20 < len(deletes) < 100 and all(r["body"] == b"" for r in deletes)
+    assert len({r["topic"] for r in oracle}) == 3 and summary["end_phy"] == oracle[-1]["phy_offset"] + oracle[-1]["size"]
+
+
+def test_inspect_from_queue_offset(tmp_path):
+    log = str(tmp_path / "cl")
+    assert run_cli("produce", "--commitlog-dir", log, "--messages", "200", "--topics", "1", "--queues", "2").returncode == 0
+    r = run_cli("inspect", "--commitlog-dir", log, "--topic", "topic-0", "--queue", "1",
+                "--from-queue-offset", "10", "--limit", "3", "--format", "json")
+    assert [json.loads(x)["queue_offset"] for x in r.stdout.splitlines()] == [10, 11, 12]
+
+
+def test_produce_from_stdin(tmp_path):
+    log = str(tmp_path / "cl")
+    lines = "\n".join([
+        json.dumps({"topic": "orders", "queue_id": 1, "body": "hello", "keys": "o-1", "tags": "new"}),
+        json.dumps({"topic": "orders", "queue_id": 1, "body_b64": base64.b64encode(b"\x00\xff").decode(),
+                    "properties": {"KV_OP": "DELETE", "KEYS": "o-1"}}),
+    ])
+    assert run_cli("produce", "--stdin", "--commitlog-dir", log, stdin=lines).returncode == 0
+    rows = replay(log)
+    assert [(r["body"], r["key"], r["tags"], r["op"], r["queue_offset"]) for r in rows] == [
+        (b"hello", "o-1", "new", "put", 0), (b"\x00\xff", "o-1", None, "delete", 1),
+    ]
+    r = run_cli("produce", "--stdin", "--commitlog-dir", log, stdin='{"queue_id": 1}\n')
+    assert r.returncode == 2 and "stdin line 1" in r.stderr
+
+
+def test_errors_are_one_line_with_exit_codes(tmp_path):
+    r = run_cli("inspect", "--commitlog-dir", str(tmp_path / "none"))
+    assert r.returncode == 2 and r.stderr.strip().startswith("tierlog: error: commitlog.dir")
+    r = run_cli("config", "show", "--config", str(tmp_path / "missing.toml"))
+    assert r.returncode == 2 and "missing.toml" in r.stderr and "--config" in r.stderr
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "tierlog.toml").write_text('[kafka]\nbootstrap = "127.0.0.1:1"\n[commitlog]\ndir = "afile/log"\n')
+    r = run_cli("config", "check", cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 2
+    assert any("kafka.bootstrap" in x and "unreachable" in x for x in lines)
+    assert any("commitlog.dir" in x for x in lines)
+
+
+def test_corrupt_log_makes_inspect_fail_with_file_and_offset(tmp_path):
+    log = tmp_path / "cl"
+    assert run_cli("produce", "--commitlog-dir", str(log), "--messages", "20", "--body-size", "50").returncode == 0
+    path = log / "00000000000000000000"
+    data = bytearray(path.read_bytes())
+    second = int.from_bytes(data[0:4], "big")
+    data[second + 100] ^= 0xFF  # inside the second message's body
+    path.write_bytes(bytes(data))
+    r = run_cli("inspect", "--commitlog-dir", str(log))
+    assert r.returncode == 1
+    assert f"{path} at physical offset {second}" in r.stderr and "CRC mismatch" in r.stderr
+
+
+@pytest.mark.parametrize("command", [[], ["produce"], ["inspect"], ["config"]])
+def test_help_explains_every_command(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*command, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: tierlog" in out and len(out.splitlines()) > 8
+
+
+def test_table_output_aligns_columns():
+    out = io.StringIO()
+    cli.emit([{"a": 1, "b": b"xyz"}, {"a": 22, "b": None}], "table", out=out)
+    assert out.getvalue().splitlines() == ["a   b", "1   xyz", "22  -"]
