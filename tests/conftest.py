@@ -34,3 +34,50 @@ def spark(tmp_path_factory):
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A real S3 HTTP endpoint: the one in AWS_ENDPOINT_URL_S3 if set (MinIO), else moto's server on loopback."""
+    external = os.environ.get("AWS_ENDPOINT_URL_S3")
+    if external:
+        yield external
+        return
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")}
+    os.environ.update(
+        AWS_ENDPOINT_URL_S3=endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_REGION="us-east-1"
+    )
+    yield endpoint
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    server.stop()
+
+
+_bucket_counter = iter(range(10**9))
+
+
+@pytest.fixture
+def s3_location(s3_endpoint):
+    """A fresh bucket (and prefix) on the S3 endpoint, as a tier location."""
+    import boto3
+
+    bucket = f"tierlog-test-{os.getpid()}-{next(_bucket_counter)}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/tier"
+
+
+@pytest.fixture(params=["posix", "s3"])
+def tier_location(request, tmp_path):
+    """One tier test, two backends: a local directory and S3 over HTTP."""
+    if request.param == "posix":
+        return str(tmp_path / "tier")
+    return request.getfixturevalue("s3_location")

@@ -1,0 +1,81 @@
+"""The storage backend interface: the few operations a tier needs from a store.
+
+Like RocketMQ tieredstore's ``FileSegmentProvider``, backends differ only in
+I/O.  Names are ``/``-separated paths relative to the tier root; a backend
+never lets a name escape that root.  ``put`` is atomic: readers see the whole
+new object or none of it, never a part.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Iterator
+
+from connectors.tier.errors import InvalidObjectName
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9._=%+-]+$")
+
+
+def check_name(name: str) -> str:
+    """Refuse names that are absolute, climb out with ``..``, or hold characters a store may mangle."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or any(p in ("", ".", "..") or not _SEGMENT.match(p) for p in parts):
+        raise InvalidObjectName(f"object name {name!r} is not a plain relative path inside the tier")
+    return name
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    name: str
+    size: int
+
+
+class Backend(ABC):
+    """Where tier objects live.  Implementations: ``PosixBackend``, ``S3Backend``."""
+
+    location: str
+
+    @abstractmethod
+    def put(self, name: str, data: bytes) -> None:
+        """Store ``data`` as ``name``, replacing any object of that name, atomically and durably."""
+
+    @abstractmethod
+    def read(self, name: str, start: int = 0, length: int | None = None) -> bytes:
+        """Bytes ``[start, start + length)`` of ``name`` (to the end when ``length`` is None)."""
+
+    @abstractmethod
+    def size(self, name: str) -> int:
+        """Size in bytes; raises ``ObjectNotFound``."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Objects whose names start with ``prefix``, in name order."""
+
+    @abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove ``name``; removing a missing object is not an error."""
+
+    def exists(self, name: str) -> bool:
+        from connectors.tier.errors import ObjectNotFound
+
+        try:
+            self.size(name)
+            return True
+        except ObjectNotFound:
+            return False
+
+    def close(self) -> None:
+        """Release connections; the backend must not be used afterwards."""
+
+
+def open_backend(location: str) -> Backend:
+    """A backend for ``location``: ``s3://bucket/prefix`` or a directory path."""
+    if location.startswith("s3://"):
+        from connectors.tier.s3 import S3Backend
+
+        return S3Backend(location)
+    from connectors.tier.posix import PosixBackend
+
+    return PosixBackend(location)

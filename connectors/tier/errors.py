@@ -1,0 +1,35 @@
+"""Typed errors of the tier package."""
+
+from __future__ import annotations
+
+from connectors.errors import TierlogError
+
+
+class TierError(TierlogError):
+    """Base of the tier errors."""
+
+
+class ObjectNotFound(TierError):
+    """The named object does not exist (any more)."""
+
+
+class BucketNotFound(TierError):
+    """The S3 bucket named in ``tier.location`` does not exist."""
+
+
+class AccessDenied(TierError):
+    """The credentials may not read or write the bucket or prefix."""
+
+
+class TransientTierError(TierError):
+    """Throttling, a 5xx or a timeout that outlasted the retries; trying later can succeed."""
+
+    retriable = True
+
+
+class InvalidObjectName(TierError):
+    """An object name that would escape the tier root or cannot be stored."""
+
+
+class TierLogError(TierError):
+    """The tier's commit log is inconsistent: a gap in sequence numbers, or an unreadable record."""

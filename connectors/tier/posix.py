@@ -1,0 +1,105 @@
+"""A tier in a local (or mounted) directory."""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from typing import Iterator
+
+from connectors.tier.backend import Backend, ObjectInfo, check_name
+from connectors.tier.errors import ObjectNotFound, TierError, TransientTierError
+
+_TMP_PREFIX = ".tmp-"
+
+
+class PosixBackend(Backend):
+    """Objects are files under ``root``.
+
+    ``put`` writes a temporary file in the target directory, fsyncs it,
+    renames it over the name and fsyncs the directory: a reader or a crash
+    sees the old object or the new one, never a partial file.
+    """
+
+    def __init__(self, root: str):
+        self.location = root
+        self.root = os.path.abspath(root)
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as exc:
+            raise TierError(f"tier.location {root!r} cannot be created: {exc.strerror}") from None
+
+    def _path(self, name: str) -> str:
+        path = os.path.join(self.root, check_name(name))
+        if os.path.commonpath([self.root, os.path.realpath(os.path.dirname(path))]) != self.root:
+            raise TierError(f"object {name!r} resolves outside the tier root {self.root}")
+        return path
+
+    def put(self, name: str, data: bytes) -> None:
+        path = self._path(name)
+        directory = os.path.dirname(path)
+        tmp = os.path.join(directory, f"{_TMP_PREFIX}{uuid.uuid4().hex}")
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            dfd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise TransientTierError(
+                    f"tier {self.root} is full writing {name!r}: free space or raise the quota; "
+                    "tiering retries and loses nothing"
+                ) from None
+            raise TierError(f"cannot write {name!r} under tier {self.root}: {exc.strerror}") from None
+
+    def read(self, name: str, start: int = 0, length: int | None = None) -> bytes:
+        try:
+            with open(self._path(name), "rb") as fh:
+                fh.seek(start)
+                return fh.read() if length is None else fh.read(length)
+        except FileNotFoundError:
+            raise ObjectNotFound(f"tier object {name!r} not found under {self.root}") from None
+
+    def size(self, name: str) -> int:
+        try:
+            return os.stat(self._path(name)).st_size
+        except FileNotFoundError:
+            raise ObjectNotFound(f"tier object {name!r} not found under {self.root}") from None
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        base = os.path.join(self.root, os.path.dirname(prefix))
+        found = []
+        for dirpath, _dirs, files in os.walk(base):
+            rel_dir = os.path.relpath(dirpath, self.root)
+            for f in files:
+                if f.startswith(_TMP_PREFIX):
+                    continue
+                name = f if rel_dir == "." else f"{rel_dir}/{f}"
+                if name.startswith(prefix):
+                    found.append(name)
+        for name in sorted(found):
+            try:
+                yield ObjectInfo(name, os.stat(os.path.join(self.root, name)).st_size)
+            except FileNotFoundError:
+                continue  # deleted while listing
+
+    def delete(self, name: str) -> None:
+        try:
+            os.unlink(self._path(name))
+        except FileNotFoundError:
+            pass

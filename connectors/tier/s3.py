@@ -1,0 +1,166 @@
+"""A tier in an S3 bucket (AWS, MinIO, or any S3-compatible store).
+
+Settings come from the standard AWS variables and boto3's default chain:
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (or a profile or role),
+``AWS_REGION``, and ``AWS_ENDPOINT_URL_S3`` for MinIO or another endpoint
+(path-style addressing is used when an endpoint is set).  TLS verification
+follows ``AWS_CA_BUNDLE``.
+
+Throttling, 5xx answers and timeouts are retried by botocore (adaptive
+mode), and then by this backend with exponential backoff until
+``retry_deadline_s`` has passed, so an endpoint that is down for a while
+delays tiering instead of failing it.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import random
+import time
+from typing import Iterator
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as BotoConnectionError
+
+from connectors.tier.backend import Backend, ObjectInfo, check_name
+from connectors.tier.errors import AccessDenied, BucketNotFound, ObjectNotFound, TierError, TransientTierError
+
+log = logging.getLogger(__name__)
+
+_TRANSIENT_CODES = {"500", "502", "503", "504", "SlowDown", "Throttling", "ThrottlingException",
+                    "RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable"}
+
+
+def parse_location(location: str) -> tuple[str, str]:
+    """``s3://bucket/prefix`` to ``(bucket, "prefix/")``."""
+    rest = location[len("s3://") :]
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise TierError(f"tier.location {location!r} names no bucket: use s3://bucket/prefix")
+    prefix = prefix.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
+class S3Backend(Backend):
+    def __init__(
+        self,
+        location: str,
+        *,
+        multipart_threshold: int = 64 << 20,
+        multipart_chunksize: int = 16 << 20,
+        retry_deadline_s: float = 600.0,
+        botocore_attempts: int = 8,
+        retry_mode: str = "adaptive",
+        client=None,
+    ):
+        self.location = location
+        self.bucket, self.prefix = parse_location(location)
+        self.retry_deadline_s = retry_deadline_s
+        self.transfer = TransferConfig(
+            multipart_threshold=multipart_threshold, multipart_chunksize=multipart_chunksize, use_threads=False
+        )
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        self.client = client or boto3.session.Session().client(
+            "s3",
+            config=BotoConfig(
+                retries={"max_attempts": botocore_attempts, "mode": retry_mode},
+                connect_timeout=5,
+                read_timeout=30,
+                s3={"addressing_style": "path"} if endpoint else {},
+            ),
+        )
+
+    # ------------------------------------------------------------ error handling
+
+    def _call(self, what: str, name: str, fn, *args, deadline_s: float | None = None, **kwargs):
+        """Run one S3 call, retrying transient failures with backoff until the deadline."""
+        deadline = time.monotonic() + (self.retry_deadline_s if deadline_s is None else deadline_s)
+        attempt = 0
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except (ClientError, BotoCoreError) as exc:
+                error = self._translate(exc, what, name)
+                attempt += 1
+                if not error.retriable or time.monotonic() >= deadline:
+                    raise error from None
+                delay = min(30.0, 0.1 * 2**attempt) * (0.5 + random.random() / 2)
+                log.warning("%s; retrying in %.1fs (attempt %d)", error, delay, attempt)
+                time.sleep(delay)
+
+    def _translate(self, exc: Exception, what: str, name: str) -> TierError:
+        where = f"s3://{self.bucket}/{self.prefix}{name}"
+        if isinstance(exc, ClientError):
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+            if code == "NoSuchBucket":
+                return BucketNotFound(
+                    f"S3 bucket {self.bucket!r} (tier.location) does not exist: create it or fix tier.location"
+                )
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return ObjectNotFound(f"tier object {where} not found")
+            if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                return AccessDenied(
+                    f"access denied to S3 bucket {self.bucket!r} ({what} {name!r}): check the AWS_* "
+                    "credentials and the bucket policy"
+                )
+            if code in _TRANSIENT_CODES or status in _TRANSIENT_CODES:
+                return TransientTierError(f"S3 {what} {where} failed with {code or status}")
+            return TierError(f"S3 {what} {where} failed: {code} {exc.response.get('Error', {}).get('Message', '')}")
+        if isinstance(exc, (BotoConnectionError,)) or "timeout" in type(exc).__name__.lower():
+            return TransientTierError(f"S3 {what} {where}: endpoint unreachable ({type(exc).__name__})")
+        return TierError(f"S3 {what} {where} failed: {exc}")
+
+    # ------------------------------------------------------------ operations
+
+    def _key(self, name: str) -> str:
+        return self.prefix + check_name(name)
+
+    def put(self, name: str, data: bytes) -> None:
+        key = self._key(name)
+        if len(data) >= self.transfer.multipart_threshold:
+            # An object assembled from parts appears only when the upload completes.
+            self._call("multipart upload", name, lambda: self.client.upload_fileobj(
+                io.BytesIO(data), self.bucket, key, Config=self.transfer))
+        else:
+            self._call("put", name, self.client.put_object, Bucket=self.bucket, Key=key, Body=data)
+
+    def read(self, name: str, start: int = 0, length: int | None = None) -> bytes:
+        kwargs = {}
+        if start or length is not None:
+            end = "" if length is None else str(start + length - 1)
+            if length == 0:
+                return b""
+            kwargs["Range"] = f"bytes={start}-{end}"
+        resp = self._call("get", name, self.client.get_object, Bucket=self.bucket, Key=self._key(name), **kwargs)
+        return self._call("get", name, resp["Body"].read)
+
+    def size(self, name: str) -> int:
+        resp = self._call("head", name, self.client.head_object, Bucket=self.bucket, Key=self._key(name))
+        return int(resp["ContentLength"])
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        pages = self._call("list", prefix, lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix)))
+        for page in pages:
+            for obj in page.get("Contents", []):
+                yield ObjectInfo(obj["Key"][len(self.prefix) :], int(obj["Size"]))
+
+    def delete(self, name: str) -> None:
+        self._call("delete", name, self.client.delete_object, Bucket=self.bucket, Key=self._key(name))
+
+    def check(self) -> None:
+        """Fail fast (naming the bucket) when the bucket is missing or not ours to use."""
+        try:
+            self._call("head bucket", "", self.client.head_bucket, Bucket=self.bucket, deadline_s=10)
+        except ObjectNotFound:
+            raise BucketNotFound(
+                f"S3 bucket {self.bucket!r} (tier.location) does not exist: create it or fix tier.location"
+            ) from None
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,145 @@
+"""One backend suite, run against posix and against S3 over HTTP (moto's server or MinIO)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import boto3
+import pytest
+
+from connectors.tier.backend import open_backend
+from connectors.tier.errors import AccessDenied, BucketNotFound, InvalidObjectName, ObjectNotFound
+from connectors.tier.s3 import S3Backend
+
+
+def test_put_read_size_list_delete(tier_location):
+    b = open_backend(tier_location)
+    b.put("a/x.bin", b"hello world")
+    b.put("a/y.bin", b"")
+    b.put("b/z.bin", b"zz")
+    assert b.read("a/x.bin") == b"hello world"
+    assert b.read("a/x.bin", 6) == b"world" and b.read("a/x.bin", 0, 5) == b"hello"
+    assert b.read("a/x.bin", 3, 0) == b""
+    assert b.size("a/x.bin") == 11 and b.size("a/y.bin") == 0
+    assert [(o.name, o.size) for o in b.list("a/")] == [("a/x.bin", 11), ("a/y.bin", 0)]
+    assert [o.name for o in b.list()] == ["a/x.bin", "a/y.bin", "b/z.bin"]
+    b.put("a/x.bin", b"replaced")
+    assert b.read("a/x.bin") == b"replaced"
+    b.delete("a/x.bin")
+    b.delete("a/x.bin")  # deleting twice is fine
+    assert not b.exists("a/x.bin") and b.exists("b/z.bin")
+    with pytest.raises(ObjectNotFound, match="a/x.bin"):
+        b.read("a/x.bin")
+    with pytest.raises(ObjectNotFound):
+        b.size("nope")
+
+
+@pytest.mark.parametrize("name", ["../evil", "/abs/path", "a/../../b", "a//b", "nul\x00x", "", "a/./b", "sp ace"])
+def test_hostile_names_are_refused(tier_location, name):
+    b = open_backend(tier_location)
+    with pytest.raises(InvalidObjectName):
+        b.put(name, b"x")
+
+
+def test_readers_never_see_a_partial_object(tier_location):
+    b = open_backend(tier_location)
+    versions = [bytes([i]) * (3 << 20) for i in range(1, 5)]
+    b.put("big.bin", versions[0])
+    seen, stop = set(), threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            data = b.read("big.bin")
+            seen.add((len(data), data[:1], data[-1:]))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for v in versions[1:]:
+        b.put("big.bin", v)
+    stop.set()
+    t.join()
+    assert all(size == 3 << 20 and head == tail for size, head, tail in seen)
+
+
+def test_posix_puts_leave_no_temporary_files(tmp_path):
+    b = open_backend(str(tmp_path / "t"))
+    for i in range(5):
+        b.put(f"d/{i}", b"x" * i)
+    assert sorted(os.listdir(tmp_path / "t" / "d")) == ["0", "1", "2", "3", "4"]
+
+
+def test_s3_multipart_upload_is_used_for_large_objects(s3_location):
+    b = S3Backend(s3_location, multipart_threshold=5 << 20, multipart_chunksize=5 << 20)
+    calls = []
+    b.client.meta.events.register("before-call.s3.CreateMultipartUpload", lambda **kw: calls.append("mpu"))
+    data = os.urandom(11 << 20)
+    b.put("large.bin", data)
+    assert calls == ["mpu"] and b.read("large.bin") == data
+
+
+def test_s3_missing_bucket_and_bad_credentials_are_named(s3_endpoint, monkeypatch):
+    b = S3Backend("s3://no-such-bucket-xyz/p", retry_deadline_s=1)
+    with pytest.raises(BucketNotFound, match="no-such-bucket-xyz"):
+        b.check()
+    with pytest.raises(BucketNotFound, match="no-such-bucket-xyz"):
+        b.put("x", b"1")
+
+
+def test_s3_retries_5xx_and_timeouts_without_loss(s3_location):
+    """Injected 500s, 503 SlowDowns and read timeouts: every object still lands, intact."""
+    from botocore.awsrequest import AWSResponse
+    from botocore.exceptions import ReadTimeoutError
+
+    # botocore gives up at once here, so that tierlog's own retry loop is what is tested.
+    b = S3Backend(s3_location, retry_deadline_s=60, botocore_attempts=1, retry_mode="standard")
+    counter = {"n": 0}
+
+    class Raw:
+        def __init__(self, body):
+            self._body = body
+
+        def stream(self, **_):
+            yield self._body
+
+    def inject(request, **_):
+        counter["n"] += 1
+        n = counter["n"]
+        if n % 3 == 1:
+            return AWSResponse(request.url, 500, {}, Raw(b"<Error><Code>InternalError</Code></Error>"))
+        if n % 3 == 2:
+            return AWSResponse(request.url, 503, {}, Raw(b"<Error><Code>SlowDown</Code></Error>"))
+        if n % 7 == 0:
+            raise ReadTimeoutError(endpoint_url=request.url)
+        return None
+
+    b.client.meta.events.register("before-send.s3", inject)
+    payloads = {f"obj/{i}": os.urandom(1000 + i) for i in range(6)}
+    for name, data in payloads.items():
+        b.put(name, data)
+    for name, data in payloads.items():
+        assert b.read(name) == data
+    assert counter["n"] > 3 * len(payloads)  # the faults were really hit
+    b.client.meta.events.unregister("before-send.s3", inject)
+    clean = S3Backend(s3_location)
+    assert {o.name: clean.read(o.name) for o in clean.list("obj/")} == payloads
+
+
+def test_s3_access_denied_is_named(s3_location):
+    client = boto3.client("s3")
+    bucket = s3_location.split("/")[2]
+    b = S3Backend(s3_location, retry_deadline_s=1)
+
+    def deny(request, **_):
+        from botocore.awsrequest import AWSResponse
+
+        class Raw:
+            def stream(self, **_):
+                yield b"<Error><Code>AccessDenied</Code><Message>no</Message></Error>"
+
+        return AWSResponse(request.url, 403, {}, Raw())
+
+    b.client.meta.events.register("before-send.s3", deny)
+    with pytest.raises(AccessDenied, match=bucket):
+        b.put("x", b"1")
+    assert client.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
