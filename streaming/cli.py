@@ -246,6 +246,112 @@ def check_config(conf: cfg.Config) -> list[str]:
     return problems
 
 
+# ---------------------------------------------------------------- run, status, tier, commitlog gc
+
+
+def cmd_run(args, conf: cfg.Config) -> int:
+    from streaming.service import Service
+
+    cfg.parse_retention(conf.tier.retention)  # fail on a bad setting before Spark starts
+    return Service(conf).run(until_caught_up=args.until_caught_up)
+
+
+STATUS_COLUMNS = ["topic", "queue", "dispatch", "commit", "sealed", "low", "lag", "segments"]
+
+
+def queue_lag(conf: cfg.Config, source_end: int | None, cap_bytes: int = 256 << 20) -> tuple[dict, int, bool]:
+    """Per-queue messages not yet tiered, from the commitlog past ``source_end``; and the frontier."""
+    from connectors.commitlog.reader import CommitLogReader
+
+    lag: dict = {}
+    with CommitLogReader(conf.commitlog.dir) as reader:
+        start = source_end if source_end is not None else reader.first_offset()
+        frontier = reader.end_offset(start)
+        end = reader.scan(start, max_bytes=cap_bytes).end
+        for batch in reader.record_batches(start, end, key_property=conf.commitlog.key_property):
+            for t, q, qo in zip(batch["topic"].to_pylist(), batch["queue_id"].to_pylist(), batch["queue_offset"].to_pylist()):
+                lag[(t, q)] = max(lag.get((t, q), -1), qo)
+    return lag, frontier, end < frontier
+
+
+def cmd_status(args, conf: cfg.Config) -> int:
+    from state.metadata import MetadataStore
+    from streaming.service import metadata_path
+
+    store = MetadataStore(metadata_path(conf), read_only=True)
+    try:
+        queues, sinks, source_end = store.queues(), store.sinks(), store.source_end()
+    finally:
+        store.close()
+    try:
+        newest, frontier, capped = queue_lag(conf, source_end)
+    except TierlogError as exc:
+        newest, frontier, capped = {}, None, False
+        log.warning("commitlog not readable for lag: %s", exc)
+    rows = []
+    for q in queues:
+        pending = newest.get((q.topic, q.queue_id), q.commit - 1) + 1 - q.commit
+        rows.append({"topic": q.topic, "queue": q.queue_id, "dispatch": q.dispatch, "commit": q.commit,
+                     "sealed": q.sealed, "low": q.low, "lag": f">={pending}" if capped else max(0, pending),
+                     "segments": q.segments})
+    summary = {"tiered_to_phy": source_end, "commitlog_end_phy": frontier,
+               "lag_bytes": None if frontier is None or source_end is None else frontier - source_end,
+               "safepoint": min(sinks.values()) if sinks else None, "sinks": sinks, "queues": len(queues)}
+    if args.format == "json":
+        emit([{"kind": "queue", **r} for r in rows] + [{"kind": "summary", **summary}], "json")
+    else:
+        emit(rows, "table", STATUS_COLUMNS)
+        print()
+        emit([{k: v for k, v in summary.items() if k != "sinks"} | {"sinks": ",".join(f"{k}={v}" for k, v in sinks.items())}], "table")
+    return 0
+
+
+def cmd_tier(args, conf: cfg.Config) -> int:
+    from connectors.tier.reader import TierReader
+    from state.metadata import MetadataStore
+    from streaming.service import metadata_path
+
+    state = TierReader(conf.tier.location).state()
+    store = MetadataStore(metadata_path(conf))
+    try:
+        store.rebuild(state)
+    finally:
+        store.close()
+    emit([{"commit_records": state.seq + 1, "queues": len(state.queues), "segments": len(state.segments),
+           "staging_objects": len(state.staging), "tiered_to_phy": state.source_end}], args.format)
+    return 0
+
+
+def cmd_commitlog_gc(args, conf: cfg.Config) -> int:
+    import os
+
+    from connectors.commitlog.reader import list_files
+    from state.metadata import MetadataStore
+    from streaming.service import metadata_path
+
+    retention = cfg.parse_duration(conf.commitlog.local_retention, "commitlog.local_retention")
+    store = MetadataStore(metadata_path(conf), read_only=True)
+    try:
+        sinks = store.sinks()
+    finally:
+        store.close()
+    if not sinks:
+        raise ConfigError("no sink has applied anything yet (run `tierlog run` first): nothing is below the safepoint")
+    safepoint = min(sinks.values())
+    now = time.time()
+    files = list_files(conf.commitlog.dir)
+    # Never the newest file: a writer may be appending to it.
+    doomed = [f for f in files[:-1] if f.end <= safepoint and now - os.path.getmtime(f.path) >= retention]
+    for f in doomed:
+        if not args.dry_run:
+            os.remove(f.path)
+    emit([{"file": f.path, "start_phy": f.base, "end_phy": f.end, "deleted": not args.dry_run} for f in doomed]
+         or [{"file": "-", "start_phy": None, "end_phy": None, "deleted": False}], args.format)
+    log.info("safepoint %d (%s); %d file(s) %s", safepoint, ", ".join(f"{k}={v}" for k, v in sinks.items()),
+             len(doomed), "would be deleted" if args.dry_run else "deleted")
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 
 
@@ -300,6 +406,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("config_command", choices=["show", "check"])
     p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser(
+        "run", parents=[common], help="run the service: tier the commitlog continuously",
+        description="Run the tiering query in Spark until stopped (SIGTERM/SIGINT finish the batch in flight, "
+        "then exit 0). Logs one JSON line per batch: rows, bytes, objects, seals, lag in bytes, messages "
+        "and seconds.",
+    )
+    p.add_argument("--until-caught-up", action="store_true",
+                   help="drain what is in the commitlog now (Spark availableNow) and exit 0")
+    p.add_argument("--tier", dest="tier.location", metavar="LOCATION", help="override tier.location")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "status", parents=[common, printing], help="per-queue dispatch/commit offsets, lag, segments, safepoint",
+        description="Show what is tiered, from the metadata store (opened read-only, so it works while "
+        "`tierlog run` runs): per queue the dispatch, commit and sealed offsets, the lowest retained offset, "
+        "messages not yet tiered, and segments; then the safepoint and each sink's applied offset.",
+    )
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser(
+        "tier", parents=[common, printing], help="tier maintenance: rebuild-metadata",
+        description="rebuild-metadata: recreate the metadata store from the tier's commit log alone "
+        "(stop `tierlog run` first).",
+    )
+    p.add_argument("tier_command", choices=["rebuild-metadata"])
+    p.add_argument("--tier", dest="tier.location", metavar="LOCATION", help="override tier.location")
+    p.set_defaults(func=cmd_tier)
+
+    p = sub.add_parser(
+        "commitlog", parents=[common, printing], help="local commitlog maintenance: gc",
+        description="gc: delete local commitlog files that lie wholly below the safepoint (the lowest "
+        "physical offset every sink has applied) and are older than commitlog.local_retention. "
+        "The newest file is never deleted.",
+    )
+    p.add_argument("commitlog_command", choices=["gc"])
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted")
+    p.set_defaults(func=cmd_commitlog_gc)
     return parser
 
 
@@ -314,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         level=getattr(logging, args.log_level), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
         conf = cfg.load(args.config, overrides=overrides_from(args))
         return args.func(args, conf)

@@ -47,6 +47,9 @@ class CommitlogConfig:
     fsync_interval_s: float = setting(1.0, "Seconds between syncs under fsync = interval.")
     check_crc: bool = setting(True, "Verify every message body's CRC while reading.")
     key_property: str = setting("KEYS", "Property whose first space-separated word is a message's key.")
+    local_retention: str = setting(
+        "1h", "`tierlog commitlog gc` deletes files below the safepoint once they are this old (s, m, h, d)."
+    )
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,19 @@ class SourceConfig:
 @dataclass(frozen=True)
 class TierConfig:
     location: str = setting("data/tier", "Where the tier lives: a directory, or s3://bucket/prefix.")
+    segment_bytes: int = setting(128 << 20, "Seal a queue's staged messages into a segment at this many bytes.", size=True)
+    segment_messages: int = setting(1_000_000, "... or at this many messages.")
+    segment_age_s: float = setting(600.0, "... or when its oldest staged batch is this many seconds old.")
+    retention: str = setting(
+        "", "Time to live in the tier, `*=7d,orders=30d` (per topic, * for the rest); empty keeps forever."
+    )
+    delete_grace_s: float = setting(60.0, "Seconds a retired object stays readable before it is deleted.")
+    compact_every: int = setting(200, "Commit records between compactions of the tier's commit log.")
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    dir: str = setting("data/state", "Local directory of the RocksDB stores: the metadata store and the KV view.")
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,7 @@ class KafkaConfig:
 class SparkConfig:
     master: str = setting("local[2]", "Spark master URL: local[N] or spark://host:port.")
     shuffle_partitions: int = setting(4, "spark.sql.shuffle.partitions; fixed once a stateful checkpoint exists.")
+    trigger_interval_s: float = setting(1.0, "Seconds between micro-batches of `tierlog run`.")
 
 
 @dataclass(frozen=True)
@@ -87,6 +104,7 @@ class Config:
     commitlog: CommitlogConfig = field(default_factory=CommitlogConfig)
     source: SourceConfig = field(default_factory=SourceConfig)
     tier: TierConfig = field(default_factory=TierConfig)
+    state: StateConfig = field(default_factory=StateConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
@@ -222,6 +240,31 @@ def load(
         section, _, key = dotted.partition(".")
         _apply(values, section, key, raw, "command line")
     return Config(**{s: cls(**values.get(s, {})) for s, cls in sections().items()})
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, setting_name: str) -> float:
+    """``90``, ``90s``, ``15m``, ``6h``, ``7d`` to seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ConfigError(f"setting {setting_name}: {text!r} is not a duration like 90s, 15m, 6h or 7d")
+    return float(m.group(1)) * _SECONDS[m.group(2)]
+
+
+def parse_retention(text: str) -> dict[str, float] | None:
+    """``tier.retention``: ``*=7d,orders=30d`` to {topic: seconds}; empty keeps everything."""
+    if not text.strip():
+        return None
+    out = {}
+    for item in text.split(","):
+        topic, sep, duration = item.strip().rpartition("=")
+        if not sep or not topic:
+            raise ConfigError(f"setting tier.retention: {item.strip()!r} is not TOPIC=DURATION (use * for every topic)")
+        out[topic] = parse_duration(duration, "tier.retention")
+    return out
 
 
 def to_toml(config: Config, *, with_docs: bool = True) -> str:

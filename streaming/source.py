@@ -17,6 +17,8 @@ Options (all optional except ``path``):
 ``startingOffset``     ``earliest`` (default), ``latest``, or a physical offset
 ``checkCrc``           verify every body CRC (default ``true``)
 ``keyProperty``        the property whose first word is the ``key`` column (``KEYS``)
+``refsOnly``           ``true``: rows are only ``(phy_offset, size)`` references to the
+                       records, for queries that read the bytes themselves (tiering)
 =====================  ====================================================
 """
 
@@ -24,6 +26,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -52,6 +57,7 @@ class SourceOptions:
     starting_offset: str = "earliest"
     check_crc: bool = True
     key_property: str = "KEYS"
+    refs_only: bool = False
 
     @classmethod
     def parse(cls, options: dict) -> "SourceOptions":
@@ -75,6 +81,7 @@ class SourceOptions:
             starting_offset=start,
             check_crc=_bool(opts, "checkcrc", "checkCrc", True),
             key_property=opts.get("keyproperty", "KEYS"),
+            refs_only=_bool(opts, "refsonly", "refsOnly", False),
         )
 
 
@@ -116,10 +123,21 @@ def plan_partitions(reader: CommitLogReader, start: int, end: int, split_bytes: 
     return [CommitLogPartition(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
+REFS_DDL = "phy_offset bigint, size int"
+REFS_SCHEMA = pa.schema([("phy_offset", pa.int64()), ("size", pa.int32())])
+
+
 def read_partition(opts: SourceOptions, partition: CommitLogPartition):
     """Decode one partition into Arrow batches; opens the files here, on the executor."""
     with CommitLogReader(opts.path, check_crc=opts.check_crc) as reader:
-        yield from reader.record_batches(partition.start, partition.end, key_property=opts.key_property)
+        if opts.refs_only:
+            for span in reader.spans(partition.start, partition.end):
+                starts = np.asarray(span.starts, np.int64) + span.file.base
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array(starts), pa.array(np.asarray(span.sizes, np.int32))], schema=REFS_SCHEMA
+                )
+        else:
+            yield from reader.record_batches(partition.start, partition.end, key_property=opts.key_property)
 
 
 class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -219,7 +237,8 @@ class CommitLogDataSource(DataSource):
         return "commitlog"
 
     def schema(self) -> str:
-        return MESSAGE_DDL
+        refs = str(self.options.get("refsOnly", self.options.get("refsonly", "false"))).lower() == "true"
+        return REFS_DDL if refs else MESSAGE_DDL
 
     def streamReader(self, schema) -> CommitLogStreamReader:
         return CommitLogStreamReader(SourceOptions.parse(dict(self.options)))

@@ -22,8 +22,11 @@ def log_dir(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory):
-    """One SparkSession for the whole run: it takes about 11 s to start here."""
+def spark(tmp_path_factory, s3_endpoint):
+    """One SparkSession for the whole run: it takes about 11 s to start here.
+
+    It starts after the S3 endpoint, so that its Python workers inherit the AWS_* variables.
+    """
     from streaming.session import build_session
 
     warehouse = tmp_path_factory.mktemp("warehouse")

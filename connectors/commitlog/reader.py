@@ -378,9 +378,16 @@ class CommitLogReader:
                     pos = int(starts[exc.index])
                     raise self._fail(span.file, pos, exc.reason, span.sizes[i + exc.index]) from None
 
-    def end_offset(self) -> int:
-        """The physical offset just past the last complete record (the frontier)."""
+    def end_offset(self, hint: int | None = None) -> int:
+        """The physical offset just past the last complete record (the frontier).
+
+        ``hint`` is a record boundary known to be at or before the frontier (an
+        earlier answer): the walk starts there instead of at the last file's start.
+        """
         files = self.files()
         if not files:
             return 0
-        return self.scan(files[-1].base).end
+        start = files[-1].base
+        if hint is not None and start <= hint <= files[-1].end:
+            start = hint
+        return self.scan(start).end

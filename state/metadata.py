@@ -1,0 +1,183 @@
+"""The metadata store: the service's fast index of offsets and segments, in RocksDB (rocksdict).
+
+It holds, per queue, RocketMQ's *dispatch* offset (rows handed to upload) and
+*commit* offset (rows durable in the tier and recorded), the sealed offset;
+the segment index; and each sink's applied physical offset.  Every change is
+one WriteBatch written with the WAL on and synced, so a crash leaves either
+all of a commit or none of it.
+
+It is an index, not the source of truth: the tier's commit log is.
+``rebuild`` recreates it from the tier alone, and the service brings it up to
+date with the log at every start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
+
+from connectors.errors import TierlogError
+from connectors.tier.log import Segment, TierState
+
+SEP = "\x00"
+
+
+class MetadataError(TierlogError):
+    """The metadata store cannot be opened or disagrees with the tier."""
+
+
+class MetadataLockedError(MetadataError):
+    """Another process has the metadata store open for writing (another `tierlog run`)."""
+
+
+@dataclass(frozen=True)
+class QueueOffsets:
+    topic: str
+    queue_id: int
+    dispatch: int
+    commit: int
+    sealed: int
+    low: int
+    segments: int = 0
+
+
+def _qkey(topic: str, queue_id: int) -> str:
+    return f"q{SEP}{topic}{SEP}{queue_id:010d}"
+
+
+def _segkey(topic: str, queue_id: int, base: int) -> str:
+    return f"seg{SEP}{topic}{SEP}{queue_id:010d}{SEP}{base:020d}"
+
+
+class MetadataStore:
+    """Open with ``read_only=True`` to look while a service runs (``tierlog status``)."""
+
+    def __init__(self, path: str, *, read_only: bool = False):
+        self.path = path
+        self.read_only = read_only
+        if read_only and not os.path.exists(os.path.join(path, "CURRENT")):
+            raise MetadataError(f"no metadata store at {path}: has `tierlog run` been started with this config?")
+        os.makedirs(path, exist_ok=True)
+        opts = Options()
+        opts.create_if_missing(True)
+        try:
+            self.db = Rdict(path, opts, access_type=AccessType.read_only() if read_only else AccessType.read_write())
+        except Exception as exc:  # rocksdict raises a plain Exception carrying RocksDB's message
+            if "lock" in str(exc).lower():
+                raise MetadataLockedError(
+                    f"metadata store {path} is in use by another tierlog process (RocksDB lock held): "
+                    "only one `tierlog run` may use a checkpoint directory; stop the other one first"
+                ) from None
+            raise MetadataError(f"cannot open metadata store {path}: {exc}") from None
+        self._sync = WriteOptions()
+        self._sync.sync = True
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ------------------------------------------------------------ reading
+
+    def _get(self, key: str):
+        raw = self.db.get(key)
+        return None if raw is None else json.loads(raw)
+
+    def _prefix(self, prefix: str) -> Iterator[tuple[str, dict]]:
+        for key, raw in self.db.items(from_key=prefix):
+            if not key.startswith(prefix):
+                break
+            yield key, json.loads(raw)
+
+    def last_seq(self) -> int:
+        value = self._get("meta" + SEP + "last_seq")
+        return -1 if value is None else value
+
+    def source_end(self) -> int | None:
+        return self._get("meta" + SEP + "source_end")
+
+    def queues(self) -> list[QueueOffsets]:
+        counts: dict[tuple[str, int], int] = {}
+        for key, _ in self._prefix("seg" + SEP):
+            _, topic, q, _ = key.split(SEP)
+            counts[(topic, int(q))] = counts.get((topic, int(q)), 0) + 1
+        out = []
+        for key, v in self._prefix("q" + SEP):
+            _, topic, q = key.split(SEP)
+            out.append(QueueOffsets(topic, int(q), v["dispatch"], v["commit"], v["sealed"], v["low"], counts.get((topic, int(q)), 0)))
+        return out
+
+    def segments(self, topic: str, queue_id: int) -> list[Segment]:
+        prefix = f"seg{SEP}{topic}{SEP}{queue_id:010d}{SEP}"
+        return [Segment.from_json(v) for _, v in self._prefix(prefix)]
+
+    def sinks(self) -> dict[str, int]:
+        return {key.split(SEP)[1]: v for key, v in self._prefix("sink" + SEP)}
+
+    def pending_deletes(self) -> dict[str, float]:
+        return {key.split(SEP, 1)[1]: v for key, v in self._prefix("del" + SEP)}
+
+    # ------------------------------------------------------------ writing
+
+    def _write(self, puts: dict[str, object], deletes: list[str] = ()) -> None:
+        if self.read_only:
+            raise MetadataError("metadata store opened read-only")
+        wb = WriteBatch()
+        for key, value in puts.items():
+            wb.put(key, json.dumps(value))
+        for key in deletes:
+            wb.delete(key)
+        self.db.write(wb, self._sync)
+
+    def record_dispatch(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Queues whose rows up to ``offsets[key] - 1`` have been handed to upload."""
+        puts = {}
+        for (topic, q), dispatch in offsets.items():
+            cur = self._get(_qkey(topic, q)) or {"commit": None, "sealed": None, "low": None, "dispatch": 0}
+            cur["dispatch"] = max(cur["dispatch"], dispatch)
+            puts[_qkey(topic, q)] = cur
+        self._write(puts)
+
+    def record_commit(
+        self,
+        state: TierState,
+        *,
+        queues=None,
+        segments: list[Segment] | None = None,
+        removed_segments: list[Segment] = (),
+        deletes: dict[str, float] = (),
+    ) -> None:
+        """Mirror ``state`` (just advanced by a commit record) in one atomic, synced WriteBatch.
+
+        ``queues`` and ``segments`` name what the record changed (default: everything).
+        """
+        puts: dict[str, object] = {
+            "meta" + SEP + "last_seq": state.seq,
+            "meta" + SEP + "source_end": state.source_end,
+        }
+        if state.source_end is not None:
+            puts["sink" + SEP + "tier"] = state.source_end
+        for topic, q in state.queues if queues is None else queues:
+            qs = state.queues[(topic, q)]
+            cur = self._get(_qkey(topic, q)) or {}
+            dispatch = max(cur.get("dispatch") or 0, qs.commit)
+            puts[_qkey(topic, q)] = {"dispatch": dispatch, **qs.to_json()}
+        for seg in state.segments.values() if segments is None else segments:
+            puts[_segkey(seg.topic, seg.queue_id, seg.base)] = seg.to_json()
+        for name, when in dict(deletes).items():
+            puts["del" + SEP + name] = when
+        self._write(puts, [_segkey(s.topic, s.queue_id, s.base) for s in removed_segments])
+
+    def record_sink(self, name: str, applied_phy: int) -> None:
+        self._write({"sink" + SEP + name: applied_phy})
+
+    def forget_deletes(self, names: list[str]) -> None:
+        self._write({}, ["del" + SEP + n for n in names])
+
+    def rebuild(self, state: TierState) -> None:
+        """Replace everything tier-derived with what ``state`` (read from the tier) says."""
+        stale = [k for k in self.db.keys() if k.startswith(("q" + SEP, "seg" + SEP, "meta" + SEP))]
+        self._write({}, stale)
+        self.record_commit(state)

@@ -1,0 +1,41 @@
+"""Named crash points, for the crash tests and the chaos harness.
+
+``TIERLOG_FAULT=<point>:<n>`` makes the n-th pass through ``point`` (counted
+across processes in ``TIERLOG_FAULT_DIR``) SIGKILL the service's driver
+process, as an operator's ``kill -9`` or a power cut would.  Unset, a crash
+point costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = (
+    "staged",  # executor: a staging object uploaded, the batch not yet committed
+    "uploaded",  # driver: all staging objects uploaded, dispatch not yet recorded
+    "dispatched",  # driver: dispatch offsets recorded, no commit record yet
+    "logged",  # driver: commit record written, metadata not yet updated
+    "committed",  # driver: metadata updated, Spark has not committed the batch
+    "seal_uploaded",  # driver: a segment uploaded, no seal record yet
+    "sealed",  # driver: seal record written, metadata not yet updated
+)
+
+
+def crash_point(name: str, driver_pid: int | None = None) -> None:
+    spec = os.environ.get("TIERLOG_FAULT")
+    if not spec:
+        return
+    point, _, nth = spec.partition(":")
+    if point != name:
+        return
+    directory = os.environ.get("TIERLOG_FAULT_DIR", "/tmp")
+    counter = os.path.join(directory, f"tierlog-fault-{point}")
+    fd = os.open(counter, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b".")
+        passes = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if passes == int(nth or 1):
+        os.kill(driver_pid or os.getpid(), signal.SIGKILL)

@@ -1,0 +1,390 @@
+"""The tiering query: commitlog -> staging objects -> commit record -> sealed segments.
+
+Per micro-batch (``TieringSink.process``, the foreachBatch):
+
+1. **stage** (executors): each Spark partition is a byte range of the
+   commitlog; its task reads the range itself with the Arrow fast path, sorts
+   the rows by (topic, queue, queue offset) and uploads one staging object.
+   Only (physical offset, size) references travel through Spark, as in
+   RocketMQ's dispatcher, which hands the uploader references, never bodies.
+2. **dispatch**: the driver records each queue's dispatch offset.
+3. **commit**: one commit record in the tier makes the batch's objects
+   visible atomically; then one synced WriteBatch updates the metadata store.
+4. **seal** queues that reached the segment size, count or age, retire
+   staging objects every queue of which is sealed, apply retention, and
+   compact the commit log now and then.
+
+Exactly once: the tier remembers the physical offset its last commit reached
+(``source_end``).  Rows below it are dropped before staging, so a replayed
+batch, or a new checkpoint that starts over, commits nothing twice.  A batch
+starting *above* it would skip messages and stops the query instead.
+Staging objects are named by their first physical offset, so an upload that
+is repeated after a crash overwrites itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.commitlog import format as fmt
+from connectors.errors import TierlogError
+from connectors.tier import layout
+from connectors.tier.backend import open_backend
+from connectors.tier.log import Segment, StagingObject, TierLog, TierState
+from streaming.faults import crash_point
+
+log = logging.getLogger("tierlog.tiering")
+
+STAGED_SCHEMA = pa.schema(
+    [("name", pa.string()), ("size", pa.int64()), ("first_phy", pa.int64()), ("end_phy", pa.int64()),
+     ("rows", pa.int64()), ("bytes", pa.int64()), ("queues", pa.string())]
+)
+STAGED_DDL = "name string, size bigint, first_phy bigint, end_phy bigint, rows bigint, bytes bigint, queues string"
+
+
+class SkippedMessagesError(TierlogError):
+    """A batch starts above what the tier has committed: tiering it would leave a hole."""
+
+
+@dataclass(frozen=True)
+class TieringSettings:
+    location: str
+    commitlog_dir: str
+    key_property: str = "KEYS"
+    check_crc: bool = True
+    segment_bytes: int = 128 << 20
+    segment_messages: int = 1_000_000
+    segment_age_s: float = 600.0
+    retention_s: dict | None = None  # topic -> seconds; "*" for every other topic; None keeps forever
+    compact_every: int = 200  # commit records between log compactions
+    delete_grace_s: float = 60.0  # retired objects stay readable this long
+    driver_pid: int = 0
+
+
+# ---------------------------------------------------------------- executor side
+
+
+def queue_stats(table: pa.Table) -> list[list]:
+    """Per queue: [topic, queue, first, last, rows, bytes, min_ts, max_ts] (store times in ms)."""
+    if table.num_rows == 0:
+        return []
+    grouped = table.group_by(["topic", "queue_id"]).aggregate(
+        [("queue_offset", "min"), ("queue_offset", "max"), ("queue_offset", "count"), ("size", "sum"),
+         ("store_ts", "min"), ("store_ts", "max")]
+    )
+    cols = [grouped[c].to_pylist() for c in (
+        "topic", "queue_id", "queue_offset_min", "queue_offset_max", "queue_offset_count", "size_sum",
+        "store_ts_min", "store_ts_max")]
+    out = []
+    for t, q, lo, hi, n, nbytes, tmin, tmax in zip(*cols):
+        out.append([t, q, lo, hi, n, nbytes, int(tmin.timestamp() * 1000), int(tmax.timestamp() * 1000)])
+    return out
+
+
+def dispatched_only(table: pa.Table) -> pa.Table:
+    """Drop PREPARED and ROLLBACK transaction records: they never enter a queue (§8)."""
+    tx = pc.bit_wise_and(table["sysflag"], fmt.TRANSACTION_MASK)
+    keep = pc.or_(pc.equal(tx, fmt.TRANSACTION_NOT_TYPE), pc.equal(tx, fmt.TRANSACTION_COMMIT))
+    return table if pc.all(keep).as_py() else table.filter(keep)
+
+
+def make_stager(settings: TieringSettings, floor: int):
+    """The mapInArrow function: stage one partition's byte range, yield one summary row."""
+
+    def stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from connectors.commitlog.reader import CommitLogReader
+
+        lo = hi = None
+        for b in batches:
+            if b.num_rows == 0:
+                continue
+            phy = b.column("phy_offset").to_numpy()
+            end = phy + b.column("size").to_numpy()
+            keep = phy >= floor
+            if not keep.any():
+                continue
+            blo, bhi = int(phy[keep].min()), int(end[keep].max())
+            lo = blo if lo is None else min(lo, blo)
+            hi = bhi if hi is None else max(hi, bhi)
+        if lo is None:
+            return
+        with CommitLogReader(settings.commitlog_dir, check_crc=settings.check_crc) as reader:
+            batches_ = list(reader.record_batches(lo, hi, key_property=settings.key_property))
+        table = dispatched_only(pa.Table.from_batches(batches_, schema=batches_[0].schema if batches_ else None))
+        table = layout.sort_rows(table)
+        data = layout.to_parquet(table)
+        name = layout.staging_name(lo)
+        backend = open_backend(settings.location)
+        try:
+            backend.put(name, data)
+        finally:
+            backend.close()
+        crash_point("staged", settings.driver_pid)
+        stats = queue_stats(table)
+        yield pa.RecordBatch.from_pylist(
+            [{"name": name, "size": len(data), "first_phy": lo, "end_phy": hi, "rows": table.num_rows,
+              "bytes": int(pc.sum(table["size"]).as_py() or 0), "queues": json.dumps(stats)}],
+            schema=STAGED_SCHEMA,
+        )
+
+    return stage
+
+
+# ---------------------------------------------------------------- driver side
+
+
+@dataclass
+class BatchReport:
+    batch_id: int
+    rows: int = 0
+    bytes: int = 0
+    objects: int = 0
+    seals: int = 0
+    source_end: int | None = None
+    max_store_ts: int | None = None
+    seconds: float = 0.0
+    replay: bool = False
+
+
+class TieringSink:
+    """The foreachBatch of the tiering query.  One instance per running query, on the driver."""
+
+    def __init__(self, settings: TieringSettings, metadata, on_batch=None):
+        self.settings = settings
+        self.backend = open_backend(settings.location)
+        self.log = TierLog(self.backend)
+        self.metadata = metadata
+        self.state = self.log.read_state()
+        self.reconcile_metadata()
+        self.lock = threading.Lock()  # held while a batch is processed; graceful stop waits on it
+        self.on_batch = on_batch
+        self.records_since_compaction = 0
+
+    def reconcile_metadata(self) -> None:
+        """Bring the metadata store up to the tier's commit log (a crash can leave it one record behind)."""
+        meta_seq = self.metadata.last_seq()
+        if meta_seq > self.state.seq:
+            raise TierlogError(
+                f"the metadata store ({self.metadata.path}) has commit record {meta_seq} but the tier "
+                f"{self.settings.location} ends at {self.state.seq}: was the tier replaced? Run "
+                "`tierlog tier rebuild-metadata` to rebuild the metadata from the tier"
+            )
+        if meta_seq < self.state.seq:
+            log.info("metadata store is at commit record %d, tier at %d: catching up", meta_seq, self.state.seq)
+            self.metadata.record_commit(self.state)
+
+    # ------------------------------------------------------------ foreachBatch
+
+    def process(self, df, batch_id: int) -> None:
+        with self.lock:
+            started = time.monotonic()
+            report = self._process(df, batch_id)
+            report.seconds = time.monotonic() - started
+            if self.on_batch:
+                self.on_batch(report)
+
+    def _process(self, df, batch_id: int) -> BatchReport:
+        report = BatchReport(batch_id)
+        floor = self.state.source_end if self.state.source_end is not None else 0
+        staged = df.mapInArrow(make_stager(self.settings, floor), STAGED_DDL).toArrow().to_pylist()
+        if not staged:
+            report.replay = True
+            return report
+        staged.sort(key=lambda r: r["first_phy"])
+        self._check_contiguous(staged, batch_id)
+        crash_point("uploaded")
+        now_ms = int(time.time() * 1000)
+        objects = []
+        for row in staged:
+            queues = {(t, q): {"first": lo, "last": hi, "rows": n, "bytes": b, "min_ts": tmin, "max_ts": tmax}
+                      for t, q, lo, hi, n, b, tmin, tmax in json.loads(row["queues"])}
+            objects.append(StagingObject(row["name"], row["size"], row["first_phy"], queues, now_ms))
+        touched = {k for o in objects for k in o.queues}
+        self.metadata.record_dispatch(
+            {k: max(o.queues[k]["last"] + 1 for o in objects if k in o.queues) for k in touched}
+        )
+        crash_point("dispatched")
+        record = {"type": "batch", "batch_id": batch_id, "source_start": staged[0]["first_phy"],
+                  "source_end": staged[-1]["end_phy"], "staging": [o.to_json() for o in objects]}
+        self.log.append(self.state, record)
+        self.records_since_compaction += 1
+        crash_point("logged")
+        self.metadata.record_commit(self.state, queues=touched, segments=[])
+        crash_point("committed")
+        report.rows = sum(r["rows"] for r in staged)
+        report.bytes = sum(r["bytes"] for r in staged)
+        report.objects = len(staged)
+        report.source_end = self.state.source_end
+        report.max_store_ts = max((s["max_ts"] for o in objects for s in o.queues.values()), default=None)
+        report.seals = self.maintain()
+        return report
+
+    def _check_contiguous(self, staged: list[dict], batch_id: int) -> None:
+        """Each part must start where the tier (or the previous part) ended, blank markers aside."""
+        expected = self.state.source_end
+        for row in staged:
+            if expected is not None and row["first_phy"] != expected:
+                skipped = self._messages_between(expected, row["first_phy"])
+                if skipped:
+                    raise SkippedMessagesError(
+                        f"batch {batch_id} would tier commitlog bytes from physical offset {row['first_phy']}, "
+                        f"but the tier {self.settings.location} has committed up to {expected}: {skipped} "
+                        "in between would be skipped. Was the commitlog truncated, or startingOffset moved? "
+                        "Restore the missing commitlog files, or start a new tier location."
+                    )
+            expected = row["end_phy"]
+
+    def _messages_between(self, start: int, end: int) -> str | None:
+        """None when only blank markers lie in ``[start, end)``, else what would be skipped."""
+        from connectors.commitlog.errors import CommitLogError
+        from connectors.commitlog.reader import CommitLogReader
+
+        if end < start:
+            return f"{start - end} bytes (overlap)"
+        try:
+            with CommitLogReader(self.settings.commitlog_dir) as reader:
+                found = reader.scan(start, end).records
+        except CommitLogError as exc:
+            return f"an unreadable range ({exc})"
+        return f"{found} message(s)" if found else None
+
+    # ------------------------------------------------------------ sealing, retention, compaction
+
+    def maintain(self, now_ms: int | None = None) -> int:
+        """Seal due queues, expire old segments, delete retired objects, compact the log."""
+        now_ms = now_ms or int(time.time() * 1000)
+        seals = self.seal(self.due_for_sealing(now_ms))
+        self.expire(now_ms)
+        self.delete_retired(now_ms)
+        if self.records_since_compaction >= self.settings.compact_every:
+            self.log.compact(self.state)
+            self.records_since_compaction = 0
+        return seals
+
+    def due_for_sealing(self, now_ms: int) -> list[tuple[str, int]]:
+        s = self.settings
+        unsealed: dict[tuple[str, int], list] = {}
+        for obj in self.state.staging.values():
+            for key, st in obj.queues.items():
+                if st["last"] < self.state.queues[key].sealed:
+                    continue
+                acc = unsealed.setdefault(key, [0, 0, now_ms])
+                acc[0] += st["rows"]
+                acc[1] += st["bytes"]
+                acc[2] = min(acc[2], obj.time_ms)
+        return sorted(
+            key for key, (rows, nbytes, oldest) in unsealed.items()
+            if rows >= s.segment_messages or nbytes >= s.segment_bytes or now_ms - oldest >= s.segment_age_s * 1000
+        )
+
+    def seal(self, keys: list[tuple[str, int]]) -> int:
+        """Write one segment per queue in ``keys`` from its committed staging rows, then commit."""
+        if not keys:
+            return 0
+        wanted = set(keys)
+        parts: dict[tuple[str, int], list[pa.Table]] = {k: [] for k in keys}
+        for obj in sorted({o.name: o for k in keys for o in self.state.staging_for(k)}.values(), key=lambda o: o.first_phy):
+            table = layout.from_parquet(self.backend.read(obj.name))
+            for key, piece in split_by_queue(table).items():
+                if key in wanted:
+                    sealed = self.state.queues[key].sealed
+                    parts[key].append(piece.filter(pc.greater_equal(piece["queue_offset"], sealed)))
+        segments = []
+        for (topic, q), pieces in parts.items():
+            table = pa.concat_tables(pieces).sort_by("queue_offset")
+            if table.num_rows == 0:
+                continue
+            base = table["queue_offset"][0].as_py()
+            end = table["queue_offset"][-1].as_py()
+            data = layout.to_parquet(table)
+            name = layout.segment_name(topic, q, base)
+            self.backend.put(name, data)
+            crash_point("seal_uploaded")
+            ts = table["store_ts"]
+            segments.append(Segment(name, topic, q, base, end, table.num_rows, len(data),
+                                    _ms(pc.min(ts)), _ms(pc.max(ts))))
+        sealed_after = {(s.topic, s.queue_id): s.end + 1 for s in segments}
+        retire = [
+            o.name for o in self.state.staging.values()
+            if all(st["last"] < sealed_after.get(k, self.state.queues[k].sealed) for k, st in o.queues.items())
+        ]
+        self.log.append(self.state, {"type": "seal", "segments": [s.to_json() for s in segments], "retire": retire})
+        crash_point("sealed")
+        now = time.time()
+        self.metadata.record_commit(
+            self.state, queues=list(sealed_after), segments=segments, deletes={n: now for n in retire}
+        )
+        self.records_since_compaction += 1
+        return len(segments)
+
+    def expire(self, now_ms: int) -> None:
+        """Retention: drop sealed segments whose newest message is older than the topic's TTL."""
+        ttl = self.settings.retention_s
+        if not ttl:
+            return
+        expired = []
+        for seg in self.state.segments.values():
+            seconds = ttl.get(seg.topic, ttl.get("*"))
+            if seconds and now_ms - seg.max_ts > seconds * 1000:
+                expired.append(seg)
+        if not expired:
+            return
+        self.log.append(self.state, {"type": "expire", "segments": [s.name for s in expired]})
+        now = time.time()
+        self.metadata.record_commit(
+            self.state, queues=list({(s.topic, s.queue_id) for s in expired}), segments=[],
+            removed_segments=expired, deletes={s.name: now for s in expired},
+        )
+        self.records_since_compaction += 1
+
+    def delete_retired(self, now_ms: int) -> None:
+        """Delete objects retired more than ``delete_grace_s`` ago; readers still on them had time."""
+        due = [n for n, when in self.metadata.pending_deletes().items()
+               if now_ms / 1000 - when >= self.settings.delete_grace_s]
+        for name in due:
+            self.backend.delete(name)
+        if due:
+            self.metadata.forget_deletes(due)
+
+
+def split_by_queue(table: pa.Table) -> dict[tuple[str, int], pa.Table]:
+    """Slices of a table sorted by (topic, queue_id), one per queue, without copying."""
+    if table.num_rows == 0:
+        return {}
+    topics = pc.dictionary_encode(table["topic"]).combine_chunks()
+    codes = topics.indices.to_numpy().astype(np.int64)
+    queues = table["queue_id"].to_numpy().astype(np.int64)
+    combined = (codes << 32) | queues
+    starts = np.flatnonzero(np.diff(combined)) + 1
+    bounds = [0, *starts.tolist(), table.num_rows]
+    names = topics.dictionary.to_pylist()
+    return {
+        (names[codes[a]], int(queues[a])): table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])
+    }
+
+
+def _ms(scalar) -> int:
+    return int(scalar.as_py().timestamp() * 1000)
+
+
+def refs_stream(spark, opts: dict):
+    """The tiering query's input: references (physical offset, size) to the commitlog's records."""
+    reader = spark.readStream.format("commitlog").option("refsOnly", "true")
+    for key, value in opts.items():
+        if value is not None:
+            reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def driver_pid() -> int:
+    return os.getpid()

@@ -1,0 +1,151 @@
+"""The tiering query against posix and S3: exactly once, sealing, replays, retention, reader safety."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from connectors.tier import layout
+from connectors.tier.backend import open_backend
+from connectors.tier.reader import TierReader
+from state.metadata import MetadataStore
+from streaming.service import Service, metadata_path
+from streaming.tiering import SkippedMessagesError
+from tests.oracle import normalize_arrow_row
+from tests.tiering_helpers import assert_tier_equals_commitlog, make_conf, oracle_rows, produce, tier_rows
+
+
+def run_until_caught_up(spark, conf) -> Service:
+    service = Service(conf)
+    assert service.run(until_caught_up=True, spark=spark) == 0
+    return service
+
+
+def test_tier_holds_exactly_the_commitlog_and_seals_segments(spark, tmp_path, tier_location):
+    conf = make_conf(tmp_path, tier_location, segment_messages=150)
+    produce(conf, 1500)
+    service = run_until_caught_up(spark, conf)
+    assert service.progress.batches > 3  # admission control cut the backlog into batches
+    assert_tier_equals_commitlog(conf)
+
+    state = TierReader(tier_location).state()
+    assert state.segments, "queues past segment_messages must have been sealed"
+    for seg in state.segments.values():
+        assert seg.name == layout.segment_name(seg.topic, seg.queue_id, seg.base)
+        assert seg.rows == seg.end - seg.base + 1
+    objects = {o.name for o in open_backend(tier_location).list()}
+    assert set(state.segments) <= objects
+    # Fully sealed staging objects are retired from the state and deleted (grace 0).
+    assert not ({n for n in objects if n.startswith(layout.STAGING_PREFIX)} - set(state.staging))
+
+    # The metadata store mirrors the tier, and is rebuilt from it identically.
+    store = MetadataStore(metadata_path(conf))
+    try:
+        before = (store.queues(), store.sinks(), store.last_seq())
+        store.rebuild(state)
+        assert (store.queues(), store.sinks(), store.last_seq()) == before
+        for q in before[0]:
+            assert q.low <= q.sealed <= q.commit <= q.dispatch  # invariant 2
+            assert q.segments == len(state.segments_for((q.topic, q.queue_id)))
+    finally:
+        store.close()
+
+
+def test_more_data_later_and_a_new_checkpoint_commit_nothing_twice(spark, tmp_path):
+    conf = make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=100)
+    produce(conf, 400)
+    run_until_caught_up(spark, conf)
+    produce(conf, 300, start=400)
+    run_until_caught_up(spark, conf)
+    assert_tier_equals_commitlog(conf)
+    seq = TierReader(conf.tier.location).state().seq
+
+    # A lost Spark checkpoint starts over at the earliest offset: every batch is below the tier's end.
+    fresh = make_conf(tmp_path, conf.tier.location, segment_messages=100)
+    object.__setattr__(fresh.checkpoint, "dir", str(tmp_path / "other-checkpoints"))
+    run_until_caught_up(spark, fresh)
+    assert TierReader(conf.tier.location).state().seq == seq  # no commit record at all: replays are no-ops
+    assert_tier_equals_commitlog(conf)
+
+
+def test_a_batch_that_would_skip_messages_stops_the_query(spark, tmp_path):
+    conf = make_conf(tmp_path, str(tmp_path / "tier"))
+    produce(conf, 200)
+    run_until_caught_up(spark, conf)
+    produce(conf, 200, start=200)
+    skip_to = oracle_rows(conf)[300]["phy_offset"]
+    object.__setattr__(conf.checkpoint, "dir", str(tmp_path / "ckpt2"))
+    object.__setattr__(conf.source, "starting_offset", str(skip_to))
+    with pytest.raises(Exception, match=f"from physical offset {skip_to}"):
+        Service(conf).run(until_caught_up=True, spark=spark)
+
+
+def test_retention_expires_old_segments(spark, tmp_path):
+    conf = make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=50, retention="*=1s")
+    produce(conf, 300)
+    service = run_until_caught_up(spark, conf)
+    time.sleep(1.5)
+    service.sink.metadata = MetadataStore(metadata_path(conf))
+    try:
+        service.sink.maintain()
+    finally:
+        service.sink.metadata.close()
+    state = TierReader(conf.tier.location).state()
+    assert not state.segments
+    assert all(q.low == q.sealed for q in state.queues.values())
+    assert not [o for o in open_backend(conf.tier.location).list() if o.name.startswith("topic=")]
+
+
+def test_log_compaction_keeps_the_same_state(spark, tmp_path):
+    conf = make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=80, compact_every=2)
+    produce(conf, 600)
+    run_until_caught_up(spark, conf)
+    names = [o.name for o in open_backend(conf.tier.location).list(layout.LOG_PREFIX)]
+    assert any(n.endswith(".checkpoint.json") for n in names)
+    assert len(names) < TierReader(conf.tier.location).state().seq  # old records were deleted
+    assert_tier_equals_commitlog(conf)
+
+
+def test_readers_see_only_committed_data_while_tiering_runs(spark, tmp_path, tier_location):
+    conf = make_conf(tmp_path, tier_location, segment_messages=60)
+    produce(conf, 1500)
+    oracle = {r["phy_offset"]: r for r in oracle_rows(conf)}
+    by_queue: dict = {}
+    for r in oracle.values():
+        by_queue.setdefault((r["topic"], r["queue_id"]), []).append(r)
+    stop, problems, reads = threading.Event(), [], [0]
+
+    def reader():
+        while not stop.is_set():
+            reader_ = TierReader(tier_location)
+            state = reader_.state()
+            for key, q in state.queues.items():
+                rows = [normalize_arrow_row(r) for r in reader_.read_queue(*key, state).to_pylist()]
+                expected = by_queue[key][q.low : q.commit]
+                if rows != expected:
+                    problems.append((key, q, len(rows), len(expected)))
+            reads[0] += 1
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        run_until_caught_up(spark, conf)
+    finally:
+        stop.set()
+        t.join()
+    assert reads[0] > 2 and not problems
+    assert_tier_equals_commitlog(conf)
+
+
+def test_spark_reads_sealed_segments_as_a_table(spark, tmp_path):
+    conf = make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=20)
+    produce(conf, 400, topics=1, queues=2)
+    run_until_caught_up(spark, conf)
+    state = TierReader(conf.tier.location).state()
+    sealed = {(s.topic, s.queue_id, o) for s in state.segments.values() for o in range(s.base, s.end + 1)}
+    df = spark.read.parquet(conf.tier.location)
+    got = {(r["topic"], r["queue_id"], r["queue_offset"]) for r in df.select("topic", "queue_id", "queue_offset").collect()}
+    assert got == sealed and "queue" in df.columns
