@@ -58,7 +58,7 @@ class SourceConfig:
     max_bytes_per_trigger: int = setting(
         256 << 20, "At most this many commitlog bytes per micro-batch (0: no cap).", size=True
     )
-    partition_bytes: int = setting(64 << 20, "Split each micro-batch into Spark tasks of about this size.", size=True)
+    partition_bytes: int = setting(32 << 20, "Split each micro-batch into Spark tasks of about this size.", size=True)
     starting_offset: str = setting(
         "earliest", "Where a query with a new checkpoint starts: earliest, latest or a physical offset."
     )

@@ -25,6 +25,7 @@ import bisect
 import mmap
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 _FILE_NAME = re.compile(r"^\d{20}$")
 _ZERO8 = bytes(8)
 TAIL_WINDOW = 1 << 20  # bytes after a suspect record checked for later data
+SETTLE_S = 1.0  # how long a suspect record on the live frontier must stay unchanged to be corruption
 
 
 @dataclass(frozen=True)
@@ -291,7 +293,28 @@ class CommitLogReader:
             idx = idx_next
 
     def _classify_stop(self, files: list[MappedFile], idx: int, pos: int, known_complete: bool) -> str:
-        """Why the fast walk stopped at ``pos``: "blank", "tail" (the frontier), or raise corruption."""
+        """Why the fast walk stopped at ``pos``: "blank", "tail" (the frontier), or raise corruption.
+
+        On the live frontier a writer may be mid-append: its later bytes can be
+        visible before the header at ``pos``.  So a suspect record there is
+        corruption only if it looks the same after ``SETTLE_S``; if its bytes
+        change meanwhile, it is the tail, and is read on a later call.
+        """
+        try:
+            return self._classify_once(files, idx, pos, known_complete)
+        except CorruptRecordError:
+            if known_complete:
+                raise
+            f = files[idx]
+            before = self._map(f)[pos : pos + 64]
+            deadline = time.monotonic() + SETTLE_S
+            while time.monotonic() < deadline:
+                time.sleep(0.02)
+                if self._map(f)[pos : pos + 64] != before or list_files(self.directory)[-1].base != files[-1].base:
+                    return "tail"
+            return self._classify_once(list_files(self.directory), idx, pos, known_complete)
+
+    def _classify_once(self, files: list[MappedFile], idx: int, pos: int, known_complete: bool) -> str:
         f = files[idx]
         if f.length - pos < 8:
             if idx == len(files) - 1 and not known_complete:
@@ -302,11 +325,13 @@ class CommitLogReader:
             if size != f.length - pos:
                 raise self._fail(f, pos, f"blank marker claims {size} bytes but {f.length - pos} remain", size)
             return "blank"
-        if size == 0 and magic == 0:
+        if size == 0:
             if known_complete or not self._is_tail(files, idx, pos):
                 raise self._fail(f, pos, "zero bytes where a record should be, and data follows later")
             return "tail"
         plausible = fmt.MIN_RECORD_SIZE <= size <= f.length - pos
+        if magic in (fmt.MAGIC_V1, fmt.MAGIC_V2) and size <= f.length - pos - fmt.END_FILE_MIN_BLANK_LENGTH and plausible:
+            return "tail"  # published since the walk looked: the next call reads it
         if not known_complete and self._is_tail(files, idx, pos + size if plausible else pos + 8):
             return "tail"
         if magic in (fmt.MAGIC_V1, fmt.MAGIC_V2):

@@ -1,0 +1,223 @@
+"""Tiering benchmarks (issue 3), each printing JSON with its baseline measured in the same run.
+
+    python -m bench.bench_tiering catchup   [--mb 1024] [--queues 1024]
+    python -m bench.bench_tiering freshness [--rate 10000] [--seconds 60]
+    python -m bench.bench_tiering objects   [--queues 10000]
+
+catchup    Tier a commitlog of 1 KB messages with availableNow.  Marginal
+           throughput: messages and bytes after the first batch, over the time
+           from the end of the first batch to the end of the last, so Spark's
+           start-up and first-batch warm-up are excluded.  Baseline: a plain
+           copy of the same commitlog bytes into the same tier directory.
+           Target: >= 25% of the copy's MB/s on posix.
+freshness  `tierlog produce --rate R` appends while `tierlog run` tiers; per
+           message, the time from its store timestamp to the commit record
+           that made it visible.  p50/p99 after a warm-up.  Target: p99 <= 3 s.
+objects    Objects written per batch (staging objects + the commit record) with
+           N active queues, against 10 queues in the same run.  Target: O(1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench.common import report
+from connectors.commitlog.reader import CommitLogReader
+from connectors.commitlog.workload import Workload
+from connectors.commitlog.writer import CommitLogWriter
+from connectors.tier import layout
+from connectors.tier.backend import open_backend
+from streaming import config as cfg
+
+
+def make_conf(root: str, **overrides) -> cfg.Config:
+    tier = {"location": os.path.join(root, "tier"), "segment_bytes": 1 << 40, "segment_messages": 1 << 40,
+            "segment_age_s": 1e9, "compact_every": 1 << 30, **overrides.pop("tier", {})}
+    return cfg.Config(
+        commitlog=cfg.CommitlogConfig(dir=os.path.join(root, "commitlog"), file_size=256 << 20, check_crc=True),
+        source=cfg.SourceConfig(**overrides.pop("source", {})),
+        tier=cfg.TierConfig(**tier),
+        state=cfg.StateConfig(dir=os.path.join(root, "state")),
+        checkpoint=cfg.CheckpointConfig(dir=os.path.join(root, "checkpoints")),
+        spark=cfg.SparkConfig(**overrides.pop("spark", {})),
+    )
+
+
+def produce(conf: cfg.Config, messages: int, queues: int, body: int = 1024, topics: int = 1) -> None:
+    w = Workload(messages=messages, topics=topics, queues=queues, keys=100_000, body_size=body, seed=3)
+    with CommitLogWriter(conf.commitlog.dir, file_size=conf.commitlog.file_size, fsync="never") as writer:
+        chunk = []
+        for m in w.generate():
+            chunk.append(m)
+            if len(chunk) == 5000:
+                writer.append_many(chunk)
+                chunk = []
+        writer.append_many(chunk)
+
+
+def run_service(conf: cfg.Config):
+    from streaming.service import Service
+
+    reports = []
+    service = Service(conf)
+    original = service._on_batch
+
+    def capture(r):
+        reports.append((time.monotonic(), r))
+        original(r)
+
+    service._on_batch = capture
+    service.run(until_caught_up=True)
+    return reports
+
+
+def copy_baseline(conf: cfg.Config) -> dict:
+    """A plain copy of the commitlog's message bytes into the tier's directory."""
+    target = os.path.join(conf.tier.location, "_copy")
+    os.makedirs(target, exist_ok=True)
+    with CommitLogReader(conf.commitlog.dir) as reader:
+        files = reader.files()
+        end = reader.end_offset()
+    t = time.perf_counter()
+    copied = 0
+    for f in files:
+        length = max(0, min(f.length, end - f.base))
+        with open(f.path, "rb") as src, open(os.path.join(target, os.path.basename(f.path)), "wb") as dst:
+            left = length
+            while left:
+                chunk = src.read(min(8 << 20, left))
+                dst.write(chunk)
+                left -= len(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        copied += length
+    seconds = time.perf_counter() - t
+    shutil.rmtree(target)
+    return {"bytes": copied, "seconds": round(seconds, 3), "MBps": round(copied / seconds / 1e6, 1)}
+
+
+def catchup(args) -> dict:
+    root = tempfile.mkdtemp(prefix="tierlog-catchup-")
+    conf = make_conf(root, source={"max_bytes_per_trigger": args.batch_mb << 20, "partition_bytes": args.part_mb << 20})
+    messages = args.mb * (1 << 20) // (1024 + 150)
+    produce(conf, messages, args.queues)
+    baseline = copy_baseline(conf)
+    reports = run_service(conf)
+    (t0, first), rest = reports[0], reports[1:]
+    rows = sum(r.rows for _, r in rest)
+    nbytes = sum(r.bytes for _, r in rest)
+    seconds = reports[-1][0] - t0
+    out = {
+        "benchmark": "tiering-catchup", "messages": messages, "queues": args.queues, "batches": len(reports),
+        "first_batch": {"rows": first.rows, "seconds": round(first.seconds, 2)},
+        "marginal": {"rows": rows, "seconds": round(seconds, 2), "msgs_per_s": round(rows / seconds),
+                     "MBps": round(nbytes / seconds / 1e6, 1)},
+        "copy_baseline": baseline,
+    }
+    out["ratio_vs_copy"] = round(out["marginal"]["MBps"] / baseline["MBps"], 3)
+    out["target_ratio"] = 0.25
+    shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def freshness(args) -> dict:
+    root = tempfile.mkdtemp(prefix="tierlog-fresh-")
+    conf = make_conf(root, spark={"trigger_interval_s": args.trigger})
+    os.makedirs(conf.commitlog.dir)
+    config_path = os.path.join(root, "tierlog.toml")
+    with open(config_path, "w") as fh:
+        fh.write(cfg.to_toml(conf))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
+    service_log = open(os.path.join(root, "service.log"), "w")
+    service = subprocess.Popen([sys.executable, "-m", "streaming.cli", "run", "--config", config_path],
+                               env=env, stderr=service_log)
+    time.sleep(args.warmup)
+    producer = subprocess.run(
+        [sys.executable, "-m", "streaming.cli", "produce", "--config", config_path, "--messages",
+         str(int(args.rate * args.seconds)), "--rate", str(args.rate), "--queues", "64", "--body-size", "1024",
+         "--format", "json"], env=env, capture_output=True, text=True, check=True)
+    time.sleep(5)
+    service.terminate()
+    service.wait(120)
+    service_log.close()
+    produced = json.loads(producer.stdout)
+    batch_seconds = sorted(
+        json.loads(line.split("batch ", 1)[1])["seconds"]
+        for line in open(os.path.join(root, "service.log")) if "tierlog.service: batch {" in line
+    )
+    backend = open_backend(conf.tier.location)
+    latencies = []
+    for obj in backend.list(layout.LOG_PREFIX):
+        record = json.loads(backend.read(obj.name))
+        if record.get("type") != "batch":
+            continue
+        for staging in record["staging"]:
+            ts = layout.from_parquet(backend.read(staging["name"])).column("store_ts").to_pylist()
+            latencies += [(record["time_ms"] - int(t.timestamp() * 1000), int(t.timestamp() * 1000)) for t in ts]
+    latencies.sort(key=lambda x: x[1])
+    skip = int(len(latencies) * 0.1)  # the first seconds include Spark's first-batch warm-up
+    values = sorted(lat for lat, _ in latencies[skip:])
+    q = statistics.quantiles(values, n=100)
+    shutil.rmtree(root, ignore_errors=True)
+    return {
+        "benchmark": "tiering-freshness", "target_rate": args.rate, "achieved_rate": produced["msgs_per_s"],
+        "messages": len(latencies), "measured": len(values), "trigger_interval_s": args.trigger,
+        "append_to_committed_ms": {"p50": round(q[49]), "p99": round(q[98]), "max": max(values)},
+        "batch_seconds": {"count": len(batch_seconds), "p50": batch_seconds[len(batch_seconds) // 2],
+                          "max": batch_seconds[-1]},
+        "target_p99_ms": 3000,
+    }
+
+
+def objects(args) -> dict:
+    out = {"benchmark": "tiering-objects", "runs": []}
+    for queues in (10, args.queues):
+        root = tempfile.mkdtemp(prefix="tierlog-objects-")
+        conf = make_conf(root, source={"max_bytes_per_trigger": 64 << 20})
+        produce(conf, args.messages, queues, body=256)
+        reports = run_service(conf)
+        batches = [r for _, r in reports if r.rows]
+        per_batch = [r.objects + 1 for r in batches]  # staging objects + the commit record
+        active = []
+        backend = open_backend(conf.tier.location)
+        for obj in backend.list(layout.LOG_PREFIX):
+            record = json.loads(backend.read(obj.name))
+            active.append(len({(t, q) for s in record.get("staging", []) for t, q, _ in s["queues"]}))
+        out["runs"].append({"queues": queues, "batches": len(batches), "objects_per_batch_max": max(per_batch),
+                            "objects_per_batch_mean": round(statistics.mean(per_batch), 2),
+                            "active_queues_per_batch_max": max(active)})
+        shutil.rmtree(root, ignore_errors=True)
+    out["target"] = "objects per batch independent of active queues"
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="which", required=True)
+    p = sub.add_parser("catchup")
+    p.add_argument("--mb", type=int, default=1024)
+    p.add_argument("--queues", type=int, default=1024)
+    p.add_argument("--batch-mb", type=int, default=128, help="source.max_bytes_per_trigger in MiB")
+    p.add_argument("--part-mb", type=int, default=32, help="source.partition_bytes in MiB")
+    p = sub.add_parser("freshness")
+    p.add_argument("--rate", type=float, default=10000)
+    p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--warmup", type=float, default=25, help="seconds for the service to start before producing")
+    p.add_argument("--trigger", type=float, default=0.5, help="trigger interval in seconds")
+    p = sub.add_parser("objects")
+    p.add_argument("--queues", type=int, default=10000)
+    p.add_argument("--messages", type=int, default=200_000)
+    args = ap.parse_args()
+    report({"catchup": catchup, "freshness": freshness, "objects": objects}[args.which](args))
+
+
+if __name__ == "__main__":
+    main()
