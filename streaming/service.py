@@ -99,6 +99,8 @@ class Service:
             if report.max_store_ts and lag_bytes else 0.0,
             "total_rows": p.rows,
         }
+        if report.phases:
+            line["phases"] = report.phases
         if report.replay:
             line["replay"] = True
         log.info("batch %s", json.dumps(line))

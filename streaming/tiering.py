@@ -154,6 +154,7 @@ class BatchReport:
     max_store_ts: int | None = None
     seconds: float = 0.0
     replay: bool = False
+    phases: dict | None = None  # seconds per step: stage (Spark job + uploads), dispatch, commit, maintain
 
 
 class TieringSink:
@@ -194,9 +195,11 @@ class TieringSink:
                 self.on_batch(report)
 
     def _process(self, df, batch_id: int) -> BatchReport:
-        report = BatchReport(batch_id)
+        report = BatchReport(batch_id, phases={})
+        clock = _Clock(report.phases)
         floor = self.state.source_end if self.state.source_end is not None else 0
         staged = df.mapInArrow(make_stager(self.settings, floor), STAGED_DDL).toArrow().to_pylist()
+        clock.lap("stage")
         if not staged:
             report.replay = True
             return report
@@ -213,6 +216,7 @@ class TieringSink:
         self.metadata.record_dispatch(
             {k: max(o.queues[k]["last"] + 1 for o in objects if k in o.queues) for k in touched}
         )
+        clock.lap("dispatch")
         crash_point("dispatched")
         record = {"type": "batch", "batch_id": batch_id, "source_start": staged[0]["first_phy"],
                   "source_end": staged[-1]["end_phy"], "staging": [o.to_json() for o in objects]}
@@ -220,6 +224,7 @@ class TieringSink:
         self.records_since_compaction += 1
         crash_point("logged")
         self.metadata.record_commit(self.state, queues=touched, segments=[])
+        clock.lap("commit")
         crash_point("committed")
         report.rows = sum(r["rows"] for r in staged)
         report.bytes = sum(r["bytes"] for r in staged)
@@ -227,6 +232,7 @@ class TieringSink:
         report.source_end = self.state.source_end
         report.max_store_ts = max((s["max_ts"] for o in objects for s in o.queues.values()), default=None)
         report.seals = self.maintain()
+        clock.lap("maintain")
         return report
 
     def _check_contiguous(self, staged: list[dict], batch_id: int) -> None:
@@ -355,6 +361,18 @@ class TieringSink:
             self.backend.delete(name)
         if due:
             self.metadata.forget_deletes(due)
+
+
+class _Clock:
+    """Seconds spent per step of a batch, for the batch's log line."""
+
+    def __init__(self, into: dict):
+        self.into, self.last = into, time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.into[name] = round(now - self.last, 3)
+        self.last = now
 
 
 def split_by_queue(table: pa.Table) -> dict[tuple[str, int], pa.Table]:
