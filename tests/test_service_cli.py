@@ -1,0 +1,134 @@
+"""The service from the command line: run, status, rebuild-metadata, commitlog gc, SIGTERM, demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from connectors.commitlog.reader import list_files
+from connectors.tier.reader import TierReader
+from streaming import config as cfg
+from tests.tiering_helpers import assert_tier_equals_commitlog, produce
+
+ROOT = Path(__file__).parents[1]
+
+
+def env() -> dict:
+    out = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
+    out["PYTHONPATH"] = str(ROOT)
+    return out
+
+
+def tierlog(*argv, cwd=None, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "streaming.cli", *argv], env=env(), cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write_config(tmp_path: Path, **extra) -> Path:
+    lines = [
+        "[commitlog]", f'dir = "{tmp_path / "commitlog"}"', 'local_retention = "0s"',
+        "[source]", "max_bytes_per_trigger = 100000",
+        "[tier]", f'location = "{tmp_path / "tier"}"', "segment_messages = 100", "delete_grace_s = 0",
+        "[state]", f'dir = "{tmp_path / "state"}"',
+        "[checkpoint]", f'dir = "{tmp_path / "checkpoints"}"',
+        "[spark]", "trigger_interval_s = 0.3",
+    ]
+    path = tmp_path / "tierlog.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_run_status_rebuild_and_gc(tmp_path):
+    config = write_config(tmp_path)
+    conf = cfg.load(str(config), env={})
+    produce(conf, 1500)
+    r = tierlog("run", "--until-caught-up", "--config", str(config))
+    assert r.returncode == 0, r.stderr[-3000:]
+    batch_lines = [json.loads(x.split("batch ", 1)[1]) for x in r.stderr.splitlines() if "tierlog.service: batch {" in x]
+    assert len(batch_lines) > 3 and all({"rows", "bytes", "lag_bytes", "lag_msgs", "lag_s"} <= set(b) for b in batch_lines)
+    assert batch_lines[-1]["lag_bytes"] == 0 and sum(b["rows"] for b in batch_lines) == 1500
+    assert_tier_equals_commitlog(conf)
+
+    state = TierReader(conf.tier.location).state()
+    r = tierlog("status", "--config", str(config), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    queues = {(x["topic"], x["queue"]): x for x in lines if x["kind"] == "queue"}
+    summary = next(x for x in lines if x["kind"] == "summary")
+    assert queues.keys() == state.queues.keys()
+    for key, q in state.queues.items():
+        assert (queues[key]["commit"], queues[key]["sealed"], queues[key]["lag"]) == (q.commit, q.sealed, 0)
+        assert queues[key]["segments"] == len(state.segments_for(key))
+    assert summary["safepoint"] == summary["tiered_to_phy"] == state.source_end
+
+    produce(conf, 300, start=1500)  # not tiered yet: status shows the lag per queue
+    lines = [json.loads(x) for x in tierlog("status", "--config", str(config), "--format", "json").stdout.splitlines()]
+    assert sum(x["lag"] for x in lines if x["kind"] == "queue") == 300
+
+    r = tierlog("tier", "rebuild-metadata", "--config", str(config), "--format", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)["segments"] == len(state.segments)
+
+    before = list_files(conf.commitlog.dir)
+    r = tierlog("commitlog", "gc", "--config", str(config), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    after = list_files(conf.commitlog.dir)
+    assert after and after[-1] == before[-1] and len(after) < len(before)
+    assert all(f.end <= summary["safepoint"] for f in before if f not in after)  # only below the safepoint
+    r = tierlog("run", "--until-caught-up", "--config", str(config))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert TierReader(conf.tier.location).read_all().num_rows == 1800
+
+
+def test_sigterm_finishes_the_batch_and_exits_zero(tmp_path):
+    config = write_config(tmp_path)
+    conf = cfg.load(str(config), env={})
+    produce(conf, 200)
+    proc = subprocess.Popen([sys.executable, "-m", "streaming.cli", "run", "--config", str(config)],
+                            env=env(), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            state = TierReader(conf.tier.location).state() if os.path.exists(conf.tier.location) else None
+            if state and state.source_end:
+                break
+            time.sleep(0.5)
+        produce(conf, 2000, start=200)  # keep it busy when the signal lands
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "finishing the batch in flight" in err
+    r = tierlog("run", "--until-caught-up", "--config", str(config))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_tier_equals_commitlog(conf)
+
+
+def test_second_service_on_the_same_state_is_refused(tmp_path):
+    config = write_config(tmp_path)
+    conf = cfg.load(str(config), env={})
+    produce(conf, 50)
+    from state.metadata import MetadataStore
+    from streaming.service import metadata_path
+
+    held = MetadataStore(metadata_path(conf))
+    try:
+        r = tierlog("run", "--until-caught-up", "--config", str(config))
+    finally:
+        held.close()
+    assert r.returncode == 1
+    assert "in use by another tierlog process" in r.stderr and "metadata" in r.stderr
+
+
+def test_demo_runs_the_main_job(tmp_path):
+    r = tierlog("demo", "--messages", "3000", "--dir", str(tmp_path / "demo"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "3000 messages tiered" in r.stderr and "tierlog status --config" in r.stdout
+    conf = cfg.load(str(tmp_path / "demo" / "tierlog.toml"), env={})
+    assert_tier_equals_commitlog(conf)
