@@ -24,7 +24,7 @@ import tempfile
 
 from bench.common import drop_cache, pin_to_one_core, report, timed
 from connectors.commitlog.reader import CommitLogReader
-from connectors.commitlog.workload import Workload
+from connectors.commitlog.workload import Workload, append_in_chunks
 from connectors.commitlog.writer import CommitLogWriter
 
 
@@ -32,13 +32,7 @@ def build_log(directory: str, mb: int, body: int) -> None:
     count = mb * (1 << 20) // (body + 150)
     w = Workload(messages=count, topics=4, queues=64, keys=100_000, body_size=body, seed=7)
     with CommitLogWriter(directory, file_size=256 << 20, fsync="never") as writer:
-        chunk = []
-        for m in w.generate():
-            chunk.append(m)
-            if len(chunk) == 2000:
-                writer.append_many(chunk)
-                chunk = []
-        writer.append_many(chunk)
+        append_in_chunks(writer, w.generate())
 
 
 def raw_read(paths: list[str]) -> int:

@@ -33,7 +33,7 @@ import time
 
 from bench.common import report
 from connectors.commitlog.reader import CommitLogReader
-from connectors.commitlog.workload import Workload
+from connectors.commitlog.workload import Workload, append_in_chunks
 from connectors.commitlog.writer import CommitLogWriter
 from connectors.tier import layout
 from connectors.tier.backend import open_backend
@@ -56,13 +56,7 @@ def make_conf(root: str, **overrides) -> cfg.Config:
 def produce(conf: cfg.Config, messages: int, queues: int, body: int = 1024, topics: int = 1) -> None:
     w = Workload(messages=messages, topics=topics, queues=queues, keys=100_000, body_size=body, seed=3)
     with CommitLogWriter(conf.commitlog.dir, file_size=conf.commitlog.file_size, fsync="never") as writer:
-        chunk = []
-        for m in w.generate():
-            chunk.append(m)
-            if len(chunk) == 5000:
-                writer.append_many(chunk)
-                chunk = []
-        writer.append_many(chunk)
+        append_in_chunks(writer, w.generate())
 
 
 def run_service(conf: cfg.Config):

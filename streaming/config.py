@@ -68,8 +68,8 @@ class SourceConfig:
 class TierConfig:
     location: str = setting("data/tier", "Where the tier lives: a directory, or s3://bucket/prefix.")
     segment_bytes: int = setting(128 << 20, "Seal a queue's staged messages into a segment at this many bytes.", size=True)
-    segment_messages: int = setting(1_000_000, "... or at this many messages.")
-    segment_age_s: float = setting(600.0, "... or when its oldest staged batch is this many seconds old.")
+    segment_messages: int = setting(1_000_000, "Seal a queue's staged messages into a segment at this many messages.")
+    segment_age_s: float = setting(600.0, "Seal a queue's staged messages once the oldest batch is this many seconds old.")
     retention: str = setting(
         "", "Time to live in the tier, `*=7d,orders=30d` (per topic, * for the rest); empty keeps forever."
     )
@@ -89,7 +89,9 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class KafkaConfig:
-    bootstrap: str = setting("", "Kafka bootstrap servers, host:port[,host:port]; empty turns the Kafka sinks off.")
+    bootstrap: str = setting(
+        "", "Kafka bootstrap servers, host:port[,host:port], for the Kafka sinks (not in this build yet)."
+    )
 
 
 @dataclass(frozen=True)

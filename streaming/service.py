@@ -160,7 +160,10 @@ class Service:
         log.info("tiering %s -> %s (%s)", conf.commitlog.dir, conf.tier.location,
                  "until caught up" if until_caught_up else "until stopped")
         while query.isActive and not self.stopping.is_set():
-            query.awaitTermination(0.5)
+            try:
+                query.awaitTermination(0.5)
+            except Exception:  # noqa: BLE001 - the query failed; _outcome says why
+                break
         if self.stopping.is_set() and query.isActive:
             with sink.lock:  # the batch in flight, if any, finishes and commits first
                 query.stop()

@@ -147,3 +147,12 @@ def test_table_output_aligns_columns():
     out = io.StringIO()
     cli.emit([{"a": 1, "b": b"xyz"}, {"a": 22, "b": None}], "table", out=out)
     assert out.getvalue().splitlines() == ["a   b", "1   xyz", "22  -"]
+
+
+def test_readme_documents_every_setting_and_command():
+    readme = (__import__("pathlib").Path(__file__).parents[1] / "README.md").read_text()
+    for name, _type, _default, _doc in cfg.settings_reference():
+        assert f"`{name}`" in readme, f"README's configuration reference misses {name}"
+    commands = cli.build_parser()._subparsers._group_actions[0].choices
+    for command in commands:
+        assert f"`tierlog {command}" in readme, f"README's CLI reference misses `tierlog {command}`"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from connectors.commitlog.format import Message
 
@@ -47,3 +47,17 @@ class Workload:
                 prefix = b"%d:" % i
                 body = prefix + rng.randbytes(max(0, self.body_size - len(prefix)))
             yield Message(topic=topic, queue_id=rng.randrange(self.queues), body=body, properties=props)
+
+
+def append_in_chunks(writer, messages: Iterable[Message], chunk: int = 2000) -> int:
+    """Append ``messages`` through ``writer`` ``chunk`` at a time (one write each); returns the count."""
+    pending: list[Message] = []
+    count = 0
+    for m in messages:
+        pending.append(m)
+        if len(pending) == chunk:
+            writer.append_many(pending)
+            count += len(pending)
+            pending = []
+    writer.append_many(pending)
+    return count + len(pending)
