@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from connectors.commitlog import format as fmt
 from connectors.errors import TierlogError
 from connectors.tier import layout
 from connectors.tier.backend import open_backend
-from connectors.tier.log import Segment, StagingObject, TierLog, TierState
+from connectors.tier.log import Segment, StagingObject, TierLog
 from streaming.faults import crash_point
 
 log = logging.getLogger("tierlog.tiering")
@@ -402,7 +401,3 @@ def refs_stream(spark, opts: dict):
         if value is not None:
             reader = reader.option(key, str(value))
     return reader.load()
-
-
-def driver_pid() -> int:
-    return os.getpid()

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import pytest
 
+from connectors.errors import TierlogError
 from connectors.tier import layout
 from connectors.tier.backend import open_backend
 from connectors.tier.reader import TierReader
 from state.metadata import MetadataStore
 from streaming.service import Service, metadata_path
-from streaming.tiering import SkippedMessagesError
 from tests.oracle import normalize_arrow_row
-from tests.tiering_helpers import assert_tier_equals_commitlog, make_conf, oracle_rows, produce, tier_rows
+from tests.tiering_helpers import assert_tier_equals_commitlog, make_conf, oracle_rows, produce
 
 
 def run_until_caught_up(spark, conf) -> Service:
@@ -79,7 +78,7 @@ def test_a_batch_that_would_skip_messages_stops_the_query(spark, tmp_path):
     skip_to = oracle_rows(conf)[300]["phy_offset"]
     object.__setattr__(conf.checkpoint, "dir", str(tmp_path / "ckpt2"))
     object.__setattr__(conf.source, "starting_offset", str(skip_to))
-    with pytest.raises(Exception, match=f"from physical offset {skip_to}"):
+    with pytest.raises(TierlogError, match=f"from physical offset {skip_to}.*would be skipped"):
         Service(conf).run(until_caught_up=True, spark=spark)
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 
-import pyarrow as pa
-
 from connectors.commitlog.writer import CommitLogWriter
 from connectors.commitlog.workload import Workload
 from connectors.tier.reader import TierReader
@@ -46,7 +44,3 @@ def assert_tier_equals_commitlog(conf: cfg.Config) -> None:
     got, expected = tier_rows(conf.tier.location), oracle_rows(conf)
     assert [r["phy_offset"] for r in got] == [r["phy_offset"] for r in expected]
     assert got == expected
-
-
-def as_table(rows: list[dict]) -> pa.Table:
-    return pa.Table.from_pylist(rows)
