@@ -15,14 +15,14 @@ changed key per batch, a put (the latest body) or a delete.  Contract:
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import WriteBatch
 
 from connectors.errors import TierlogError
+from state import rocks
 
 SEP = "\x00"
 _HEAD = struct.Struct(">qiqqB")  # phy_offset, queue_id, queue_offset, store_ts (ms), tombstone
@@ -85,17 +85,13 @@ class KVView:
     def __init__(self, path: str, *, read_only: bool = False):
         self.path = path
         self.read_only = read_only
-        if read_only and not os.path.exists(os.path.join(path, "CURRENT")):
+        if read_only and not rocks.exists(path):
             raise KVError(f"no KV view at {path}: has the compaction query run with this config?")
-        os.makedirs(path, exist_ok=True)
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
         try:
-            self.db = Rdict(path, opts, access_type=AccessType.read_only() if read_only else AccessType.read_write())
+            self.db = rocks.open_rdict(path, read_only=read_only, raw_mode=True)
         except Exception as exc:  # rocksdict raises a plain Exception carrying RocksDB's message
             raise KVError(f"cannot open the KV view at {path}: {exc}") from None
-        self._sync = WriteOptions()
-        self._sync.sync = True
+        self._sync = rocks.synced_writes()
 
     def close(self) -> None:
         self.db.close()

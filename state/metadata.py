@@ -14,14 +14,14 @@ date with the log at every start.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from typing import Iterator
 
-from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import WriteBatch
 
 from connectors.errors import TierlogError
 from connectors.tier.log import Segment, TierState
+from state import rocks
 
 SEP = "\x00"
 
@@ -59,13 +59,10 @@ class MetadataStore:
     def __init__(self, path: str, *, read_only: bool = False):
         self.path = path
         self.read_only = read_only
-        if read_only and not os.path.exists(os.path.join(path, "CURRENT")):
+        if read_only and not rocks.exists(path):
             raise MetadataError(f"no metadata store at {path}: has `tierlog run` been started with this config?")
-        os.makedirs(path, exist_ok=True)
-        opts = Options()
-        opts.create_if_missing(True)
         try:
-            self.db = Rdict(path, opts, access_type=AccessType.read_only() if read_only else AccessType.read_write())
+            self.db = rocks.open_rdict(path, read_only=read_only)
         except Exception as exc:  # rocksdict raises a plain Exception carrying RocksDB's message
             if "lock" in str(exc).lower():
                 raise MetadataLockedError(
@@ -73,8 +70,7 @@ class MetadataStore:
                     "only one `tierlog run` may use a checkpoint directory; stop the other one first"
                 ) from None
             raise MetadataError(f"cannot open metadata store {path}: {exc}") from None
-        self._sync = WriteOptions()
-        self._sync.sync = True
+        self._sync = rocks.synced_writes()
 
     def close(self) -> None:
         self.db.close()

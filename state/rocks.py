@@ -1,0 +1,31 @@
+"""Opening the RocksDB stores (rocksdict) the same way everywhere."""
+
+from __future__ import annotations
+
+import os
+
+from rocksdict import AccessType, Options, Rdict, WriteOptions
+
+
+def exists(path: str) -> bool:
+    return os.path.exists(os.path.join(path, "CURRENT"))
+
+
+def open_rdict(path: str, *, read_only: bool = False, raw_mode: bool = False) -> Rdict:
+    """Open the store at ``path``, creating it unless ``read_only``.
+
+    Read-only opens do not take RocksDB's lock, so they work while a writer
+    has the store open.  Failures raise rocksdict's exception with RocksDB's
+    message (a held lock says "lock").
+    """
+    os.makedirs(path, exist_ok=True)
+    opts = Options(raw_mode=raw_mode)
+    opts.create_if_missing(True)
+    return Rdict(path, opts, access_type=AccessType.read_only() if read_only else AccessType.read_write())
+
+
+def synced_writes() -> WriteOptions:
+    """Write options for WriteBatches that must survive a crash: WAL on and synced."""
+    options = WriteOptions()
+    options.sync = True
+    return options
