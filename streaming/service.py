@@ -78,7 +78,7 @@ class Service:
         self.conf = conf
         self.stopping = threading.Event()
         self.progress = Progress()
-        self._frontier_hint: int | None = None
+        self._log_reader: CommitLogReader | None = None  # kept open: it remembers the frontier
 
     # ------------------------------------------------------------ per-batch report
 
@@ -106,12 +106,13 @@ class Service:
         log.info("batch %s", json.dumps(line))
 
     def _frontier(self, hint: int | None) -> int:
+        """The commitlog's end, for the lag in the batch line; 0 when it cannot be read."""
+        if self._log_reader is None:
+            self._log_reader = CommitLogReader(self.conf.commitlog.dir)
         try:
-            with CommitLogReader(self.conf.commitlog.dir) as reader:
-                self._frontier_hint = reader.end_offset(max(filter(None, [hint, self._frontier_hint]), default=None))
+            return self._log_reader.end_offset(hint)
         except TierlogError:
-            pass
-        return self._frontier_hint or 0
+            return 0
 
     # ------------------------------------------------------------ running
 
@@ -136,6 +137,8 @@ class Service:
             return self._run_query(spark, sink, until_caught_up)
         finally:
             metadata.close()
+            if self._log_reader is not None:
+                self._log_reader.close()
 
     def _run_query(self, spark, sink: TieringSink, until_caught_up: bool) -> int:
         conf = self.conf

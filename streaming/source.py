@@ -147,7 +147,6 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.opts = opts
         self._target: int | None = None  # availableNow: never read past this
         self._reader: CommitLogReader | None = None
-        self._frontier_hint: int | None = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -192,20 +191,13 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if self._target is not None and begin >= self._target:
             return {"phy_offset": begin}
         result = self.reader.scan(begin, self._target, max_records=max_records, max_bytes=max_bytes)
-        if max_records is None and max_bytes is None and self._target is None:
-            self._frontier_hint = result.end  # a walk to the frontier: remember it
         return {"phy_offset": result.end}
 
-    def _frontier(self, hint: int | None = None) -> int:
-        """The log's end, walking only from the last frontier seen (or ``hint``), not the whole file."""
-        self._frontier_hint = self.reader.end_offset(max(filter(None, [hint, self._frontier_hint]), default=None))
-        return self._frontier_hint
-
     def reportLatestOffset(self) -> dict:
-        return {"phy_offset": self._frontier()}
+        return {"phy_offset": self.reader.end_offset()}
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._frontier()
+        self._target = self.reader.end_offset()
 
     def partitions(self, start: dict, end: dict) -> list[CommitLogPartition]:
         return plan_partitions(self.reader, int(start["phy_offset"]), int(end["phy_offset"]), self.opts.partition_bytes)

@@ -273,3 +273,14 @@ def test_random_messages_round_trip_through_files(tmp_path_factory, batch, file_
     expected = [message_row(m) for m in written]
     assert replay(directory) == expected
     assert arrow_rows(directory) == expected
+
+
+def test_a_long_lived_reader_tracks_the_frontier_as_the_log_grows(log_dir):
+    fill(log_dir, 50)
+    with CommitLogReader(log_dir) as r:
+        first = r.end_offset()
+        for round_ in range(1, 4):  # each poll walks on from the frontier it remembered
+            more = fill(log_dir, 120, start=50 * round_)
+            assert r.end_offset() == more[-1].phy_offset + more[-1].size > first
+            with CommitLogReader(log_dir) as fresh:
+                assert fresh.end_offset() == r.end_offset()

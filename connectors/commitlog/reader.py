@@ -145,6 +145,7 @@ class CommitLogReader:
         self.directory = directory
         self.check_crc = check_crc
         self._maps: dict[str, mmap.mmap] = {}
+        self._frontier: int | None = None  # the last frontier a walk reached
 
     # ------------------------------------------------------------ files
 
@@ -365,6 +366,8 @@ class CommitLogReader:
             records += len(span.starts)
             nbytes += sum(span.sizes)
             end = span.end
+        if stop is None and max_records is None and max_bytes is None:
+            self._frontier = end  # walked to the frontier: later polls start here
         return ScanResult(start, end, records, nbytes, tuple(s for s in splits if start < s < end))
 
     def messages(
@@ -406,13 +409,15 @@ class CommitLogReader:
     def end_offset(self, hint: int | None = None) -> int:
         """The physical offset just past the last complete record (the frontier).
 
-        ``hint`` is a record boundary known to be at or before the frontier (an
-        earlier answer): the walk starts there instead of at the last file's start.
+        The walk starts at the furthest known record boundary inside the last
+        file: ``hint``, or the frontier this reader found before, so polling a
+        long-lived reader costs only what was appended since.
         """
         files = self.files()
         if not files:
             return 0
         start = files[-1].base
-        if hint is not None and start <= hint <= files[-1].end:
-            start = hint
+        for known in (hint, self._frontier):
+            if known is not None and start < known <= files[-1].end:
+                start = known
         return self.scan(start).end
