@@ -5,22 +5,14 @@ from __future__ import annotations
 import base64
 import io
 import json
-import subprocess
-import sys
 
 import pytest
 
 from connectors.errors import ConfigError
 from streaming import cli
 from streaming import config as cfg
+from tests.cli_runner import tierlog
 from tests.oracle import replay
-
-
-def run_cli(*argv: str, stdin: str | None = None, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "streaming.cli", *argv], input=stdin, capture_output=True, text=True, cwd=cwd,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])},
-    )
 
 
 def test_layers_override_in_order(tmp_path):
@@ -64,12 +56,12 @@ def test_every_setting_is_documented_and_shown():
 
 def test_produce_then_inspect_round_trips_through_json(tmp_path):
     log = str(tmp_path / "cl")
-    r = run_cli("produce", "--commitlog-dir", log, "--messages", "300", "--topics", "3", "--queues", "2",
+    r = tierlog("produce", "--commitlog-dir", log, "--messages", "300", "--topics", "3", "--queues", "2",
                 "--keys", "20", "--body-size", "64", "--delete-ratio", "0.2", "--format", "json")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["messages"] == 300
-    r = run_cli("inspect", "--commitlog-dir", log, "--limit", "1000", "--format", "json")
+    r = tierlog("inspect", "--commitlog-dir", log, "--limit", "1000", "--format", "json")
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     oracle = replay(log)
     assert len(rows) == 300 == len(oracle)
@@ -85,8 +77,8 @@ def test_produce_then_inspect_round_trips_through_json(tmp_path):
 
 def test_inspect_from_queue_offset(tmp_path):
     log = str(tmp_path / "cl")
-    assert run_cli("produce", "--commitlog-dir", log, "--messages", "200", "--topics", "1", "--queues", "2").returncode == 0
-    r = run_cli("inspect", "--commitlog-dir", log, "--topic", "topic-0", "--queue", "1",
+    assert tierlog("produce", "--commitlog-dir", log, "--messages", "200", "--topics", "1", "--queues", "2").returncode == 0
+    r = tierlog("inspect", "--commitlog-dir", log, "--topic", "topic-0", "--queue", "1",
                 "--from-queue-offset", "10", "--limit", "3", "--format", "json")
     assert [json.loads(x)["queue_offset"] for x in r.stdout.splitlines()] == [10, 11, 12]
 
@@ -98,23 +90,23 @@ def test_produce_from_stdin(tmp_path):
         json.dumps({"topic": "orders", "queue_id": 1, "body_b64": base64.b64encode(b"\x00\xff").decode(),
                     "properties": {"KV_OP": "DELETE", "KEYS": "o-1"}}),
     ])
-    assert run_cli("produce", "--stdin", "--commitlog-dir", log, stdin=lines).returncode == 0
+    assert tierlog("produce", "--stdin", "--commitlog-dir", log, stdin=lines).returncode == 0
     rows = replay(log)
     assert [(r["body"], r["key"], r["tags"], r["op"], r["queue_offset"]) for r in rows] == [
         (b"hello", "o-1", "new", "put", 0), (b"\x00\xff", "o-1", None, "delete", 1),
     ]
-    r = run_cli("produce", "--stdin", "--commitlog-dir", log, stdin='{"queue_id": 1}\n')
+    r = tierlog("produce", "--stdin", "--commitlog-dir", log, stdin='{"queue_id": 1}\n')
     assert r.returncode == 2 and "stdin line 1" in r.stderr
 
 
 def test_errors_are_one_line_with_exit_codes(tmp_path):
-    r = run_cli("inspect", "--commitlog-dir", str(tmp_path / "none"))
+    r = tierlog("inspect", "--commitlog-dir", str(tmp_path / "none"))
     assert r.returncode == 2 and r.stderr.strip().startswith("tierlog: error: commitlog.dir")
-    r = run_cli("config", "show", "--config", str(tmp_path / "missing.toml"))
+    r = tierlog("config", "show", "--config", str(tmp_path / "missing.toml"))
     assert r.returncode == 2 and "missing.toml" in r.stderr and "--config" in r.stderr
     (tmp_path / "afile").write_text("")
     (tmp_path / "tierlog.toml").write_text('[kafka]\nbootstrap = "127.0.0.1:1"\n[commitlog]\ndir = "afile/log"\n')
-    r = run_cli("config", "check", cwd=tmp_path)
+    r = tierlog("config", "check", cwd=tmp_path)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(lines) == 2
     assert any("kafka.bootstrap" in x and "unreachable" in x for x in lines)
@@ -123,13 +115,13 @@ def test_errors_are_one_line_with_exit_codes(tmp_path):
 
 def test_corrupt_log_makes_inspect_fail_with_file_and_offset(tmp_path):
     log = tmp_path / "cl"
-    assert run_cli("produce", "--commitlog-dir", str(log), "--messages", "20", "--body-size", "50").returncode == 0
+    assert tierlog("produce", "--commitlog-dir", str(log), "--messages", "20", "--body-size", "50").returncode == 0
     path = log / "00000000000000000000"
     data = bytearray(path.read_bytes())
     second = int.from_bytes(data[0:4], "big")
     data[second + 100] ^= 0xFF  # inside the second message's body
     path.write_bytes(bytes(data))
-    r = run_cli("inspect", "--commitlog-dir", str(log))
+    r = tierlog("inspect", "--commitlog-dir", str(log))
     assert r.returncode == 1
     assert f"{path} at physical offset {second}" in r.stderr and "CRC mismatch" in r.stderr
 

@@ -7,10 +7,8 @@ point; more messages are appended before every run so each run has work.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,9 +17,8 @@ from connectors.tier.reader import TierReader
 from state.metadata import MetadataStore
 from streaming import config as cfg
 from streaming.service import metadata_path
+from tests.cli_runner import tierlog
 from tests.tiering_helpers import assert_tier_equals_commitlog, produce
-
-ROOT = Path(__file__).parents[1]
 
 # (crash point, on which pass): 12 kills, covering every point at least once.
 FAULTS = [
@@ -53,14 +50,8 @@ dir = "{tmp_path / 'checkpoints'}"
 
 
 def run_service(config: Path, fault: str | None, fault_dir: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
-    env["PYTHONPATH"] = str(ROOT)
-    if fault:
-        env.update(TIERLOG_FAULT=fault, TIERLOG_FAULT_DIR=str(fault_dir))
-    return subprocess.run(
-        [sys.executable, "-m", "streaming.cli", "run", "--until-caught-up", "--config", str(config)],
-        env=env, capture_output=True, text=True, timeout=300,
-    )
+    env = {"TIERLOG_FAULT": fault, "TIERLOG_FAULT_DIR": str(fault_dir)} if fault else None
+    return tierlog("run", "--until-caught-up", "--config", str(config), env=env)
 
 
 def committed_offsets(conf) -> dict:

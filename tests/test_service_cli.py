@@ -6,28 +6,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from connectors.commitlog.reader import list_files
 from connectors.tier.reader import TierReader
 from streaming import config as cfg
+from tests.cli_runner import cli_command, cli_env, tierlog
 from tests.tiering_helpers import assert_tier_equals_commitlog, produce
-
-ROOT = Path(__file__).parents[1]
-
-
-def env() -> dict:
-    out = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
-    out["PYTHONPATH"] = str(ROOT)
-    return out
-
-
-def tierlog(*argv, cwd=None, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "streaming.cli", *argv], env=env(), cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
-
 
 def write_config(tmp_path: Path, **extra) -> Path:
     lines = [
@@ -88,8 +74,8 @@ def test_sigterm_finishes_the_batch_and_exits_zero(tmp_path):
     config = write_config(tmp_path)
     conf = cfg.load(str(config), env={})
     produce(conf, 200)
-    proc = subprocess.Popen([sys.executable, "-m", "streaming.cli", "run", "--config", str(config)],
-                            env=env(), stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cli_command("run", "--config", str(config)), env=cli_env(),
+                            stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
