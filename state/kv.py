@@ -11,10 +11,16 @@ changed key per batch, a put (the latest body) or a delete.  Contract:
   never return tombstones.
 * **Applying a batch is idempotent and atomic**: all of its changes, and the
   physical offset the view has applied through, are one synced WriteBatch.
+* **Time to live** (optional, per topic): a key whose latest put is older
+  than its topic's TTL (by store time, against the wall clock) is expired by
+  ``expire``, which writes a tombstone at that put's physical offset and
+  returns the delete changes.  An index ordered by expiry time keeps the sweep
+  proportional to what expires, not to the number of keys.
 """
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -26,7 +32,13 @@ from state import rocks
 
 SEP = "\x00"
 _HEAD = struct.Struct(">qiqqB")  # phy_offset, queue_id, queue_offset, store_ts (ms), tombstone
-_APPLIED = "\x01applied"  # sorts apart from every "topic\x00key"
+# Bookkeeping keys start with \x01 and the TTL index with \x02; both sort before every
+# "topic\x00key", because topics may not start with a control character.
+_APPLIED = b"\x01applied"
+_TTL_CONF = b"\x01ttl"
+_TTL_INDEX = b"\x02"
+_EXPIRY = struct.Struct(">q")
+_DATA_START = b"\x03"
 
 
 class KVError(TierlogError):
@@ -63,12 +75,21 @@ class Change:
 def _dbkey(topic: str, key: str) -> str:
     if SEP in topic:
         raise KVError(f"topic {topic!r} contains NUL, which the KV view uses as a separator")
+    if not topic or topic[0] < "\x03":
+        raise KVError(f"topic {topic!r} is empty or starts with a control character")
     return f"{topic}{SEP}{key}"
 
 
 def _encode(c: Change) -> bytes:
     tomb = c.op == "delete"
     return _HEAD.pack(c.phy_offset, c.queue_id, c.queue_offset, c.store_ts, int(tomb)) + (b"" if tomb else c.body)
+
+
+def _ttl_ms(ttl: dict[str, float] | None, topic: str) -> int | None:
+    if not ttl:
+        return None
+    seconds = ttl.get(topic, ttl.get("*"))
+    return None if seconds is None else int(seconds * 1000)
 
 
 def _decode(dbkey: str, raw: bytes) -> Entry | None:
@@ -80,11 +101,16 @@ def _decode(dbkey: str, raw: bytes) -> Entry | None:
 
 
 class KVView:
-    """Open with ``read_only=True`` to query while the service writes (``tierlog kv get``)."""
+    """Open with ``read_only=True`` to query while the service writes (``tierlog kv get``).
 
-    def __init__(self, path: str, *, read_only: bool = False):
+    ``ttl`` maps topics (``*`` for every other topic) to seconds; keys of
+    topics without one never expire.  Changing it re-indexes the view once.
+    """
+
+    def __init__(self, path: str, *, read_only: bool = False, ttl: dict[str, float] | None = None):
         self.path = path
         self.read_only = read_only
+        self.ttl = dict(ttl or {})
         if read_only and not rocks.exists(path):
             raise KVError(f"no KV view at {path}: has the compaction query run with this config?")
         try:
@@ -92,6 +118,8 @@ class KVView:
         except Exception as exc:  # rocksdict raises a plain Exception carrying RocksDB's message
             raise KVError(f"cannot open the KV view at {path}: {exc}") from None
         self._sync = rocks.synced_writes()
+        if not read_only:
+            self._reindex_if_ttl_changed()
 
     def close(self) -> None:
         self.db.close()
@@ -109,32 +137,121 @@ class KVView:
 
         ``applied_through`` (a physical offset) is recorded in the same batch.
         """
-        if self.read_only:
-            raise KVError("the KV view was opened read-only")
-        latest: dict[str, Change] = {}
+        rows = []
         for c in changes:
             if c.op not in ("put", "delete"):
                 raise KVError(f"change for key {c.key!r} at physical offset {c.phy_offset}: unknown op {c.op!r}")
-            k = _dbkey(c.topic, c.key)
+            rows.append(c)
+        return self._apply(rows, applied_through)
+
+    def apply_table(self, table, applied_through: int | None = None) -> int:
+        """``apply`` for an Arrow table with columns topic, key, phy_offset, queue_id,
+        queue_offset, store_ts (timestamp or epoch ms), deleted, body."""
+        if table.num_rows == 0:
+            return self._apply([], applied_through)
+        cols = [table.column(c).to_pylist() for c in ("topic", "key", "phy_offset", "queue_id", "queue_offset", "deleted", "body")]
+        store_ms = _epoch_ms(table.column("store_ts"))
+        rows = [
+            Change(t, k, "delete" if d else "put", p, q, o, ms, b or b"")
+            for t, k, p, q, o, d, b, ms in zip(*cols, store_ms)
+        ]
+        return self._apply(rows, applied_through)
+
+    def _apply(self, changes: list[Change], applied_through: int | None) -> int:
+        if self.read_only:
+            raise KVError("the KV view was opened read-only")
+        latest: dict[bytes, Change] = {}
+        for c in changes:
+            k = _dbkey(c.topic, c.key).encode()
             if k not in latest or latest[k].phy_offset < c.phy_offset:
                 latest[k] = c
+        keys = list(latest)
+        current = self.db.get(keys) if keys else []
         wb = WriteBatch(raw_mode=True)
         applied = 0
-        for k, c in latest.items():
-            current = self.db.get(k.encode())
-            if current is not None and _HEAD.unpack_from(current)[0] >= c.phy_offset:
+        for k, old in zip(keys, current):
+            c = latest[k]
+            if old is not None and _HEAD.unpack_from(old)[0] >= c.phy_offset:
                 continue  # what the view holds is as new or newer: a replay or a late change
-            wb.put(k.encode(), _encode(c))
+            wb.put(k, _encode(c))
+            self._reindex(wb, k, c.topic, old, c)
             applied += 1
         if applied_through is not None:
-            wb.put(_APPLIED.encode(), struct.pack(">q", max(applied_through, self.applied_through() or -1)))
+            wb.put(_APPLIED, struct.pack(">q", max(applied_through, self.applied_through() or -1)))
         self.db.write(wb, self._sync)
         return applied
 
+    # ------------------------------------------------------------ time to live
+
+    def _reindex(self, wb: WriteBatch, k: bytes, topic: str, old: bytes | None, new: Change | None) -> None:
+        """Move ``k``'s TTL index entry from its old value's expiry to the new one's."""
+        ttl = _ttl_ms(self.ttl, topic)
+        if ttl is None:
+            return
+        if old is not None:
+            _, _, _, old_ts, old_tomb = _HEAD.unpack_from(old)
+            if not old_tomb:
+                wb.delete(_TTL_INDEX + _EXPIRY.pack(old_ts + ttl) + k)
+        if new is not None and new.op == "put":
+            wb.put(_TTL_INDEX + _EXPIRY.pack(new.store_ts + ttl) + k, b"")
+
+    def _reindex_if_ttl_changed(self) -> None:
+        wanted = json.dumps(self.ttl, sort_keys=True).encode()
+        if (self.db.get(_TTL_CONF) or b"{}") == wanted:
+            return
+        wb = WriteBatch(raw_mode=True)
+        for raw_key, _ in self.db.items(from_key=_TTL_INDEX):
+            if not raw_key.startswith(_TTL_INDEX):
+                break
+            wb.delete(raw_key)
+        for raw_key, raw in self.db.items(from_key=_DATA_START):
+            entry = _decode(raw_key.decode(), raw)
+            ttl = None if entry is None else _ttl_ms(self.ttl, entry.topic)
+            if ttl is not None:
+                wb.put(_TTL_INDEX + _EXPIRY.pack(entry.store_ts + ttl) + raw_key, b"")
+        wb.put(_TTL_CONF, wanted)
+        self.db.write(wb, self._sync)
+
+    def expire(self, now_ms: int) -> list[Change]:
+        """Expire every key whose TTL has passed at ``now_ms``; returns the delete changes written."""
+        if self.read_only:
+            raise KVError("the KV view was opened read-only")
+        wb = WriteBatch(raw_mode=True)
+        out = []
+        for raw_key, _ in self.db.items(from_key=_TTL_INDEX):
+            if not raw_key.startswith(_TTL_INDEX):
+                break
+            expiry = _EXPIRY.unpack_from(raw_key, len(_TTL_INDEX))[0]
+            if expiry > now_ms:
+                break
+            wb.delete(raw_key)
+            k = raw_key[len(_TTL_INDEX) + _EXPIRY.size :]
+            raw = self.db.get(k)
+            entry = None if raw is None else _decode(k.decode(), raw)
+            if entry is None:
+                continue  # deleted since; the index entry was stale
+            gone = Change(entry.topic, entry.key, "delete", entry.phy_offset, entry.queue_id,
+                          entry.queue_offset, entry.store_ts)
+            wb.put(k, _encode(gone))
+            out.append(gone)
+        if len(wb):
+            self.db.write(wb, self._sync)
+        return out
+
     # ------------------------------------------------------------ reading
 
+    def meta(self, name: str) -> str | None:
+        """A bookkeeping value the service keeps beside the data (e.g. when it last snapshotted)."""
+        raw = self.db.get(b"\x01meta:" + name.encode())
+        return None if raw is None else raw.decode()
+
+    def put_meta(self, name: str, value: str) -> None:
+        if self.read_only:
+            raise KVError("the KV view was opened read-only")
+        self.db.put(b"\x01meta:" + name.encode(), value.encode(), self._sync)
+
     def applied_through(self) -> int | None:
-        raw = self.db.get(_APPLIED.encode())
+        raw = self.db.get(_APPLIED)
         return None if raw is None else struct.unpack(">q", raw)[0]
 
     def get(self, topic: str, key: str) -> Entry | None:
@@ -143,7 +260,9 @@ class KVView:
         return None if raw is None else _decode(k, raw)
 
     def multi_get(self, topic: str, keys: list[str]) -> dict[str, Entry | None]:
-        return {key: self.get(topic, key) for key in keys}
+        raw_keys = [_dbkey(topic, key).encode() for key in keys]
+        values = self.db.get(raw_keys) if raw_keys else []
+        return {key: None if raw is None else _decode(k.decode(), raw) for key, k, raw in zip(keys, raw_keys, values)}
 
     def scan(self, topic: str, prefix: str = "") -> Iterator[Entry]:
         """Live entries of ``topic`` whose key starts with ``prefix``, in key (byte) order."""
@@ -154,3 +273,22 @@ class KVView:
             entry = _decode(raw_key.decode(), raw)
             if entry is not None:
                 yield entry
+
+    def entries(self) -> Iterator[tuple[str, Entry | None]]:
+        """Every key of every topic in (topic, key) order: ``(topic, entry)``, entry None for a tombstone."""
+        for raw_key, raw in self.db.items(from_key=_DATA_START):
+            dbkey = raw_key.decode()
+            yield dbkey.partition(SEP)[0], _decode(dbkey, raw)
+
+
+def _epoch_ms(column) -> list[int]:
+    """Store times as epoch milliseconds, from an Arrow timestamp or integer column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_timestamp(column.type):
+        per_ms = {"s": 1 / 1000, "ms": 1, "us": 1000, "ns": 1_000_000}[column.type.unit]
+        column = pc.cast(column, pa.int64())
+        if per_ms != 1:
+            column = pc.cast(pc.divide(column, per_ms) if per_ms > 1 else pc.multiply(column, 1000), pa.int64())
+    return column.to_pylist()

@@ -19,6 +19,8 @@ Options (all optional except ``path``):
 ``keyProperty``        the property whose first word is the ``key`` column (``KEYS``)
 ``refsOnly``           ``true``: rows are only ``(phy_offset, size)`` references to the
                        records, for queries that read the bytes themselves (tiering)
+``columns``            comma-separated columns of the message row to produce (all by
+                       default); columns not asked for are not decoded at all
 =====================  ====================================================
 """
 
@@ -39,7 +41,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from connectors.commitlog.arrow import MESSAGE_DDL
+from connectors.commitlog.arrow import MESSAGE_DDL, project_ddl
 from connectors.commitlog.reader import CommitLogReader
 from connectors.errors import ConfigError
 
@@ -58,6 +60,7 @@ class SourceOptions:
     check_crc: bool = True
     key_property: str = "KEYS"
     refs_only: bool = False
+    columns: tuple[str, ...] | None = None
 
     @classmethod
     def parse(cls, options: dict) -> "SourceOptions":
@@ -82,7 +85,20 @@ class SourceOptions:
             check_crc=_bool(opts, "checkcrc", "checkCrc", True),
             key_property=opts.get("keyproperty", "KEYS"),
             refs_only=_bool(opts, "refsonly", "refsOnly", False),
+            columns=parse_columns(opts.get("columns")),
         )
+
+
+def parse_columns(raw: str | None) -> tuple[str, ...] | None:
+    """The ``columns`` option: a comma-separated subset of the message row, checked here."""
+    if raw is None or not str(raw).strip():
+        return None
+    columns = tuple(c.strip() for c in str(raw).split(",") if c.strip())
+    try:
+        project_ddl(columns)
+    except ValueError as exc:
+        raise ConfigError(f"option columns={raw!r}: {exc}") from None
+    return columns
 
 
 def _positive(opts: dict, key: str, name: str) -> int | None:
@@ -137,7 +153,9 @@ def read_partition(opts: SourceOptions, partition: CommitLogPartition):
                     [pa.array(starts), pa.array(np.asarray(span.sizes, np.int32))], schema=REFS_SCHEMA
                 )
         else:
-            yield from reader.record_batches(partition.start, partition.end, key_property=opts.key_property)
+            yield from reader.record_batches(
+                partition.start, partition.end, key_property=opts.key_property, columns=opts.columns
+            )
 
 
 class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -237,8 +255,11 @@ class CommitLogDataSource(DataSource):
         return "commitlog"
 
     def schema(self) -> str:
-        refs = str(self.options.get("refsOnly", self.options.get("refsonly", "false"))).lower() == "true"
-        return REFS_DDL if refs else MESSAGE_DDL
+        opts = {k.lower(): v for k, v in self.options.items()}
+        if str(opts.get("refsonly", "false")).lower() == "true":
+            return REFS_DDL
+        columns = parse_columns(opts.get("columns"))
+        return MESSAGE_DDL if columns is None else project_ddl(columns)
 
     def streamReader(self, schema) -> CommitLogStreamReader:
         return CommitLogStreamReader(SourceOptions.parse(dict(self.options)))

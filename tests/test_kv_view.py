@@ -96,3 +96,41 @@ def test_random_batches_in_any_order_equal_the_oracle(tmp_path_factory, ops, bat
     assert got.keys() == expected.keys()
     for k, c in expected.items():
         assert (got[k].body, got[k].phy_offset) == (c.body, c.phy_offset)
+
+
+def test_apply_table_matches_apply(tmp_path):
+    import pyarrow as pa
+
+    table = pa.table({
+        "topic": ["t", "t", "u"], "key": ["a", "a", "b"], "phy_offset": [1, 7, 3], "queue_id": [0, 1, 2],
+        "queue_offset": [10, 11, 12], "store_ts": pa.array([1_000_000, 2_000_000, 3_000_000], pa.timestamp("us", tz="UTC")),
+        "deleted": [False, False, True], "body": [b"x", b"y", None],
+    })
+    with KVView(str(tmp_path / "kv")) as kv:
+        assert kv.apply_table(table, applied_through=9) == 2
+        a = kv.get("t", "a")
+        assert (a.body, a.phy_offset, a.queue_id, a.queue_offset, a.store_ts) == (b"y", 7, 1, 11, 2000)
+        assert kv.get("u", "b") is None
+        assert [(t, e and e.key) for t, e in kv.entries()] == [("t", "a"), ("u", None)]
+        assert kv.apply_table(table, applied_through=9) == 0  # a replay changes nothing
+
+
+def test_ttl_expires_keys_once_and_emits_deletes(tmp_path):
+    ttl = {"short": 10.0}  # seconds; other topics never expire
+    with KVView(str(tmp_path / "kv"), ttl=ttl) as kv:
+        kv.apply([
+            Change("short", "old", "put", 1, store_ts=1_000, body=b"o"),
+            Change("short", "fresh", "put", 2, store_ts=1_000, body=b"f"),
+            Change("long", "old", "put", 3, store_ts=1_000, body=b"l"),
+        ])
+        kv.apply([Change("short", "fresh", "put", 4, store_ts=9_000, body=b"f2")])  # updated: expiry moves
+        assert kv.expire(now_ms=10_999) == []
+        gone = kv.expire(now_ms=11_000)
+        assert [(c.key, c.op, c.phy_offset) for c in gone] == [("old", "delete", 1)]
+        assert kv.get("short", "old") is None and kv.get("long", "old").body == b"l"
+        assert kv.apply([Change("short", "old", "put", 1, store_ts=1_000, body=b"o")]) == 0  # a replay stays expired
+        assert [c.key for c in kv.expire(now_ms=19_000)] == ["fresh"]
+        assert kv.expire(now_ms=10**12) == []
+    # A TTL given to a topic later indexes the keys already there.
+    with KVView(str(tmp_path / "kv"), ttl={"long": 1.0}) as kv:
+        assert [c.key for c in kv.expire(now_ms=2_000)] == ["old"]

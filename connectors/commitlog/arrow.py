@@ -13,6 +13,7 @@ The batch has the message row of DESIGN.md (``MESSAGE_SCHEMA``), plus
 from __future__ import annotations
 
 import zlib
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +52,25 @@ MESSAGE_DDL = (
     "born_host string, store_host string, sysflag int, flag int, reconsume_times int, op string, "
     "prepared_tx_offset bigint, size int"
 )
+
+_DDL_BY_NAME = {part.split(" ", 1)[0]: part for part in MESSAGE_DDL.split(", ")}
+
+
+def project_schema(columns: Sequence[str]) -> pa.Schema:
+    """The message schema limited to ``columns``, in the order given; unknown names raise ValueError."""
+    unknown = [c for c in columns if c not in _DDL_BY_NAME]
+    if unknown or not columns:
+        raise ValueError(
+            f"unknown message column(s) {', '.join(unknown) or '(none given)'}; "
+            f"the message row has: {', '.join(MESSAGE_SCHEMA.names)}"
+        )
+    return pa.schema([MESSAGE_SCHEMA.field(c) for c in columns])
+
+
+def project_ddl(columns: Sequence[str]) -> str:
+    project_schema(columns)
+    return ", ".join(_DDL_BY_NAME[c] for c in columns)
+
 
 _HEAD_BLOCK = 112  # bytes from a record's start that hold every field before the body (both hosts IPv6: 108 + 4)
 
@@ -175,16 +195,19 @@ def decode_batch(
     *,
     key_property: str = "KEYS",
     check_crc: bool = False,
+    columns: Sequence[str] | None = None,
 ) -> pa.RecordBatch:
     """Decode the records at ``starts`` (positions in ``data``) into one batch.
 
     ``base_offset`` is the physical offset of ``data[0]``; every record's
     stored PHYSICALOFFSET must equal it plus the record's position.  Raises
     :class:`BatchDecodeError` naming the first record that fails a check.
+    ``columns`` (names of the message row, in any order) limits the output to
+    those columns; the checks run whatever is selected.
     """
     n = len(starts)
     if n == 0:
-        return pa.RecordBatch.from_pylist([], schema=MESSAGE_SCHEMA)
+        return pa.RecordBatch.from_pylist([], schema=MESSAGE_SCHEMA if columns is None else project_schema(columns))
     u8 = np.frombuffer(data, np.uint8)
     buffer = pa.py_buffer(data)
     at = np.asarray(starts, np.int64)
@@ -230,35 +253,42 @@ def decode_batch(
     body = _slices(buffer, u8, body_at, body_len)
     topic = _to_string(_slices(buffer, u8, topic_at, topic_len))
     props = _properties(_to_string(_slices(buffer, u8, props_at, props_len)))
-    store_host = _hosts(head, store_host_rel, sh)
-    uniq = pc.map_lookup(props, "UNIQ_KEY", "last")
-    msg_id = uniq
-    if uniq.null_count:
-        msg_id = pc.coalesce(uniq, _offset_msg_ids(u8, at + store_host_rel, sh, phy, uniq))
-    kv_op = pc.map_lookup(props, "KV_OP", "last")
     ts = pa.timestamp("us", tz="UTC")
-    columns = {
-        "topic": topic,
-        "queue_id": pa.array(_field(head, fmt.POS_QUEUE_ID, "i4")),
-        "queue_offset": pa.array(_field(head, fmt.POS_QUEUE_OFFSET, "i8")),
-        "phy_offset": pa.array(phy),
+
+    def msg_id() -> pa.Array:
+        uniq = pc.map_lookup(props, "UNIQ_KEY", "last")
+        if not uniq.null_count:
+            return uniq
+        return pc.coalesce(uniq, _offset_msg_ids(u8, at + store_host_rel, sh, phy, uniq))
+
+    def op() -> pa.Array:
+        kv_op = pc.map_lookup(props, "KV_OP", "last")
+        return pc.if_else(pc.fill_null(pc.equal(kv_op, "DELETE"), False), "delete", "put")
+
+    # Built on demand, so a query that selects a few columns does not pay for the rest.
+    builders = {
+        "topic": lambda: topic,
+        "queue_id": lambda: pa.array(_field(head, fmt.POS_QUEUE_ID, "i4")),
+        "queue_offset": lambda: pa.array(_field(head, fmt.POS_QUEUE_OFFSET, "i8")),
+        "phy_offset": lambda: pa.array(phy),
         "msg_id": msg_id,
-        "key": _first_key(props, key_property),
-        "tags": pc.map_lookup(props, "TAGS", "last"),
-        "body": body,
-        "properties": props,
-        "born_ts": pa.array(_field(head, fmt.POS_BORN_TS, "i8") * 1000).cast(ts),
-        "store_ts": pa.array(_field(head, store_ts_rel, "i8") * 1000).cast(ts),
-        "born_host": _hosts(head, fmt.POS_BORN_HOST, bh),
-        "store_host": store_host,
-        "sysflag": pa.array(sysflag),
-        "flag": pa.array(_field(head, fmt.POS_FLAG, "i4")),
-        "reconsume_times": pa.array(_field(head, reconsume_rel, "i4")),
-        "op": pc.if_else(pc.fill_null(pc.equal(kv_op, "DELETE"), False), "delete", "put"),
-        "prepared_tx_offset": pa.array(_field(head, reconsume_rel + 4, "i8")),
-        "size": pa.array(size),
+        "key": lambda: _first_key(props, key_property),
+        "tags": lambda: pc.map_lookup(props, "TAGS", "last"),
+        "body": lambda: body,
+        "properties": lambda: props,
+        "born_ts": lambda: pa.array(_field(head, fmt.POS_BORN_TS, "i8") * 1000).cast(ts),
+        "store_ts": lambda: pa.array(_field(head, store_ts_rel, "i8") * 1000).cast(ts),
+        "born_host": lambda: _hosts(head, fmt.POS_BORN_HOST, bh),
+        "store_host": lambda: _hosts(head, store_host_rel, sh),
+        "sysflag": lambda: pa.array(sysflag),
+        "flag": lambda: pa.array(_field(head, fmt.POS_FLAG, "i4")),
+        "reconsume_times": lambda: pa.array(_field(head, reconsume_rel, "i4")),
+        "op": op,
+        "prepared_tx_offset": lambda: pa.array(_field(head, reconsume_rel + 4, "i8")),
+        "size": lambda: pa.array(size),
     }
-    return pa.RecordBatch.from_arrays([columns[f.name] for f in MESSAGE_SCHEMA], schema=MESSAGE_SCHEMA)
+    schema = MESSAGE_SCHEMA if columns is None else project_schema(columns)
+    return pa.RecordBatch.from_arrays([builders[f.name]() for f in schema], schema=schema)
 
 
 def _offset_msg_ids(u8, host_at, width, phy, uniq: pa.Array) -> pa.Array:

@@ -27,7 +27,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
@@ -390,8 +390,12 @@ class CommitLogReader:
         *,
         batch_rows: int = 16384,
         key_property: str = "KEYS",
+        columns: "Sequence[str] | None" = None,
     ) -> Iterator["pa.RecordBatch"]:
-        """The Arrow fast path: records in ``[start, end)`` as batches of the message row."""
+        """The Arrow fast path: records in ``[start, end)`` as batches of the message row.
+
+        ``columns`` limits the batches to those columns of the row (all by default).
+        """
         from connectors.commitlog.arrow import BatchDecodeError, decode_batch
 
         for span in self.spans(start, end):
@@ -400,11 +404,47 @@ class CommitLogReader:
                 starts = np.asarray(span.starts[i : i + batch_rows], np.int64)
                 try:
                     yield decode_batch(
-                        buf, starts, span.file.base, key_property=key_property, check_crc=self.check_crc
+                        buf, starts, span.file.base, key_property=key_property, check_crc=self.check_crc,
+                        columns=columns,
                     )
                 except BatchDecodeError as exc:
                     pos = int(starts[exc.index])
                     raise self._fail(span.file, pos, exc.reason, span.sizes[i + exc.index]) from None
+
+    def bodies_at(self, phy_offsets: "np.ndarray") -> "pa.Array":
+        """The bodies of the records at ``phy_offsets`` (any order), as a binary array in that order.
+
+        Each record is re-checked where it lies (magic, size, stored physical
+        offset), so a reference into a replaced or moved file fails loudly.
+        """
+        import pyarrow as pa
+
+        from connectors.commitlog.arrow import BatchDecodeError, decode_batch
+
+        phys = np.asarray(phy_offsets, np.int64)
+        if len(phys) == 0:
+            return pa.array([], pa.binary())
+        files = self.files()
+        order = np.argsort(phys, kind="stable")
+        sorted_phys = phys[order]
+        file_idx = np.searchsorted([f.base for f in files], sorted_phys, side="right") - 1
+        parts = []
+        for idx in np.unique(file_idx):
+            at = sorted_phys[file_idx == idx]
+            if idx < 0 or at[-1] >= files[idx].end:
+                bad = int(at[0] if idx < 0 else at[-1])
+                raise OffsetOutOfRangeError(
+                    f"physical offset {bad} is not in the commitlog {self.directory} any more: "
+                    "was it deleted below the safepoint?"
+                )
+            f = files[idx]
+            try:
+                batch = decode_batch(self._map(f), at - f.base, f.base, columns=("body",))
+            except BatchDecodeError as exc:
+                raise self._fail(f, int(at[exc.index] - f.base), exc.reason) from None
+            parts.append(batch.column(0))
+        in_sorted_order = pa.concat_arrays(parts)
+        return in_sorted_order.take(pa.array(np.argsort(order, kind="stable")))
 
     def end_offset(self, hint: int | None = None) -> int:
         """The physical offset just past the last complete record (the frontier).
