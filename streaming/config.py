@@ -80,6 +80,21 @@ class TierConfig:
 @dataclass(frozen=True)
 class StateConfig:
     dir: str = setting("data/state", "Local directory of the RocksDB stores: the metadata store and the KV view.")
+    rocksdb_memory_mb: int = setting(
+        512, "Memory bound (MB) for all of Spark's RocksDB state stores in one executor: block cache and write buffers."
+    )
+
+
+@dataclass(frozen=True)
+class CompactionConfig:
+    enabled: bool = setting(True, "Run the compaction query: the latest value per key, the KV view and snapshots.")
+    ttl: str = setting(
+        "", "Keys not updated for this long expire, per topic: `sessions=30m,*=7d` (* for the rest); empty: never."
+    )
+    snapshot_interval_s: float = setting(
+        600.0, "Seconds between compacted snapshots written to the tier (0: only by `tierlog kv snapshot`)."
+    )
+    snapshot_keep: int = setting(2, "Compacted snapshots kept per topic; older ones are deleted.")
 
 
 @dataclass(frozen=True)
@@ -107,6 +122,7 @@ class Config:
     source: SourceConfig = field(default_factory=SourceConfig)
     tier: TierConfig = field(default_factory=TierConfig)
     state: StateConfig = field(default_factory=StateConfig)
+    compaction: CompactionConfig = field(default_factory=CompactionConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
@@ -256,17 +272,27 @@ def parse_duration(text: str, setting_name: str) -> float:
     return float(m.group(1)) * _SECONDS[m.group(2)]
 
 
-def parse_retention(text: str) -> dict[str, float] | None:
-    """``tier.retention``: ``*=7d,orders=30d`` to {topic: seconds}; empty keeps everything."""
+def parse_topic_durations(text: str, setting_name: str) -> dict[str, float] | None:
+    """``*=7d,orders=30d`` to {topic: seconds} (``*``: every other topic); empty gives None."""
     if not text.strip():
         return None
     out = {}
     for item in text.split(","):
         topic, sep, duration = item.strip().rpartition("=")
         if not sep or not topic:
-            raise ConfigError(f"setting tier.retention: {item.strip()!r} is not TOPIC=DURATION (use * for every topic)")
-        out[topic] = parse_duration(duration, "tier.retention")
+            raise ConfigError(f"setting {setting_name}: {item.strip()!r} is not TOPIC=DURATION (use * for every topic)")
+        out[topic] = parse_duration(duration, setting_name)
     return out
+
+
+def parse_retention(text: str) -> dict[str, float] | None:
+    """``tier.retention``: empty keeps everything."""
+    return parse_topic_durations(text, "tier.retention")
+
+
+def parse_ttl(text: str) -> dict[str, float] | None:
+    """``compaction.ttl``: empty never expires a key."""
+    return parse_topic_durations(text, "compaction.ttl")
 
 
 def to_toml(config: Config, *, with_docs: bool = True) -> str:

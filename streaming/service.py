@@ -1,9 +1,11 @@
 """``tierlog run``: the long-running service around the streaming queries.
 
 It opens the metadata store (which also keeps a second service off the same
-state), starts the tiering query, logs one structured line per batch, and
-stops gracefully on SIGTERM or SIGINT: the batch in flight finishes and is
-committed, and no new one starts.
+state) and the KV view, starts the tiering query and, unless
+``compaction.enabled`` is off, the compaction query in the same Spark
+application; logs one structured line per batch; and stops gracefully on
+SIGTERM or SIGINT: the batches in flight finish and are committed, and no new
+one starts.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from dataclasses import dataclass
 
 from connectors.commitlog.reader import CommitLogReader
 from connectors.errors import ConfigError, TierlogError
+from state.kv import KVView
 from state.metadata import MetadataStore
 from streaming import config as cfg
+from streaming.compaction import CompactionReport, CompactionSettings, CompactionSink, compaction_stream
 from streaming.tiering import BatchReport, TieringSettings, TieringSink, refs_stream
 
 log = logging.getLogger("tierlog.service")
@@ -59,8 +63,36 @@ def source_options(conf: cfg.Config) -> dict:
     }
 
 
+def compaction_settings(conf: cfg.Config) -> CompactionSettings:
+    c = conf.compaction
+    return CompactionSettings(
+        commitlog_dir=conf.commitlog.dir,
+        checkpoint=checkpoint_path(conf, "compaction"),
+        tier_location=conf.tier.location,
+        ttl=cfg.parse_ttl(c.ttl),
+        snapshot_interval_s=c.snapshot_interval_s,
+        snapshot_keep=max(1, c.snapshot_keep),
+        driver_pid=os.getpid(),
+    )
+
+
 def metadata_path(conf: cfg.Config) -> str:
     return os.path.join(conf.state.dir, "metadata")
+
+
+def kv_path(conf: cfg.Config) -> str:
+    return os.path.join(conf.state.dir, "kv")
+
+
+def checkpoint_path(conf: cfg.Config, query: str) -> str:
+    return os.path.join(conf.checkpoint.dir, query)
+
+
+def session_conf(conf: cfg.Config) -> dict:
+    return {
+        "spark.sql.shuffle.partitions": str(conf.spark.shuffle_partitions),
+        "spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": str(conf.state.rocksdb_memory_mb),
+    }
 
 
 @dataclass
@@ -105,6 +137,16 @@ class Service:
             line["replay"] = True
         log.info("batch %s", json.dumps(line))
 
+    def _on_compaction_batch(self, report: CompactionReport) -> None:
+        line = {
+            "query": "compaction", "batch": report.batch_id, "changes": report.changes, "applied": report.applied,
+            "expired": report.expired, "source_end": report.source_end, "seconds": round(report.seconds, 3),
+            "phases": report.phases,
+        }
+        if report.snapshot_rows is not None:
+            line["snapshot_rows"] = report.snapshot_rows
+        log.info("batch %s", json.dumps(line))
+
     def _frontier(self, hint: int | None) -> int:
         """The commitlog's end, for the lag in the batch line; 0 when it cannot be read."""
         if self._log_reader is None:
@@ -124,64 +166,102 @@ class Service:
                 "(`tierlog produce`) or point it at a broker's store/commitlog"
             )
         settings = tiering_settings(conf)
+        compaction = compaction_settings(conf) if conf.compaction.enabled else None
         metadata = MetadataStore(metadata_path(conf))
+        kv = None
+        self.sinks: dict[str, object] = {}
         try:
+            if compaction is not None:
+                kv = KVView(kv_path(conf), ttl=compaction.ttl)
             if spark is None:
                 from streaming.session import build_session
 
-                spark = build_session(
-                    "tierlog", conf.spark.master, {"spark.sql.shuffle.partitions": str(conf.spark.shuffle_partitions)}
+                spark = build_session("tierlog", conf.spark.master, session_conf(conf))
+            self.sink = TieringSink(settings, metadata, on_batch=self._on_batch)
+            self.sinks["tiering"] = self.sink
+            if kv is not None:
+                self.sinks["compaction"] = CompactionSink(
+                    compaction, kv, metadata, on_batch=self._on_compaction_batch
                 )
-            sink = TieringSink(settings, metadata, on_batch=self._on_batch)
-            self.sink = sink
-            return self._run_query(spark, sink, until_caught_up)
+            return self._run_queries(spark, until_caught_up)
         finally:
+            for sink in self.sinks.values():
+                if hasattr(sink, "close"):
+                    sink.close()
+            if kv is not None:
+                kv.close()
             metadata.close()
             if self._log_reader is not None:
                 self._log_reader.close()
 
-    def _run_query(self, spark, sink: TieringSink, until_caught_up: bool) -> int:
+    def _writer(self, spark, name: str, until_caught_up: bool):
         conf = self.conf
+        sink = self.sinks[name]
 
         def process(df, batch_id):
             if self.stopping.is_set():
                 raise StopRequested("stop requested before this batch started")
             sink.process(df, batch_id)
 
-        writer = (
-            refs_stream(spark, source_options(conf))
-            .writeStream.queryName("tiering")
-            .foreachBatch(process)
-            .option("checkpointLocation", os.path.join(conf.checkpoint.dir, "tiering"))
-        )
-        if until_caught_up:
-            writer = writer.trigger(availableNow=True)
+        if name == "tiering":
+            stream = refs_stream(spark, source_options(conf))
         else:
-            writer = writer.trigger(processingTime=f"{int(conf.spark.trigger_interval_s * 1000)} milliseconds")
-        query = writer.start()
-        self._install_signals()
-        log.info("tiering %s -> %s (%s)", conf.commitlog.dir, conf.tier.location,
-                 "until caught up" if until_caught_up else "until stopped")
-        while query.isActive and not self.stopping.is_set():
-            try:
-                query.awaitTermination(0.5)
-            except Exception:  # noqa: BLE001 - the query failed; _outcome says why
-                break
-        if self.stopping.is_set() and query.isActive:
-            with sink.lock:  # the batch in flight, if any, finishes and commits first
-                query.stop()
-        return self._outcome(query)
+            stream = compaction_stream(spark, source_options(conf))
+        writer = (
+            stream.writeStream.queryName(name)
+            .foreachBatch(process)
+            .option("checkpointLocation", checkpoint_path(conf, name))
+        )
+        if name == "compaction":
+            writer = writer.outputMode("update")
+        if until_caught_up:
+            return writer.trigger(availableNow=True)
+        return writer.trigger(processingTime=f"{int(conf.spark.trigger_interval_s * 1000)} milliseconds")
 
-    def _outcome(self, query) -> int:
-        exc = query.exception()
-        if exc is None:
-            log.info("tiering stopped: %d batches, %d messages, %.1f MB", self.progress.batches,
-                     self.progress.rows, self.progress.bytes / 1e6)
-            return 0
-        text = str(exc)
-        if "StopRequested" in text and self.stopping.is_set():
-            return 0
-        raise TierlogError(f"the tiering query failed: {_root_cause(text)}")
+    def _run_queries(self, spark, until_caught_up: bool) -> int:
+        conf = self.conf
+        queries = {name: self._writer(spark, name, until_caught_up).start() for name in self.sinks}
+        self._install_signals()
+        log.info("%s: %s -> %s (%s)", " + ".join(queries), conf.commitlog.dir, conf.tier.location,
+                 "until caught up" if until_caught_up else "until stopped")
+        compaction = self.sinks.get("compaction")
+        next_sweep = time.monotonic()
+        while not self.stopping.is_set():
+            active = [q for q in queries.values() if q.isActive]
+            if not active or any(q.exception() is not None for q in queries.values()):
+                break
+            try:
+                active[0].awaitTermination(0.5)
+            except Exception:  # noqa: BLE001 - a query failed; _outcome says why
+                break
+            if compaction is not None and time.monotonic() >= next_sweep:
+                compaction.sweep()  # a quiet stream runs no batches, but keys still expire
+                next_sweep = time.monotonic() + max(1.0, conf.spark.trigger_interval_s)
+        failed = any(q.exception() is not None for q in queries.values() if not q.isActive)
+        if (self.stopping.is_set() or failed) and any(q.isActive for q in queries.values()):
+            locks = [sink.lock for sink in self.sinks.values()]
+            for lock in locks:  # the batches in flight, if any, finish and commit first
+                lock.acquire()
+            try:
+                for q in queries.values():
+                    q.stop()
+            finally:
+                for lock in locks:
+                    lock.release()
+        return self._outcome(queries)
+
+    def _outcome(self, queries: dict) -> int:
+        for name, query in queries.items():
+            exc = query.exception()
+            if exc is None:
+                continue
+            text = str(exc)
+            if "StopRequested" in text and self.stopping.is_set():
+                continue
+            raise TierlogError(f"the {name} query failed: {_root_cause(text)}")
+        log.info("stopped: %d tiering batches, %d messages, %.1f MB", self.progress.batches,
+                 self.progress.rows, self.progress.bytes / 1e6)
+        return 0
 
     def _install_signals(self) -> None:
         def handler(signum, _frame):
@@ -193,7 +273,7 @@ class Service:
             signal.signal(signal.SIGINT, handler)
 
 
-_OUR_ERRORS = ("CorruptRecordError", "SkippedMessagesError", "LogLayoutError", "OffsetOutOfRangeError",
+_OUR_ERRORS = ("CorruptRecordError", "KVError", "OffsetLogError", "SkippedMessagesError", "LogLayoutError", "OffsetOutOfRangeError",
                "BucketNotFound", "AccessDenied", "TransientTierError", "TierError", "TierlogError",
                "ConfigError", "MetadataError", "TierLogError")
 

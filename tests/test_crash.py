@@ -43,6 +43,8 @@ compact_every = 5
 dir = "{tmp_path / 'state'}"
 [checkpoint]
 dir = "{tmp_path / 'checkpoints'}"
+[compaction]
+enabled = false
 """
     path = tmp_path / "tierlog.toml"
     path.write_text(text)

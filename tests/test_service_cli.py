@@ -35,7 +35,7 @@ def test_run_status_rebuild_and_gc(tmp_path):
     produce(conf, 1500)
     r = tierlog("run", "--until-caught-up", "--config", str(config))
     assert r.returncode == 0, r.stderr[-3000:]
-    batch_lines = [json.loads(x.split("batch ", 1)[1]) for x in r.stderr.splitlines() if "tierlog.service: batch {" in x]
+    batch_lines = [json.loads(x.split("batch ", 1)[1]) for x in r.stderr.splitlines() if "tierlog.service: batch {" in x and '"query": "tiering"' in x]
     assert len(batch_lines) > 3 and all({"rows", "bytes", "lag_bytes", "lag_msgs", "lag_s"} <= set(b) for b in batch_lines)
     assert batch_lines[-1]["lag_bytes"] == 0 and sum(b["rows"] for b in batch_lines) == 1500
     assert_tier_equals_commitlog(conf)

@@ -13,7 +13,8 @@ from tests.oracle import normalize_arrow_row, replay
 FILE = 256 * 1024
 
 
-def make_conf(root, location: str, **tier) -> cfg.Config:
+def make_conf(root, location: str, *, compaction: cfg.CompactionConfig | None = None, **tier) -> cfg.Config:
+    """A deployment under ``root``; the compaction query is off unless ``compaction`` is given."""
     root = str(root)
     return cfg.Config(
         commitlog=cfg.CommitlogConfig(dir=os.path.join(root, "commitlog")),
@@ -21,6 +22,7 @@ def make_conf(root, location: str, **tier) -> cfg.Config:
         tier=cfg.TierConfig(location=location, **{"delete_grace_s": 0.0, **tier}),
         state=cfg.StateConfig(dir=os.path.join(root, "state")),
         checkpoint=cfg.CheckpointConfig(dir=os.path.join(root, "checkpoints")),
+        compaction=compaction or cfg.CompactionConfig(enabled=False),
     )
 
 

@@ -1,0 +1,129 @@
+"""Compacted snapshots: the whole latest-per-key view of a topic, as one Parquet object.
+
+    _compacted/topic=<topic>/<through physical offset, 20 digits>.parquet
+
+A snapshot holds every live key of its topic (``key``, ``body`` and where the
+value came from) as of a physical offset: it reflects every message *below*
+``through_phy`` and none at or above it.  Downstream users start from the
+newest snapshot and replay only the messages at or above ``through_phy``
+(for example ``WHERE phy_offset >= through_phy`` on the tier) instead of all
+history.  ``through_phy`` is in the name and in the file's key-value metadata.
+
+Each object is written with one atomic ``put``, so a reader sees a whole
+snapshot or none; the newest few per topic are kept and older ones deleted.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from connectors.tier.backend import Backend
+from connectors.tier.layout import COMPRESSION, escape_topic, unescape_topic
+
+PREFIX = "_compacted/"
+SNAPSHOT_SCHEMA = pa.schema(
+    [("key", pa.string()), ("body", pa.binary()), ("phy_offset", pa.int64()), ("queue_id", pa.int32()),
+     ("queue_offset", pa.int64()), ("store_ts", pa.timestamp("ms", tz="UTC"))]
+)
+_CHUNK = 64 * 1024  # rows per row group, and per pass through memory
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    topic: str
+    through_phy: int
+    name: str
+
+
+def snapshot_name(topic: str, through_phy: int) -> str:
+    return f"{PREFIX}topic={escape_topic(topic)}/{through_phy:020d}.parquet"
+
+
+def list_snapshots(backend: Backend, topic: str | None = None) -> list[Snapshot]:
+    """Every complete snapshot (of ``topic``, or of every topic), oldest first per topic."""
+    prefix = PREFIX if topic is None else f"{PREFIX}topic={escape_topic(topic)}/"
+    out = []
+    for info in backend.list(prefix):
+        parts = info.name[len(PREFIX) :].split("/")
+        if len(parts) != 2 or not parts[0].startswith("topic=") or not parts[1].endswith(".parquet"):
+            continue
+        stem = parts[1][: -len(".parquet")]
+        if stem.isdigit():
+            out.append(Snapshot(unescape_topic(parts[0][len("topic=") :]), int(stem), info.name))
+    return sorted(out, key=lambda s: (s.topic, s.through_phy))
+
+
+def latest_snapshots(backend: Backend) -> dict[str, Snapshot]:
+    """The newest snapshot of each topic."""
+    return {s.topic: s for s in list_snapshots(backend)}
+
+
+def read_snapshot(backend: Backend, snapshot: Snapshot) -> pa.Table:
+    return pq.read_table(pa.BufferReader(backend.read(snapshot.name)), schema=SNAPSHOT_SCHEMA)
+
+
+def _encode(rows: Iterable[dict], topic: str, through_phy: int) -> tuple[bytes, int]:
+    meta = {b"tierlog.topic": topic.encode(), b"tierlog.through_phy": str(through_phy).encode(),
+            b"tierlog.created_ms": str(int(time.time() * 1000)).encode()}
+    sink = io.BytesIO()
+    count = 0
+    with pq.ParquetWriter(sink, SNAPSHOT_SCHEMA.with_metadata(meta), compression=COMPRESSION) as writer:
+        chunk: list[dict] = []
+        for row in rows:
+            chunk.append(row)
+            if len(chunk) == _CHUNK:
+                writer.write_table(pa.Table.from_pylist(chunk, SNAPSHOT_SCHEMA))
+                count += len(chunk)
+                chunk = []
+        writer.write_table(pa.Table.from_pylist(chunk, SNAPSHOT_SCHEMA))
+        count += len(chunk)
+    return sink.getvalue(), count
+
+
+def write_snapshots(
+    backend: Backend,
+    entries: Iterator[tuple[str, object]],
+    through_phy: int,
+    *,
+    keep: int = 2,
+    on_topic: Callable[[str, int], None] | None = None,
+) -> dict[str, int]:
+    """Write one snapshot per topic from ``entries`` (``KVView.entries()``: (topic, entry or None),
+    in topic order); then keep only the newest ``keep`` per topic.  Returns rows per topic."""
+    written: dict[str, int] = {}
+    for topic, group in itertools.groupby(entries, key=lambda pair: pair[0]):
+        rows = (
+            {"key": e.key, "body": e.body, "phy_offset": e.phy_offset, "queue_id": e.queue_id,
+             "queue_offset": e.queue_offset, "store_ts": e.store_ts}
+            for _, e in group if e is not None
+        )
+        data, count = _encode(rows, topic, through_phy)
+        backend.put(snapshot_name(topic, through_phy), data)
+        written[topic] = count
+        if on_topic:
+            on_topic(topic, count)
+    prune(backend, keep)
+    return written
+
+
+def prune(backend: Backend, keep: int) -> list[str]:
+    """Delete all but the newest ``keep`` snapshots of every topic."""
+    by_topic: dict[str, list[Snapshot]] = {}
+    for s in list_snapshots(backend):
+        by_topic.setdefault(s.topic, []).append(s)
+    doomed = [s.name for snaps in by_topic.values() for s in snaps[: max(0, len(snaps) - max(1, keep))]]
+    for name in doomed:
+        backend.delete(name)
+    return doomed
+
+
+def describe(snapshot: Snapshot) -> str:
+    return json.dumps({"topic": snapshot.topic, "through_phy": snapshot.through_phy, "object": snapshot.name})

@@ -1,0 +1,203 @@
+"""The compaction query: commitlog -> latest value per key -> KV view and compacted snapshots.
+
+    spark.readStream.format("commitlog")  (only the columns it needs)
+      -> latest_per_key (Spark's RocksDB state store; state/latest.py)
+      -> foreachBatch(CompactionSink.process)
+
+Per micro-batch, the sink:
+
+1. collects the changed keys (small references, one row per key) to the driver;
+2. reads their bodies from the local commitlog by physical offset;
+3. applies them to the KV view in one synced WriteBatch, together with the
+   physical offset the batch ends at (read from the query's own offset log);
+4. expires keys whose time to live has passed, records the view's applied
+   offset as the ``kv`` sink (it bounds the safepoint), and writes compacted
+   snapshots to the tier when one is due.
+
+Replays are no-ops: the view applies a change only if it is newer (by
+physical offset) than what it holds, so a batch Spark re-runs after a crash
+changes nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.commitlog.reader import CommitLogReader
+from connectors.errors import TierlogError
+from connectors.tier import snapshots
+from connectors.tier.backend import open_backend
+from state.kv import Change, KVView
+from state.latest import SOURCE_COLUMNS, latest_per_key
+from streaming.faults import crash_point
+
+log = logging.getLogger("tierlog.compaction")
+
+KV_SINK = "kv"
+
+
+class OffsetLogError(TierlogError):
+    """The query's checkpoint does not say where a batch ends."""
+
+
+@dataclass(frozen=True)
+class CompactionSettings:
+    commitlog_dir: str
+    checkpoint: str  # this query's checkpoint directory
+    tier_location: str
+    ttl: dict[str, float] | None = None  # topic -> seconds; "*" for every other topic
+    snapshot_interval_s: float = 600.0  # 0: only on demand
+    snapshot_keep: int = 2
+    driver_pid: int = 0
+
+
+@dataclass
+class CompactionReport:
+    batch_id: int
+    changes: int  # changed keys the batch emitted
+    applied: int  # of which the view took (fewer on a replay)
+    expired: int
+    source_end: int
+    seconds: float
+    snapshot_rows: int | None = None
+    phases: dict = field(default_factory=dict)
+
+
+def compaction_stream(spark, options: dict):
+    """The streaming DataFrame of changed keys; write it with ``outputMode("update")``."""
+    messages = (
+        spark.readStream.format("commitlog")
+        .options(**{k: v for k, v in options.items() if v is not None})
+        .option("columns", ",".join(SOURCE_COLUMNS))
+        .load()
+    )
+    return latest_per_key(messages)
+
+
+def batch_end_offset(checkpoint: str, batch_id: int) -> int:
+    """The physical offset batch ``batch_id`` ends at, from the offset log Spark wrote before running it."""
+    path = os.path.join(checkpoint, "offsets", str(batch_id))
+    try:
+        with open(path) as fh:
+            lines = [line for line in fh.read().splitlines() if line.strip()]
+        return int(json.loads(lines[-1])["phy_offset"])
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        raise OffsetLogError(f"cannot read where batch {batch_id} ends from {path}: {exc}") from None
+
+
+def with_bodies(changes: pa.Table, reader: CommitLogReader) -> pa.Table:
+    """Add the ``body`` column: each put's body, read from the commitlog at its physical offset."""
+    puts = pc.invert(changes["deleted"])
+    body = pa.nulls(changes.num_rows, pa.binary())
+    if changes.num_rows and pc.any(puts).as_py():
+        idx = np.flatnonzero(puts.to_numpy(zero_copy_only=False))
+        bodies = reader.bodies_at(changes["phy_offset"].to_numpy()[idx])
+        positions = np.full(changes.num_rows, -1, np.int64)
+        positions[idx] = np.arange(len(idx))
+        body = bodies.take(pa.array(positions, mask=positions < 0))
+    return changes.append_column("body", body)
+
+
+class CompactionSink:
+    """The foreachBatch of the compaction query; see the module docstring for the steps."""
+
+    def __init__(self, settings: CompactionSettings, kv: KVView, metadata=None,
+                 on_batch: Callable[[CompactionReport], None] | None = None,
+                 on_changes: Callable[[list[Change]], None] | None = None):
+        self.settings = settings
+        self.kv = kv
+        self.metadata = metadata
+        self.on_batch = on_batch
+        self.on_changes = on_changes
+        self.lock = threading.Lock()  # held while a batch or a sweep runs; a graceful stop waits on it
+        self._reader = CommitLogReader(settings.commitlog_dir)
+        self._last_snapshot = self._last_snapshot_time()
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def process(self, df, batch_id: int) -> None:
+        with self.lock:
+            t0 = time.monotonic()
+            end = batch_end_offset(self.settings.checkpoint, batch_id)
+            changes = df.toArrow()
+            t1 = time.monotonic()
+            crash_point("collected", self.settings.driver_pid)
+            table = with_bodies(changes, self._reader)
+            t2 = time.monotonic()
+            applied = self.kv.apply_table(table, applied_through=end)
+            crash_point("kv_applied", self.settings.driver_pid)
+            expired = self._expire()
+            if self.metadata is not None:
+                self.metadata.record_sink(KV_SINK, end)
+            t3 = time.monotonic()
+            snapshot_rows = self._maybe_snapshot(end)
+            report = CompactionReport(
+                batch_id, changes.num_rows, applied, len(expired), end, time.monotonic() - t0, snapshot_rows,
+                {"collect": round(t1 - t0, 3), "bodies": round(t2 - t1, 3), "apply": round(t3 - t2, 3)},
+            )
+        if self.on_batch:
+            self.on_batch(report)
+
+    def sweep(self) -> int:
+        """Expire keys between batches (a quiet stream runs no batches); returns how many expired."""
+        if not self.settings.ttl:
+            return 0
+        with self.lock:
+            return len(self._expire())
+
+    def _expire(self) -> list[Change]:
+        if not self.settings.ttl:
+            return []
+        expired = self.kv.expire(int(time.time() * 1000))
+        if expired:
+            log.info("expired %d key(s) past their time to live", len(expired))
+            if self.on_changes:
+                self.on_changes(expired)
+        return expired
+
+    # ------------------------------------------------------------ snapshots
+
+    def _last_snapshot_time(self) -> float:
+        raw = self.kv.meta("snapshot")
+        return json.loads(raw)["at"] if raw else 0.0
+
+    def _maybe_snapshot(self, through_phy: int) -> int | None:
+        interval = self.settings.snapshot_interval_s
+        if interval <= 0 or time.time() - self._last_snapshot < interval:
+            return None
+        rows = write_snapshot(self.kv, self.settings.tier_location, through_phy, self.settings.snapshot_keep)
+        self._last_snapshot = time.time()
+        return rows
+
+
+def write_snapshot(kv: KVView, tier_location: str, through_phy: int | None = None, keep: int = 2) -> int:
+    """Write every topic's live keys from ``kv`` to the tier; returns the rows written."""
+    through = kv.applied_through() if through_phy is None else through_phy
+    if through is None:
+        raise TierlogError("the KV view has applied nothing yet: there is nothing to snapshot")
+    t0 = time.monotonic()
+    backend = open_backend(tier_location)
+    try:
+        written = snapshots.write_snapshots(
+            backend, kv.entries(), through, keep=keep,
+            on_topic=lambda topic, n: log.info("snapshot of %s: %d key(s) through physical offset %d",
+                                               topic, n, through),
+        )
+    finally:
+        backend.close()
+    if not kv.read_only:
+        kv.put_meta("snapshot", json.dumps({"at": time.time(), "through_phy": through}))
+    total = sum(written.values())
+    log.info("compacted snapshot: %d topic(s), %d key(s) in %.1f s", len(written), total, time.monotonic() - t0)
+    return total
