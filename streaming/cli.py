@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import itertools
 import json
 import logging
 import socket
@@ -352,6 +353,62 @@ def cmd_commitlog_gc(args, conf: cfg.Config) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- kv
+
+
+KV_COLUMNS = ["topic", "key", "body", "phy_offset", "queue_id", "queue_offset", "store_ts"]
+
+
+def _kv_row(entry) -> dict:
+    return {"topic": entry.topic, "key": entry.key, "body": entry.body, "phy_offset": entry.phy_offset,
+            "queue_id": entry.queue_id, "queue_offset": entry.queue_offset, "store_ts": ms_to_iso(entry.store_ts)}
+
+
+def cmd_kv(args, conf: cfg.Config) -> int:
+    from state.kv import KVView
+    from streaming.service import kv_path
+
+    if args.kv_command == "rebuild":
+        return _kv_rebuild(args, conf)
+    if args.kv_command in ("get", "scan") and not args.topic:
+        raise ConfigError(f"`tierlog kv {args.kv_command}` needs a TOPIC")
+    with KVView(kv_path(conf), read_only=True) as kv:
+        if args.kv_command == "snapshot":
+            from streaming.compaction import write_snapshot
+
+            rows = write_snapshot(kv, conf.tier.location, keep=max(1, conf.compaction.snapshot_keep))
+            emit([{"keys": rows, "through_phy": kv.applied_through(), "tier": conf.tier.location}], args.format)
+            return 0
+        if args.kv_command == "get":
+            if args.key is None:
+                raise ConfigError("`tierlog kv get` needs a TOPIC and a KEY")
+            entry = kv.get(args.topic, args.key)
+            if entry is None:
+                raise TierlogError(f"key {args.key!r} is not in topic {args.topic!r} (the view has applied "
+                                   f"messages below physical offset {kv.applied_through()})")
+            emit([_kv_row(entry)], args.format, KV_COLUMNS)
+            return 0
+        entries = kv.scan(args.topic, args.prefix or "")
+        rows = (_kv_row(e) for e in itertools.islice(entries, args.limit or None))
+        if emit(rows, args.format, KV_COLUMNS) == 0 and args.format == "table":
+            log.info("no live key in topic %r with prefix %r", args.topic, args.prefix or "")
+        return 0
+
+
+def _kv_rebuild(args, conf: cfg.Config) -> int:
+    import dataclasses
+
+    from state.rebuild import rebuild_view
+    from streaming.service import kv_path
+
+    report = rebuild_view(
+        kv_path(conf), commitlog_dir=conf.commitlog.dir, tier_location=conf.tier.location,
+        source=args.source, ttl=cfg.parse_ttl(conf.compaction.ttl), key_property=conf.commitlog.key_property,
+    )
+    emit([dataclasses.asdict(report)], args.format)
+    return 0
+
+
 # ---------------------------------------------------------------- demo
 
 
@@ -465,10 +522,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_config)
 
     p = sub.add_parser(
-        "run", parents=[common], help="run the service: tier the commitlog continuously",
-        description="Run the tiering query in Spark until stopped (SIGTERM/SIGINT finish the batch in flight, "
-        "then exit 0). Logs one JSON line per batch: rows, bytes, objects, seals, lag in bytes, messages "
-        "and seconds.",
+        "run", parents=[common], help="run the service: tier the commitlog and keep the latest value per key",
+        description="Run the tiering query and (unless compaction.enabled = false) the compaction query in one "
+        "Spark application until stopped (SIGTERM/SIGINT finish the batches in flight, then exit 0). Logs one "
+        "JSON line per batch: for tiering rows, bytes, objects, seals and lag in bytes, messages and seconds; "
+        "for compaction the changed keys, how many the KV view took, expired keys and snapshots.",
     )
     p.add_argument("--until-caught-up", action="store_true",
                    help="drain what is in the commitlog now (Spark availableNow) and exit 0")
@@ -501,6 +559,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("commitlog_command", choices=["gc"])
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted")
     p.set_defaults(func=cmd_commitlog_gc)
+
+    p = sub.add_parser(
+        "kv", parents=[common, printing], help="the latest value per key: get, scan, rebuild, snapshot",
+        description="get TOPIC KEY: the latest value of one key (exit 1 if it has none). "
+        "scan TOPIC [--prefix P]: live keys in key order. These open the KV view read-only, so they work "
+        "while `tierlog run` runs. "
+        "snapshot: write every topic's live keys to the tier now, under _compacted/topic=<t>/. "
+        "rebuild: recreate the KV view from the newest snapshots plus the tier and commitlog after them "
+        "(--from tier or --from commitlog to replay from the start instead); stop `tierlog run` first.",
+    )
+    p.add_argument("kv_command", choices=["get", "scan", "snapshot", "rebuild"])
+    p.add_argument("topic", nargs="?", metavar="TOPIC")
+    p.add_argument("key", nargs="?", metavar="KEY")
+    p.add_argument("--prefix", metavar="P", help="scan: only keys starting with P")
+    p.add_argument("--limit", type=int, default=0, metavar="N", help="scan: at most N keys (default: all)")
+    p.add_argument("--from", dest="source", choices=["snapshot", "tier", "commitlog"], default="snapshot",
+                   help="rebuild: where to start (default snapshot)")
+    p.add_argument("--tier", dest="tier.location", metavar="LOCATION", help="override tier.location")
+    p.set_defaults(func=cmd_kv)
 
     p = sub.add_parser(
         "demo", parents=[common], help="run the main job on the embedded default (needs only Python and Java)",

@@ -176,12 +176,19 @@ class CompactionSink:
         interval = self.settings.snapshot_interval_s
         if interval <= 0 or time.time() - self._last_snapshot < interval:
             return None
-        rows = write_snapshot(self.kv, self.settings.tier_location, through_phy, self.settings.snapshot_keep)
+        rows = write_snapshot(self.kv, self.settings.tier_location, through_phy, self.settings.snapshot_keep,
+                              self.settings.driver_pid)
         self._last_snapshot = time.time()
         return rows
 
 
-def write_snapshot(kv: KVView, tier_location: str, through_phy: int | None = None, keep: int = 2) -> int:
+def _snapshotted(topic: str, rows: int, through: int, driver_pid: int | None) -> None:
+    log.info("snapshot of %s: %d key(s) through physical offset %d", topic, rows, through)
+    crash_point("snapshotted", driver_pid)
+
+
+def write_snapshot(kv: KVView, tier_location: str, through_phy: int | None = None, keep: int = 2,
+                   driver_pid: int | None = None) -> int:
     """Write every topic's live keys from ``kv`` to the tier; returns the rows written."""
     through = kv.applied_through() if through_phy is None else through_phy
     if through is None:
@@ -191,8 +198,7 @@ def write_snapshot(kv: KVView, tier_location: str, through_phy: int | None = Non
     try:
         written = snapshots.write_snapshots(
             backend, kv.entries(), through, keep=keep,
-            on_topic=lambda topic, n: log.info("snapshot of %s: %d key(s) through physical offset %d",
-                                               topic, n, through),
+            on_topic=lambda topic, n: _snapshotted(topic, n, through, driver_pid),
         )
     finally:
         backend.close()

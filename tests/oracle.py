@@ -52,3 +52,31 @@ def normalize_arrow_row(row: dict) -> dict:
         out[col] = ts if isinstance(ts, int) else round(ts.timestamp() * 1000)
     out["body"] = bytes(out["body"])
     return out
+
+
+def latest_per_key(directory: str, ttl: dict | None = None, now_ms: int | None = None,
+                   with_tombstones: bool = False) -> dict:
+    """The KV view a plain replay gives: (topic, key) -> its latest message's fields.
+
+    Latest by physical offset; keyless messages and PREPARED/ROLLBACK records
+    take no part; deletes remove the key (or, ``with_tombstones``, stay with
+    ``deleted`` True); with ``ttl`` ({topic or "*": seconds}), keys whose latest
+    put is older than the TTL at ``now_ms`` are gone.
+    """
+    latest: dict = {}
+    with CommitLogReader(directory, check_crc=True) as reader:
+        for m in reader.messages():
+            key = m.key("KEYS")
+            if key is None or not m.dispatched:
+                continue
+            latest[(m.topic, key)] = {
+                "body": m.body, "phy_offset": m.phy_offset, "queue_id": m.queue_id,
+                "queue_offset": m.queue_offset, "store_ts": m.store_ts, "deleted": m.op == "delete",
+            }
+    out = {}
+    for (topic, key), v in latest.items():
+        seconds = None if not ttl else ttl.get(topic, ttl.get("*"))
+        expired = seconds is not None and v["store_ts"] + seconds * 1000 <= now_ms
+        if with_tombstones or not (v["deleted"] or expired):
+            out[(topic, key)] = v
+    return out

@@ -1,0 +1,163 @@
+"""Rebuild the KV view from scratch, without Spark.
+
+Sources, in order, each picking up where the one before stopped:
+
+1. ``snapshot``: the newest compacted snapshot of each topic in the tier;
+2. the tier's committed messages at or above what the snapshots cover;
+3. the local commitlog from where the tier ends to its end.
+
+``--from tier`` skips step 1 and ``--from commitlog`` uses step 3 alone.  A
+gap between sources (messages neither in the tier nor in the local
+commitlog) is an error, never skipped.  The new view is built beside the old
+one and swapped in at the end, so a failed rebuild leaves the old view as it
+was.  Because the view keeps the latest change by physical offset, the
+overlap between sources is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.commitlog import format as fmt
+from connectors.commitlog.reader import CommitLogReader
+from connectors.errors import TierlogError
+from connectors.tier import snapshots
+from connectors.tier.backend import open_backend
+from connectors.tier.reader import TierReader
+from state.kv import KVView
+from state.latest import SOURCE_COLUMNS
+
+log = logging.getLogger("tierlog.kv")
+
+SOURCES = ("snapshot", "tier", "commitlog")
+
+
+class RebuildGapError(TierlogError):
+    """Some messages are in neither source: the view cannot be rebuilt without them."""
+
+
+@dataclass
+class RebuildReport:
+    snapshot_keys: int = 0
+    tier_messages: int = 0
+    commitlog_messages: int = 0
+    applied_through: int = 0
+    expired: int = 0
+
+
+def keyed_rows(table: pa.Table) -> pa.Table:
+    """The Arrow twin of ``state.latest.keyed_messages``: keyed messages that entered a queue,
+    with ``deleted`` in place of ``op``."""
+    tx = pc.bit_wise_and(table["sysflag"], fmt.TRANSACTION_MASK)
+    keep = pc.and_(pc.is_valid(table["key"]), pc.is_in(tx, pa.array([fmt.TRANSACTION_NOT_TYPE, fmt.TRANSACTION_COMMIT], pa.int32())))
+    table = table.filter(keep)
+    return table.append_column("deleted", pc.equal(table["op"], "delete"))
+
+
+def rebuild_view(
+    kv_path: str,
+    *,
+    commitlog_dir: str,
+    tier_location: str,
+    source: str = "snapshot",
+    ttl: dict[str, float] | None = None,
+    key_property: str = "KEYS",
+    progress: Callable[[str], None] = log.info,
+) -> RebuildReport:
+    if source not in SOURCES:
+        raise TierlogError(f"unknown rebuild source {source!r}: use one of {', '.join(SOURCES)}")
+    if os.path.exists(kv_path):
+        KVView(kv_path).close()  # refuses (RocksDB's lock) while `tierlog run` has the view open
+    building = kv_path.rstrip("/") + ".rebuild"
+    shutil.rmtree(building, ignore_errors=True)
+    report = RebuildReport()
+    with KVView(building, ttl=ttl) as kv:
+        cursor = 0
+        if source == "snapshot":
+            cursor = _from_snapshots(kv, tier_location, report, progress)
+        if source in ("snapshot", "tier"):
+            cursor = _from_tier(kv, tier_location, cursor, report, progress)
+        report.applied_through = _from_commitlog(kv, commitlog_dir, cursor, key_property, report, progress,
+                                                 must_start_at_zero=source == "commitlog")
+        if ttl:
+            report.expired = len(kv.expire(_now_ms()))
+    _swap(building, kv_path)
+    return report
+
+
+def _from_snapshots(kv: KVView, tier_location: str, report: RebuildReport, progress) -> int:
+    backend = open_backend(tier_location)
+    try:
+        latest = snapshots.latest_snapshots(backend)
+        if not latest:
+            progress("no compacted snapshot in the tier: replaying the tier from its start")
+            return 0
+        for snap in latest.values():
+            table = snapshots.read_snapshot(backend, snap)
+            rows = table.append_column("topic", pa.array([snap.topic] * table.num_rows, pa.string()))
+            rows = rows.append_column("deleted", pa.array([False] * table.num_rows))
+            kv.apply_table(rows)
+            report.snapshot_keys += table.num_rows
+            progress(f"snapshot {snap.name}: {table.num_rows} key(s) through physical offset {snap.through_phy}")
+        return min(s.through_phy for s in latest.values())
+    finally:
+        backend.close()
+
+
+def _from_tier(kv: KVView, tier_location: str, cursor: int, report: RebuildReport, progress) -> int:
+    reader = TierReader(tier_location)
+    state = reader.state()
+    if state.source_end is None or state.source_end <= cursor:
+        return cursor
+    cache: dict = {}
+    for topic, queue_id in reader.queues(state):
+        table = reader.read_queue(topic, queue_id, state, cache)
+        table = table.filter(pc.greater_equal(table["phy_offset"], cursor))
+        if table.num_rows:
+            kv.apply_table(keyed_rows(table))
+            report.tier_messages += table.num_rows
+    progress(f"tier: {report.tier_messages} message(s) from physical offset {cursor} to {state.source_end}")
+    return state.source_end
+
+
+def _from_commitlog(kv: KVView, commitlog_dir: str, cursor: int, key_property: str, report: RebuildReport,
+                    progress, *, must_start_at_zero: bool) -> int:
+    with CommitLogReader(commitlog_dir) as reader:
+        first, end = reader.first_offset(), reader.end_offset()
+        if first > cursor and (must_start_at_zero or cursor < end):
+            raise RebuildGapError(
+                f"messages from physical offset {cursor} to {first} are in neither the tier nor the local "
+                f"commitlog {commitlog_dir} (its first file starts at {first}); rebuild from the tier "
+                "(`tierlog kv rebuild --from tier`) or restore those files"
+            )
+        start = max(cursor, first)
+        columns = tuple(dict.fromkeys((*SOURCE_COLUMNS, "body")))
+        for batch in reader.record_batches(start, end, key_property=key_property, columns=columns):
+            table = keyed_rows(pa.Table.from_batches([batch]))
+            kv.apply_table(table)
+            report.commitlog_messages += batch.num_rows
+        kv.apply([], applied_through=max(end, cursor))
+        progress(f"commitlog: {report.commitlog_messages} message(s) from physical offset {start} to {end}")
+        return max(end, cursor)
+
+
+def _swap(building: str, target: str) -> None:
+    old = target.rstrip("/") + ".old"
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(target):
+        os.rename(target, old)
+    os.rename(building, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)

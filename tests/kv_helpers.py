@@ -1,0 +1,93 @@
+"""Helpers for the compaction tests: workloads with puts, deletes and repeated keys, and the three-way check."""
+
+from __future__ import annotations
+
+import random
+
+from connectors.commitlog.format import Message
+from connectors.commitlog.writer import CommitLogWriter
+from connectors.tier import snapshots
+from connectors.tier.backend import open_backend
+from state.kv import KVView
+from state.latest import read_state
+from streaming import config as cfg
+from streaming.service import checkpoint_path, kv_path
+from tests.oracle import latest_per_key
+
+FILE = 256 * 1024
+
+
+def kv_messages(n: int, *, keys: int, seed: int, topics: int = 2, delete_ratio: float = 0.15,
+                body_size: int = 40, store_ts: int = 0, keyless_ratio: float = 0.02):
+    """Random puts and deletes over ``keys`` keys; a few messages carry no key at all."""
+    rng = random.Random(seed)
+    for i in range(n):
+        props = {"UNIQ_KEY": f"{seed:08X}{i:024X}"}
+        if rng.random() >= keyless_ratio:
+            props["KEYS"] = f"k{rng.randrange(keys):07d}"
+        body = b""
+        if rng.random() < delete_ratio:
+            props["KV_OP"] = "DELETE"
+        else:
+            body = b"%d:%d:" % (seed, i) + rng.randbytes(rng.randrange(body_size))
+        yield Message(topic=f"t{rng.randrange(topics)}", queue_id=rng.randrange(3), body=body,
+                      properties=props, store_ts=store_ts)
+
+
+def append(conf: cfg.Config, messages) -> None:
+    with CommitLogWriter(conf.commitlog.dir, file_size=FILE, fsync="never") as writer:
+        batch = []
+        for m in messages:
+            batch.append(m)
+            if len(batch) == 5000:
+                writer.append_many(batch)
+                batch = []
+        if batch:
+            writer.append_many(batch)
+
+
+def view_contents(conf: cfg.Config) -> dict:
+    with KVView(kv_path(conf), read_only=True) as kv:
+        return {(t, e.key): _fields(e) for t, e in kv.entries() if e is not None}
+
+
+def _fields(e) -> dict:
+    return {"body": e.body, "phy_offset": e.phy_offset, "queue_id": e.queue_id,
+            "queue_offset": e.queue_offset, "store_ts": e.store_ts, "deleted": False}
+
+
+def spark_state(spark, conf: cfg.Config) -> dict:
+    """Spark's committed state: (topic, key) -> (phy_offset, deleted), tombstones included."""
+    table = read_state(spark, checkpoint_path(conf, "compaction"))
+    cols = [table.column(c).to_pylist() for c in ("topic", "key", "phy_offset", "deleted")]
+    return {(t, k): (p, d) for t, k, p, d in zip(*cols)}
+
+
+def snapshot_contents(conf: cfg.Config) -> tuple[dict, int | None]:
+    """The newest snapshot of every topic, merged, and the lowest offset they cover through."""
+    backend = open_backend(conf.tier.location)
+    try:
+        latest = snapshots.latest_snapshots(backend)
+        out = {}
+        for snap in latest.values():
+            for row in snapshots.read_snapshot(backend, snap).to_pylist():
+                out[(snap.topic, row["key"])] = {
+                    "body": row["body"], "phy_offset": row["phy_offset"], "queue_id": row["queue_id"],
+                    "queue_offset": row["queue_offset"], "store_ts": round(row["store_ts"].timestamp() * 1000),
+                    "deleted": False,
+                }
+        return out, min((s.through_phy for s in latest.values()), default=None)
+    finally:
+        backend.close()
+
+
+def assert_all_equal_oracle(spark, conf: cfg.Config, *, snapshot: bool = True) -> dict:
+    """The KV view, Spark's state and the newest snapshot all equal a plain replay of the commitlog."""
+    expected = latest_per_key(conf.commitlog.dir)
+    assert view_contents(conf) == expected
+    with_tombstones = latest_per_key(conf.commitlog.dir, with_tombstones=True)
+    assert spark_state(spark, conf) == {k: (v["phy_offset"], v["deleted"]) for k, v in with_tombstones.items()}
+    if snapshot:
+        snap, _ = snapshot_contents(conf)
+        assert snap == expected
+    return expected
