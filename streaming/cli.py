@@ -297,7 +297,7 @@ def cmd_status(args, conf: cfg.Config) -> int:
                      "segments": q.segments})
     summary = {"tiered_to_phy": source_end, "commitlog_end_phy": frontier,
                "lag_bytes": None if frontier is None or source_end is None else frontier - source_end,
-               "safepoint": min(sinks.values()) if sinks else None, "sinks": sinks, "queues": len(queues)}
+               "safepoint": safepoint(conf, sinks), "sinks": sinks, "queues": len(queues)}
     if args.format == "json":
         emit([{"kind": "queue", **r} for r in rows] + [{"kind": "summary", **summary}], "json")
     else:
@@ -323,6 +323,16 @@ def cmd_tier(args, conf: cfg.Config) -> int:
     return 0
 
 
+def enabled_sinks(conf: cfg.Config) -> list[str]:
+    return ["tier"] + (["kv"] if conf.compaction.enabled else [])
+
+
+def safepoint(conf: cfg.Config, sinks: dict[str, int]) -> int | None:
+    """The lowest physical offset every enabled sink has applied; None until each has applied something."""
+    enabled = enabled_sinks(conf)
+    return min(sinks[n] for n in enabled) if all(n in sinks for n in enabled) else None
+
+
 def cmd_commitlog_gc(args, conf: cfg.Config) -> int:
     import os
 
@@ -336,19 +346,22 @@ def cmd_commitlog_gc(args, conf: cfg.Config) -> int:
         sinks = store.sinks()
     finally:
         store.close()
-    if not sinks:
-        raise ConfigError("no sink has applied anything yet (run `tierlog run` first): nothing is below the safepoint")
-    safepoint = min(sinks.values())
+    point = safepoint(conf, sinks)
+    if point is None:
+        raise ConfigError(
+            f"not every enabled sink ({', '.join(enabled_sinks(conf))}) has applied anything yet "
+            "(run `tierlog run` first): nothing is below the safepoint"
+        )
     now = time.time()
     files = list_files(conf.commitlog.dir)
     # Never the newest file: a writer may be appending to it.
-    doomed = [f for f in files[:-1] if f.end <= safepoint and now - os.path.getmtime(f.path) >= retention]
+    doomed = [f for f in files[:-1] if f.end <= point and now - os.path.getmtime(f.path) >= retention]
     for f in doomed:
         if not args.dry_run:
             os.remove(f.path)
     emit([{"file": f.path, "start_phy": f.base, "end_phy": f.end, "deleted": not args.dry_run} for f in doomed]
          or [{"file": "-", "start_phy": None, "end_phy": None, "deleted": False}], args.format)
-    log.info("safepoint %d (%s); %d file(s) %s", safepoint, ", ".join(f"{k}={v}" for k, v in sinks.items()),
+    log.info("safepoint %d (%s); %d file(s) %s", point, ", ".join(f"{k}={v}" for k, v in sinks.items()),
              len(doomed), "would be deleted" if args.dry_run else "deleted")
     return 0
 
@@ -442,7 +455,8 @@ def cmd_demo(args, conf: cfg.Config) -> int:
     finally:
         sys.stdout = saved
         devnull.close()
-    say("2/3 tiering with Spark until caught up (the first batch is slow: Spark starts its Python workers)")
+    say("2/3 tiering and compacting (latest value per key) with Spark until caught up "
+        "(the first batch is slow: Spark starts its Python workers)")
     if conf.kafka.bootstrap:
         say("Kafka sinks are not part of this build yet; kafka.bootstrap is ignored")
     else:
@@ -450,7 +464,8 @@ def cmd_demo(args, conf: cfg.Config) -> int:
     Service(conf).run(until_caught_up=True)
     state = TierReader(conf.tier.location).state()
     say(f"3/3 done: {sum(q.commit - q.low for q in state.queues.values())} messages tiered in "
-        f"{len(state.queues)} queues, {len(state.segments)} sealed segments, {len(state.staging)} staging objects\n")
+        f"{len(state.queues)} queues, {len(state.segments)} sealed segments, {len(state.staging)} staging objects; "
+        "the KV view holds the latest value of every key\n")
     config_file = os.path.join(root, "tierlog.toml")
     segments = f"{conf.tier.location}/topic=*/queue=*/*.parquet"
     duck = (f"select topic, queue_id, count(*) messages, min(queue_offset) first, max(queue_offset) last "
@@ -458,6 +473,8 @@ def cmd_demo(args, conf: cfg.Config) -> int:
     print("Try next (in a checkout, `./dev tierlog` runs `tierlog`):")
     print(f"  tierlog status --config {config_file}")
     print(f"  tierlog inspect --config {config_file} --limit 5")
+    print(f"  tierlog kv scan topic-0 --prefix key-0000001 --config {config_file}")
+    print(f"  tierlog kv snapshot --config {config_file}    # then: {conf.tier.location}/_compacted/")
     print(f"  python -c \"import duckdb; duckdb.sql(\\\"{duck}\\\").show()\"")
     print(f"  python -c \"import pyarrow.dataset as ds; print(ds.dataset('{conf.tier.location}', "
           f"partitioning='hive').to_table(columns=['topic', 'queue_offset']).num_rows)\"")

@@ -7,12 +7,11 @@ checkpoint, as after a deploy).
 
 from __future__ import annotations
 
+import shutil
 import time
 
-import pytest
-
 from connectors.commitlog.format import Message
-from state.kv import KVView
+from state.kv import Change, KVView
 from streaming import config as cfg
 from streaming.service import Service, kv_path
 from tests.kv_helpers import append, assert_all_equal_oracle, kv_messages, spark_state, view_contents
@@ -43,8 +42,6 @@ def test_late_and_replayed_rows_never_move_a_key_backwards(spark, tmp_path):
     append(conf, kv_messages(2000, keys=100, seed=7))
     run(spark, conf)
     expected = assert_all_equal_oracle(spark, conf)
-    import shutil
-
     shutil.rmtree(conf.checkpoint.dir)  # Spark forgets; the view does not
     run(spark, conf)
     assert view_contents(conf) == expected
@@ -72,8 +69,6 @@ def test_ttl_expires_quiet_keys_and_nothing_else(spark, tmp_path):
     topic, key = next(iter(expired))
     with KVView(kv_path(conf), ttl=ttl_map) as kv:
         old = everything[(topic, key)]
-        from state.kv import Change
-
         assert kv.apply([Change(topic, key, "put", old["phy_offset"], store_ts=old["store_ts"], body=b"x")]) == 0
 
 

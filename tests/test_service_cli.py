@@ -13,6 +13,8 @@ from connectors.commitlog.reader import list_files
 from connectors.tier.reader import TierReader
 from streaming import config as cfg
 from tests.cli_runner import cli_command, cli_env, tierlog
+from tests.kv_helpers import view_contents
+from tests.oracle import latest_per_key
 from tests.tiering_helpers import assert_tier_equals_commitlog, produce
 
 def write_config(tmp_path: Path, **extra) -> Path:
@@ -118,3 +120,5 @@ def test_demo_runs_the_main_job(tmp_path):
     assert "3000 messages tiered" in r.stderr and "tierlog status --config" in r.stdout
     conf = cfg.load(str(tmp_path / "demo" / "tierlog.toml"), env={})
     assert_tier_equals_commitlog(conf)
+    assert view_contents(conf) == latest_per_key(conf.commitlog.dir)  # the compaction query ran too
+    assert "tierlog kv scan" in r.stdout
