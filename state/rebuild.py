@@ -32,11 +32,11 @@ from connectors.tier import snapshots
 from connectors.tier.backend import open_backend
 from connectors.tier.reader import TierReader
 from state.kv import KVView
-from state.latest import SOURCE_COLUMNS
 
 log = logging.getLogger("tierlog.kv")
 
 SOURCES = ("snapshot", "tier", "commitlog")
+REPLAY_COLUMNS = ("topic", "key", "phy_offset", "queue_id", "queue_offset", "store_ts", "sysflag", "op", "body")
 
 
 class RebuildGapError(TierlogError):
@@ -138,14 +138,19 @@ def _from_commitlog(kv: KVView, commitlog_dir: str, cursor: int, key_property: s
                 "(`tierlog kv rebuild --from tier`) or restore those files"
             )
         start = max(cursor, first)
-        columns = tuple(dict.fromkeys((*SOURCE_COLUMNS, "body")))
-        for batch in reader.record_batches(start, end, key_property=key_property, columns=columns):
-            table = keyed_rows(pa.Table.from_batches([batch]))
-            kv.apply_table(table)
-            report.commitlog_messages += batch.num_rows
+        report.commitlog_messages += replay_commitlog(kv, reader, start, end, key_property)
         kv.apply([], applied_through=max(end, cursor))
         progress(f"commitlog: {report.commitlog_messages} message(s) from physical offset {start} to {end}")
         return max(end, cursor)
+
+
+def replay_commitlog(kv: KVView, reader: CommitLogReader, start: int, end: int, key_property: str = "KEYS") -> int:
+    """Apply every keyed message in ``[start, end)`` of the commitlog to ``kv``; returns how many were read."""
+    count = 0
+    for batch in reader.record_batches(start, end, key_property=key_property, columns=REPLAY_COLUMNS):
+        kv.apply_table(keyed_rows(pa.Table.from_batches([batch])))
+        count += batch.num_rows
+    return count
 
 
 def _swap(building: str, target: str) -> None:

@@ -7,7 +7,8 @@
 Per micro-batch, the sink:
 
 1. collects the changed keys (small references, one row per key) to the driver;
-2. reads their bodies from the local commitlog by physical offset;
+2. reads their latest messages from the local commitlog by physical offset
+   (body, queue offset, store time, put or delete);
 3. applies them to the KV view in one synced WriteBatch, together with the
    physical offset the batch ends at (read from the query's own offset log);
 4. expires keys whose time to live has passed, records the view's applied
@@ -16,7 +17,8 @@ Per micro-batch, the sink:
 
 Replays are no-ops: the view applies a change only if it is newer (by
 physical offset) than what it holds, so a batch Spark re-runs after a crash
-changes nothing twice.
+changes nothing twice.  Steps 2-4 run on an apply thread, overlapped with
+the next batch; see ``CompactionSink``.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -95,66 +97,125 @@ def batch_end_offset(checkpoint: str, batch_id: int) -> int:
         raise OffsetLogError(f"cannot read where batch {batch_id} ends from {path}: {exc}") from None
 
 
-def with_bodies(changes: pa.Table, reader: CommitLogReader) -> pa.Table:
-    """Add the ``body`` column: each put's body, read from the commitlog at its physical offset."""
-    puts = pc.invert(changes["deleted"])
-    body = pa.nulls(changes.num_rows, pa.binary())
-    if changes.num_rows and pc.any(puts).as_py():
-        idx = np.flatnonzero(puts.to_numpy(zero_copy_only=False))
-        bodies = reader.bodies_at(changes["phy_offset"].to_numpy()[idx])
-        positions = np.full(changes.num_rows, -1, np.int64)
-        positions[idx] = np.arange(len(idx))
-        body = bodies.take(pa.array(positions, mask=positions < 0))
-    return changes.append_column("body", body)
+# What the KV view needs of each changed key's latest message, read from the commitlog.
+RECORD_COLUMNS = ("queue_id", "queue_offset", "store_ts", "op", "body")
+
+
+def resolve(changes: pa.Table, reader: CommitLogReader) -> pa.Table:
+    """Changed keys (topic, key, phy_offset) with their latest message's fields, for ``KVView.apply_table``."""
+    records = reader.records_at(changes["phy_offset"].to_numpy(), RECORD_COLUMNS)
+    table = changes.select(["topic", "key", "phy_offset"])
+    for name in ("queue_id", "queue_offset", "store_ts", "body"):
+        table = table.append_column(name, records[name])
+    return table.append_column("deleted", pc.equal(records["op"], "delete"))
+
+
+def last_committed_end(checkpoint: str) -> int | None:
+    """Where the last batch Spark committed in ``checkpoint`` ends; None before the first commit."""
+    commits = os.path.join(checkpoint, "commits")
+    ids = [int(n) for n in os.listdir(commits) if n.isdigit()] if os.path.isdir(commits) else []
+    return batch_end_offset(checkpoint, max(ids)) if ids else None
 
 
 class CompactionSink:
-    """The foreachBatch of the compaction query; see the module docstring for the steps."""
+    """The foreachBatch of the compaction query; see the module docstring for the steps.
+
+    The driver's share of a batch (reading the changed messages, writing the
+    view, snapshots) runs on one apply thread, overlapped with Spark's work on
+    the next batch; at most one batch is in flight there, and the next batch
+    waits for it.  So Spark may commit a batch the view has not applied yet:
+    ``catch_up`` closes that gap at start from the commitlog (which the
+    safepoint keeps), replaying ``[view's applied offset, Spark's last
+    commit)`` with the same latest-wins rule.  The apply thread is the only
+    writer of the view, TTL sweeps included.
+    """
 
     def __init__(self, settings: CompactionSettings, kv: KVView, metadata=None,
                  on_batch: Callable[[CompactionReport], None] | None = None,
-                 on_changes: Callable[[list[Change]], None] | None = None):
+                 on_changes: Callable[[list[Change]], None] | None = None,
+                 key_property: str = "KEYS"):
         self.settings = settings
         self.kv = kv
         self.metadata = metadata
         self.on_batch = on_batch
         self.on_changes = on_changes
-        self.lock = threading.Lock()  # held while a batch or a sweep runs; a graceful stop waits on it
+        self.key_property = key_property
+        self.lock = threading.Lock()  # held while a batch is handed over; a graceful stop waits on it
         self._reader = CommitLogReader(settings.commitlog_dir)
+        self._apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-apply")
+        self._pending: Future | None = None
         self._last_snapshot = self._last_snapshot_time()
 
-    def close(self) -> None:
-        self._reader.close()
+    # ------------------------------------------------------------ driver thread
+
+    def catch_up(self) -> int:
+        """Replay what Spark committed but the view has not applied; returns messages replayed."""
+        from state.rebuild import replay_commitlog
+
+        committed = last_committed_end(self.settings.checkpoint)
+        applied = self.kv.applied_through()
+        if committed is None or (applied is not None and applied >= committed):
+            return 0
+        start = self._reader.first_offset() if applied is None else applied
+        count = replay_commitlog(self.kv, self._reader, start, committed, self.key_property)
+        self.kv.apply([], applied_through=committed)
+        self._record_sink(committed)
+        log.info("the KV view was behind the compaction checkpoint: replayed %d message(s) from physical "
+                 "offset %d to %d from the commitlog", count, start, committed)
+        return count
 
     def process(self, df, batch_id: int) -> None:
         with self.lock:
+            self.flush()
             t0 = time.monotonic()
             end = batch_end_offset(self.settings.checkpoint, batch_id)
-            changes = df.toArrow()
-            t1 = time.monotonic()
+            changes = df.toArrow()  # runs the batch's Spark job
             crash_point("collected", self.settings.driver_pid)
-            table = with_bodies(changes, self._reader)
-            t2 = time.monotonic()
-            applied = self.kv.apply_table(table, applied_through=end)
-            crash_point("kv_applied", self.settings.driver_pid)
-            expired = self._expire()
-            if self.metadata is not None:
-                self.metadata.record_sink(KV_SINK, end)
-            t3 = time.monotonic()
-            snapshot_rows = self._maybe_snapshot(end)
-            report = CompactionReport(
-                batch_id, changes.num_rows, applied, len(expired), end, time.monotonic() - t0, snapshot_rows,
-                {"collect": round(t1 - t0, 3), "bodies": round(t2 - t1, 3), "apply": round(t3 - t2, 3)},
-            )
-        if self.on_batch:
-            self.on_batch(report)
+            self._pending = self._apply_thread.submit(self._apply, batch_id, changes, end, time.monotonic() - t0)
+
+    def flush(self) -> None:
+        """Wait for the batch on the apply thread; raise what it raised."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
 
     def sweep(self) -> int:
         """Expire keys between batches (a quiet stream runs no batches); returns how many expired."""
         if not self.settings.ttl:
             return 0
         with self.lock:
-            return len(self._expire())
+            self.flush()
+            return len(self._apply_thread.submit(self._expire).result())
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self._apply_thread.shutdown(wait=True)
+            self._reader.close()
+
+    # ------------------------------------------------------------ apply thread
+
+    def _apply(self, batch_id: int, changes: pa.Table, end: int, collect_s: float) -> None:
+        t0 = time.monotonic()
+        table = resolve(changes, self._reader)
+        t1 = time.monotonic()
+        applied = self.kv.apply_table(table, applied_through=end)
+        crash_point("kv_applied", self.settings.driver_pid)
+        expired = self._expire()
+        self._record_sink(end)
+        t2 = time.monotonic()
+        snapshot_rows = self._maybe_snapshot(end)
+        report = CompactionReport(
+            batch_id, changes.num_rows, applied, len(expired), end, collect_s + time.monotonic() - t0, snapshot_rows,
+            {"collect": round(collect_s, 3), "resolve": round(t1 - t0, 3), "apply": round(t2 - t1, 3)},
+        )
+        if self.on_batch:
+            self.on_batch(report)
+
+    def _record_sink(self, end: int) -> None:
+        if self.metadata is not None:
+            self.metadata.record_sink(KV_SINK, end)
 
     def _expire(self) -> list[Change]:
         if not self.settings.ttl:

@@ -180,9 +180,10 @@ class Service:
             self.sink = TieringSink(settings, metadata, on_batch=self._on_batch)
             self.sinks["tiering"] = self.sink
             if kv is not None:
-                self.sinks["compaction"] = CompactionSink(
-                    compaction, kv, metadata, on_batch=self._on_compaction_batch
-                )
+                sink = CompactionSink(compaction, kv, metadata, on_batch=self._on_compaction_batch,
+                                      key_property=conf.commitlog.key_property)
+                self.sinks["compaction"] = sink
+                sink.catch_up()
             return self._run_queries(spark, until_caught_up)
         finally:
             for sink in self.sinks.values():
@@ -248,6 +249,12 @@ class Service:
             finally:
                 for lock in locks:
                     lock.release()
+        compaction = self.sinks.get("compaction")
+        if compaction is not None:
+            try:
+                compaction.flush()  # the last batch's view update, on the apply thread
+            except TierlogError as exc:
+                raise TierlogError(f"the compaction query failed: {exc}") from None
         return self._outcome(queries)
 
     def _outcome(self, queries: dict) -> int:

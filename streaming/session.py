@@ -25,6 +25,10 @@ BASE_CONF = {
     "spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage": "true",
     "spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": "512",
     "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
+    # A partial aggregation that finds nearly every key distinct (many keys, each changed
+    # once per batch) is skipped after this many rows instead of 100,000: about +10% for
+    # the compaction query.  With repeated keys the partial aggregation stays on.
+    "spark.sql.aggregate.skipPartialAggregateMinNumRows": "5000",
     "spark.sql.session.timeZone": "UTC",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",

@@ -57,10 +57,10 @@ def _fields(e) -> dict:
 
 
 def spark_state(spark, conf: cfg.Config) -> dict:
-    """Spark's committed state: (topic, key) -> (phy_offset, deleted), tombstones included."""
+    """Spark's committed state: (topic, key) -> the latest message's physical offset, deletes included."""
     table = read_state(spark, checkpoint_path(conf, "compaction"))
-    cols = [table.column(c).to_pylist() for c in ("topic", "key", "phy_offset", "deleted")]
-    return {(t, k): (p, d) for t, k, p, d in zip(*cols)}
+    cols = [table.column(c).to_pylist() for c in ("topic", "key", "phy_offset")]
+    return {(t, k): p for t, k, p in zip(*cols)}
 
 
 def snapshot_contents(conf: cfg.Config) -> tuple[dict, int | None]:
@@ -86,7 +86,7 @@ def assert_all_equal_oracle(spark, conf: cfg.Config, *, snapshot: bool = True) -
     expected = latest_per_key(conf.commitlog.dir)
     assert view_contents(conf) == expected
     with_tombstones = latest_per_key(conf.commitlog.dir, with_tombstones=True)
-    assert spark_state(spark, conf) == {k: (v["phy_offset"], v["deleted"]) for k, v in with_tombstones.items()}
+    assert spark_state(spark, conf) == {k: v["phy_offset"] for k, v in with_tombstones.items()}
     if snapshot:
         snap, _ = snapshot_contents(conf)
         assert snap == expected

@@ -411,19 +411,19 @@ class CommitLogReader:
                     pos = int(starts[exc.index])
                     raise self._fail(span.file, pos, exc.reason, span.sizes[i + exc.index]) from None
 
-    def bodies_at(self, phy_offsets: "np.ndarray") -> "pa.Array":
-        """The bodies of the records at ``phy_offsets`` (any order), as a binary array in that order.
+    def records_at(self, phy_offsets: "np.ndarray", columns: "Sequence[str]") -> "pa.Table":
+        """``columns`` of the records at ``phy_offsets`` (any order, repeats allowed), in that order.
 
         Each record is re-checked where it lies (magic, size, stored physical
         offset), so a reference into a replaced or moved file fails loudly.
         """
         import pyarrow as pa
 
-        from connectors.commitlog.arrow import BatchDecodeError, decode_batch
+        from connectors.commitlog.arrow import BatchDecodeError, decode_batch, project_schema
 
         phys = np.asarray(phy_offsets, np.int64)
         if len(phys) == 0:
-            return pa.array([], pa.binary())
+            return project_schema(columns).empty_table()
         files = self.files()
         order = np.argsort(phys, kind="stable")
         sorted_phys = phys[order]
@@ -439,11 +439,10 @@ class CommitLogReader:
                 )
             f = files[idx]
             try:
-                batch = decode_batch(self._map(f), at - f.base, f.base, columns=("body",))
+                parts.append(decode_batch(self._map(f), at - f.base, f.base, columns=columns))
             except BatchDecodeError as exc:
                 raise self._fail(f, int(at[exc.index] - f.base), exc.reason) from None
-            parts.append(batch.column(0))
-        in_sorted_order = pa.concat_arrays(parts)
+        in_sorted_order = pa.Table.from_batches(parts)
         return in_sorted_order.take(pa.array(np.argsort(order, kind="stable")))
 
     def end_offset(self, hint: int | None = None) -> int:
