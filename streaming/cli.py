@@ -235,6 +235,12 @@ def check_config(conf: cfg.Config) -> list[str]:
             problem = _dir_problem(path)
             if problem:
                 problems.append(f"{name} {path!r} {problem}")
+    for parse, text in ((cfg.parse_retention, conf.tier.retention), (cfg.parse_ttl, conf.compaction.ttl),
+                        (lambda t: cfg.parse_duration(t, "commitlog.local_retention"), conf.commitlog.local_retention)):
+        try:
+            parse(text)
+        except ConfigError as exc:
+            problems.append(str(exc))
     for hostport in filter(None, (h.strip() for h in conf.kafka.bootstrap.split(","))):
         host, _, port = hostport.rpartition(":")
         if not host or not port.isdigit():

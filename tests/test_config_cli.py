@@ -105,12 +105,14 @@ def test_errors_are_one_line_with_exit_codes(tmp_path):
     r = tierlog("config", "show", "--config", str(tmp_path / "missing.toml"))
     assert r.returncode == 2 and "missing.toml" in r.stderr and "--config" in r.stderr
     (tmp_path / "afile").write_text("")
-    (tmp_path / "tierlog.toml").write_text('[kafka]\nbootstrap = "127.0.0.1:1"\n[commitlog]\ndir = "afile/log"\n')
+    (tmp_path / "tierlog.toml").write_text('[kafka]\nbootstrap = "127.0.0.1:1"\n[commitlog]\ndir = "afile/log"\n'
+                                           '[compaction]\nttl = "sessions=soon"\n')
     r = tierlog("config", "check", cwd=tmp_path)
     lines = r.stderr.strip().splitlines()
-    assert r.returncode == 1 and len(lines) == 2
+    assert r.returncode == 1 and len(lines) == 3
     assert any("kafka.bootstrap" in x and "unreachable" in x for x in lines)
     assert any("commitlog.dir" in x for x in lines)
+    assert any("compaction.ttl" in x and "'soon'" in x for x in lines)
 
 
 def test_corrupt_log_makes_inspect_fail_with_file_and_offset(tmp_path):
