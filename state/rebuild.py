@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -117,12 +118,17 @@ def _from_tier(kv: KVView, tier_location: str, cursor: int, report: RebuildRepor
     if state.source_end is None or state.source_end <= cursor:
         return cursor
     cache: dict = {}
-    for topic, queue_id in reader.queues(state):
+    queues = reader.queues(state)
+    next_report = time.monotonic() + 5
+    for i, (topic, queue_id) in enumerate(queues):
         table = reader.read_queue(topic, queue_id, state, cache)
         table = table.filter(pc.greater_equal(table["phy_offset"], cursor))
         if table.num_rows:
             kv.apply_table(keyed_rows(table))
             report.tier_messages += table.num_rows
+        if time.monotonic() >= next_report:
+            progress(f"tier: {i + 1} of {len(queues)} queue(s), {report.tier_messages} message(s) so far")
+            next_report = time.monotonic() + 5
     progress(f"tier: {report.tier_messages} message(s) from physical offset {cursor} to {state.source_end}")
     return state.source_end
 
@@ -146,10 +152,15 @@ def _from_commitlog(kv: KVView, commitlog_dir: str, cursor: int, key_property: s
 
 def replay_commitlog(kv: KVView, reader: CommitLogReader, start: int, end: int, key_property: str = "KEYS") -> int:
     """Apply every keyed message in ``[start, end)`` of the commitlog to ``kv``; returns how many were read."""
-    count = 0
+    count, next_report = 0, time.monotonic() + 5
     for batch in reader.record_batches(start, end, key_property=key_property, columns=REPLAY_COLUMNS):
         kv.apply_table(keyed_rows(pa.Table.from_batches([batch])))
         count += batch.num_rows
+        if time.monotonic() >= next_report:
+            done = batch.column("phy_offset")[-1].as_py() - start
+            log.info("replaying the commitlog into the KV view: %d message(s), %.0f%% of %d bytes",
+                     count, 100 * done / max(1, end - start), end - start)
+            next_report = time.monotonic() + 5
     return count
 
 
@@ -163,6 +174,4 @@ def _swap(building: str, target: str) -> None:
 
 
 def _now_ms() -> int:
-    import time
-
     return int(time.time() * 1000)

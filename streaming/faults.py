@@ -20,8 +20,8 @@ POINTS = (
     "seal_uploaded",  # driver: a segment uploaded, no seal record yet
     "sealed",  # driver: seal record written, metadata not yet updated
     "collected",  # driver: a compaction batch's changes collected, the KV view not yet updated
-    "kv_applied",  # driver: the KV view updated, the kv sink offset and Spark's commit not yet written
-    "snapshotted",  # driver: one topic's compacted snapshot written, the others not yet
+    "kv_applied",  # apply thread: the KV view updated, the kv sink offset not yet (Spark may have committed)
+    "snapshotted",  # apply thread: one topic's compacted snapshot written, the others not yet
 )
 
 

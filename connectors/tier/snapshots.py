@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import json
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -124,6 +123,3 @@ def prune(backend: Backend, keep: int) -> list[str]:
         backend.delete(name)
     return doomed
 
-
-def describe(snapshot: Snapshot) -> str:
-    return json.dumps({"topic": snapshot.topic, "through_phy": snapshot.through_phy, "object": snapshot.name})

@@ -1,0 +1,28 @@
+"""Compacted snapshots on both backends: names, contents, pruning, odd topic names."""
+
+from __future__ import annotations
+
+from connectors.tier import snapshots
+from connectors.tier.backend import open_backend
+from state.kv import Change, KVView
+
+
+def test_write_list_read_and_prune(tier_location, tmp_path):
+    backend = open_backend(tier_location)
+    odd = "orders/eu=1 %"
+    with KVView(str(tmp_path / "kv")) as kv:
+        for round_, through in enumerate((100, 200, 300)):
+            kv.apply([Change(odd, f"k{i}", "put", through - 10 + i, 1, i, 1_700_000_000_000 + i,
+                             b"v%d-%d" % (round_, i)) for i in range(3)]
+                     + [Change("plain", "gone", "delete" if round_ else "put", through - 1, body=b"x")])
+            written = snapshots.write_snapshots(backend, kv.entries(), through, keep=2)
+            assert written == {odd: 3, "plain": 0 if round_ else 1}
+    backend.put("_compacted/topic=plain/not-a-snapshot.txt", b"ignored")
+    listed = snapshots.list_snapshots(backend)
+    assert [(s.topic, s.through_phy) for s in listed] == [(odd, 200), (odd, 300), ("plain", 200), ("plain", 300)]
+    latest = snapshots.latest_snapshots(backend)
+    rows = snapshots.read_snapshot(backend, latest[odd]).to_pylist()
+    assert [(r["key"], r["body"], r["phy_offset"]) for r in rows] == [(f"k{i}", b"v2-%d" % i, 290 + i) for i in range(3)]
+    assert rows[1]["store_ts"].timestamp() * 1000 == 1_700_000_000_001
+    assert snapshots.read_snapshot(backend, latest["plain"]).num_rows == 0  # every key deleted: an empty snapshot
+    assert "%2F" in latest[odd].name and "=" not in latest[odd].name.split("topic=", 1)[1]
