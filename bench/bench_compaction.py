@@ -142,6 +142,8 @@ def run(stream, process, checkpoint: str, update: bool = True, max_batches: int 
             while len(query.recentProgress) < max_batches and query.isActive:
                 time.sleep(0.5)
             query.stop()
+    if query.exception() is not None:
+        raise RuntimeError(f"the benchmark query failed: {query.exception()}")
     progress = [p for p in query.recentProgress if p["numInputRows"]]
     steady = progress[1:] or progress
     rows = sum(p["numInputRows"] for p in steady)
@@ -156,24 +158,20 @@ def run(stream, process, checkpoint: str, update: bool = True, max_batches: int 
 
 
 def python_processor():
-    """A transformWithStateInPandas processor keeping the same latest reference per key."""
+    """A transformWithStateInPandas processor keeping the same state: the latest physical offset per key."""
     import pandas as pd
     from pyspark.sql.streaming import StatefulProcessor
 
     class Latest(StatefulProcessor):
         def init(self, handle):
-            self.latest = handle.getValueState("latest", "phy_offset long, deleted boolean")
+            self.latest = handle.getValueState("latest", "phy_offset long")
 
         def handleInputRows(self, key, rows, timerValues):
-            best = None
-            for pdf in rows:
-                row = pdf.loc[pdf["phy_offset"].idxmax()]
-                if best is None or row["phy_offset"] > best["phy_offset"]:
-                    best = row
+            newest = max(int(pdf["phy_offset"].max()) for pdf in rows)
             current = self.latest.get() if self.latest.exists() else None
-            if current is None or current[0] < best["phy_offset"]:
-                self.latest.update((int(best["phy_offset"]), best["op"] == "delete"))
-                yield pd.DataFrame({"topic": [key[0]], "key": [key[1]], "phy_offset": [int(best["phy_offset"])]})
+            if current is None or current[0] < newest:
+                self.latest.update((newest,))
+                yield pd.DataFrame({"topic": [key[0]], "key": [key[1]], "phy_offset": [newest]})
 
         def close(self):
             pass
