@@ -166,12 +166,13 @@ class CompactionSink:
 
     def process(self, df, batch_id: int) -> None:
         with self.lock:
-            self.flush()
             t0 = time.monotonic()
             end = batch_end_offset(self.settings.checkpoint, batch_id)
-            changes = df.toArrow()  # runs the batch's Spark job
+            changes = df.toArrow()  # runs this batch's Spark job while the apply thread works on the last one
+            collect_s = time.monotonic() - t0
             crash_point("collected", self.settings.driver_pid)
-            self._pending = self._apply_thread.submit(self._apply, batch_id, changes, end, time.monotonic() - t0)
+            self.flush()  # batches reach the view in order, one at a time
+            self._pending = self._apply_thread.submit(self._apply, batch_id, changes, end, collect_s)
 
     def flush(self) -> None:
         """Wait for the batch on the apply thread; raise what it raised."""
