@@ -372,6 +372,77 @@ def cmd_commitlog_gc(args, conf: cfg.Config) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- reading the tier
+
+
+def _message_rows(table, fmt: str) -> Iterator[dict]:
+    """Arrow message rows as the CLI prints them: store and born times in epoch ms (ISO in tables)."""
+    for row in table.to_pylist():
+        row["properties"] = dict(row["properties"] or [])
+        for col in ("born_ts", "store_ts"):
+            ms = round(row[col].timestamp() * 1000)
+            row[col] = ms_to_iso(ms) if fmt == "table" else ms
+        yield row
+
+
+def _parse_time(text: str) -> int:
+    """Epoch milliseconds, or an ISO 8601 time (UTC unless it says otherwise)."""
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"time {text!r}: use epoch milliseconds or ISO 8601 like 2026-11-21T10:00:00Z") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return int(parsed.timestamp() * 1000)
+
+
+def cmd_get(args, conf: cfg.Config) -> int:
+    from connectors.tier.reader import GetStatus, TierReader
+
+    result = TierReader(conf.tier.location).get(args.topic, args.queue, args.offset, args.max)
+    where = f"queue {args.topic}/{args.queue}"
+    if result.status is GetStatus.NO_QUEUE:
+        raise TierlogError(f"the tier at {conf.tier.location} has no {where} (`tierlog queues` lists them)")
+    if result.status is GetStatus.OFFSET_TOO_SMALL:
+        raise TierlogError(f"offset {args.offset} of {where} is below the lowest retained offset {result.low} "
+                           f"(retention or expiry removed it): start at {result.low}")
+    if result.status is GetStatus.OFFSET_OVERFLOW_BADLY:
+        raise TierlogError(f"offset {args.offset} of {where} is past its commit offset {result.commit}: "
+                           f"the tier holds {result.low}..{result.commit - 1}")
+    emit(_message_rows(result.messages, args.format), args.format,
+         INSPECT_COLUMNS if args.format == "table" else None)
+    log.info("%d message(s); next offset %d (commit offset %d)", result.messages.num_rows, result.next_offset,
+             result.commit)
+    return 0
+
+
+def cmd_offset_for_time(args, conf: cfg.Config) -> int:
+    from connectors.tier.reader import TierReader
+
+    ts = _parse_time(args.timestamp)
+    reader = TierReader(conf.tier.location)
+    state = reader.state()
+    if (args.topic, args.queue) not in state.queues:
+        raise TierlogError(f"the tier at {conf.tier.location} has no queue {args.topic}/{args.queue}")
+    offset = reader.offset_for_time(args.topic, args.queue, ts, args.boundary, state)
+    emit([{"topic": args.topic, "queue_id": args.queue, "timestamp": ms_to_iso(ts), "boundary": args.boundary,
+           "offset": offset}], args.format)
+    return 0
+
+
+def cmd_queues(args, conf: cfg.Config) -> int:
+    import dataclasses
+
+    from connectors.tier.reader import TierReader
+
+    rows = [dataclasses.asdict(i) for i in TierReader(conf.tier.location).queue_infos()]
+    if not emit(rows, args.format, ["topic", "queue_id", "low", "commit", "sealed", "segments", "bytes"]):
+        log.info("the tier at %s holds no queue yet", conf.tier.location)
+    return 0
+
+
 # ---------------------------------------------------------------- kv
 
 
@@ -582,6 +653,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("commitlog_command", choices=["gc"])
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted")
     p.set_defaults(func=cmd_commitlog_gc)
+
+    p = sub.add_parser(
+        "get", parents=[common, printing], help="read messages of one queue from the tier",
+        description="Read up to --max committed messages of queue TOPIC/QUEUE from the tier, from queue offset "
+        "OFFSET, in offset order, across sealed segments and staging objects. An offset below the lowest retained "
+        "one, or past the commit offset, exits 1 and says where the queue starts and ends; exactly the commit "
+        "offset prints nothing (caught up). Needs only tier.location.",
+    )
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("queue", type=int, metavar="QUEUE")
+    p.add_argument("offset", type=int, metavar="OFFSET")
+    p.add_argument("--max", type=int, default=32, metavar="N", help="at most N messages (default 32)")
+    p.add_argument("--tier", dest="tier.location", metavar="LOCATION", help="override tier.location")
+    p.set_defaults(func=cmd_get)
+
+    p = sub.add_parser(
+        "offset-for-time", parents=[common, printing], help="find a queue offset by store time",
+        description="Like RocketMQ's searchOffset: --boundary lower (default) gives the first offset whose store "
+        "time is at or after TS (the commit offset if none); upper gives the last offset at or before TS (the "
+        "lowest retained offset if none). TS is epoch milliseconds or ISO 8601.",
+    )
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("queue", type=int, metavar="QUEUE")
+    p.add_argument("timestamp", metavar="TS")
+    p.add_argument("--boundary", choices=["lower", "upper"], default="lower")
+    p.add_argument("--tier", dest="tier.location", metavar="LOCATION", help="override tier.location")
+    p.set_defaults(func=cmd_offset_for_time)
+
+    p = sub.add_parser(
+        "queues", parents=[common, printing], help="list the queues in the tier",
+        description="Every queue in the tier: its lowest retained and commit offsets, the sealed offset, "
+        "segments, and bytes.",
+    )
+    p.add_argument("--tier", dest="tier.location", metavar="LOCATION", help="override tier.location")
+    p.set_defaults(func=cmd_queues)
 
     p = sub.add_parser(
         "kv", parents=[common, printing], help="the latest value per key: get, scan, rebuild, snapshot",

@@ -90,5 +90,10 @@ def from_parquet(data: bytes, filters=None) -> pa.Table:
     return pq.read_table(pa.BufferReader(data), schema=MESSAGE_SCHEMA, filters=filters)
 
 
+def read_rows(data: bytes, filters, columns: list[str] | None = None) -> pa.Table:
+    """Rows of one object that pass ``filters`` (row groups are skipped by their statistics)."""
+    return pq.read_table(pa.BufferReader(data), schema=MESSAGE_SCHEMA, filters=filters, columns=columns)
+
+
 def sort_rows(table: pa.Table) -> pa.Table:
     return table.sort_by(SORT_KEYS)

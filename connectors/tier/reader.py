@@ -8,6 +8,9 @@ offset are never returned.
 
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -17,7 +20,40 @@ from connectors.tier.backend import Backend, open_backend
 from connectors.tier.log import QueueKey, TierLog, TierState
 
 
+class GetStatus(enum.Enum):
+    """The outcome of ``TierReader.get``, after RocketMQ's GetMessageStatus."""
+
+    FOUND = "found"
+    NO_QUEUE = "no_queue"  # the tier has no such queue
+    OFFSET_TOO_SMALL = "offset_too_small"  # below the lowest retained offset: start at ``next_offset``
+    OFFSET_OVERFLOW_ONE = "offset_overflow_one"  # exactly the commit offset: nothing new yet
+    OFFSET_OVERFLOW_BADLY = "offset_overflow_badly"  # past the commit offset
+
+
+@dataclass(frozen=True)
+class GetResult:
+    status: GetStatus
+    messages: pa.Table  # message rows in queue-offset order; empty unless FOUND
+    next_offset: int  # where the next read should start
+    low: int  # the queue's lowest retained offset
+    commit: int  # the queue's commit offset (one past the last committed message)
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    topic: str
+    queue_id: int
+    low: int  # lowest retained offset
+    commit: int  # one past the highest committed offset
+    sealed: int  # one past the highest offset in a sealed segment
+    segments: int
+    bytes: int  # segment bytes, plus this queue's share of the staging objects
+
+
 class TierReader:
+    """Reads a tier given only its location.  Every method reads the committed state afresh
+    unless given one (``state()``), so results never pass a commit the reader has not seen."""
+
     def __init__(self, location: str | Backend):
         self.backend = open_backend(location) if isinstance(location, str) else location
         self.log = TierLog(self.backend)
@@ -65,3 +101,100 @@ class TierReader:
         cache: dict = {}  # staging objects hold many queues: read each once
         tables = [self.read_queue(t, q, state, cache) for t, q in self.queues(state)]
         return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
+
+    # ------------------------------------------------------------ queries
+
+    def get(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
+            state: TierState | None = None) -> GetResult:
+        """Up to ``max_messages`` committed messages of one queue from queue offset ``offset``."""
+        state = state or self.state()
+        q = state.queues.get((topic, queue_id))
+        empty = MESSAGE_SCHEMA.empty_table()
+        if q is None:
+            return GetResult(GetStatus.NO_QUEUE, empty, 0, 0, 0)
+        if offset < q.low:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, empty, q.low, q.low, q.commit)
+        if offset >= q.commit:
+            status = GetStatus.OFFSET_OVERFLOW_ONE if offset == q.commit else GetStatus.OFFSET_OVERFLOW_BADLY
+            return GetResult(status, empty, q.commit, q.low, q.commit)
+        end = min(q.commit, offset + max(1, max_messages))
+        table = self._range(topic, queue_id, offset, end, state)
+        return GetResult(GetStatus.FOUND, table, end, q.low, q.commit)
+
+    def _range(self, topic: str, queue_id: int, start: int, end: int, state: TierState,
+               columns: list[str] | None = None) -> pa.Table:
+        """Committed rows of one queue with ``start <= queue_offset < end``, in offset order."""
+        key = (topic, queue_id)
+        in_range = [("queue_offset", ">=", start), ("queue_offset", "<", end)]
+        parts = [
+            layout.read_rows(self.backend.read(seg.name), in_range, columns)
+            for seg in state.segments_for(key) if seg.base < end and seg.end >= start
+        ]
+        # Staging rows below the sealed offset are also in a segment: read them from there only.
+        unsealed_from = max(start, state.queues[key].sealed)
+        for obj in state.staging_for(key):
+            info = obj.queues[key]
+            if info["first"] < end and info["last"] >= unsealed_from:
+                rows = layout.read_rows(
+                    self.backend.read(obj.name),
+                    [("topic", "=", topic), ("queue_id", "=", queue_id), ("queue_offset", ">=", unsealed_from),
+                     ("queue_offset", "<", end)], columns,
+                )
+                parts.append(rows)
+        schema = MESSAGE_SCHEMA if columns is None else pa.schema([MESSAGE_SCHEMA.field(c) for c in columns])
+        table = pa.concat_tables(parts) if parts else schema.empty_table()
+        q = state.queues[key]
+        keep = pc.and_(pc.greater_equal(table["queue_offset"], max(start, q.low)),
+                       pc.less(table["queue_offset"], min(end, q.commit)))
+        return table.filter(keep).sort_by("queue_offset")
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower",
+                        state: TierState | None = None) -> int:
+        """Like RocketMQ's searchOffset, over what the tier retains of one queue.
+
+        ``lower``: the smallest offset whose store time is at or after ``timestamp_ms``
+        (the commit offset when there is none).  ``upper``: the largest offset whose
+        store time is at or before it (the lowest retained offset when there is none).
+        Store times need not grow with offsets: each object's min and max store time
+        only decide which objects to open.
+        """
+        if boundary not in ("lower", "upper"):
+            raise ValueError(f"boundary must be lower or upper, not {boundary!r}")
+        state = state or self.state()
+        q = state.queues.get((topic, queue_id))
+        if q is None or q.commit <= q.low:
+            return 0 if q is None else q.commit
+        pieces = self._time_index(topic, queue_id, state)
+        lower = boundary == "lower"
+        for first, last, min_ts, max_ts in (pieces if lower else reversed(pieces)):
+            if (max_ts < timestamp_ms) if lower else (min_ts > timestamp_ms):
+                continue
+            rows = self._range(topic, queue_id, first, last + 1, state, ["queue_offset", "store_ts"])
+            ts = pc.cast(pc.cast(rows["store_ts"], pa.timestamp("ms", tz="UTC")), pa.int64())
+            hit = pc.greater_equal(ts, timestamp_ms) if lower else pc.less_equal(ts, timestamp_ms)
+            offsets = rows["queue_offset"].filter(hit)
+            if len(offsets):
+                return (pc.min if lower else pc.max)(offsets).as_py()
+        return q.commit if lower else q.low
+
+    def _time_index(self, topic: str, queue_id: int, state: TierState) -> list[tuple[int, int, int, int]]:
+        """(first offset, last offset, min store time, max store time) of each object, in offset order."""
+        key = (topic, queue_id)
+        pieces = [(s.base, s.end, s.min_ts, s.max_ts) for s in state.segments_for(key)]
+        q = state.queues[key]
+        for obj in state.staging_for(key):
+            info = obj.queues[key]
+            pieces.append((max(info["first"], q.sealed), info["last"], info["min_ts"], info["max_ts"]))
+        return sorted(p for p in pieces if p[1] >= q.low and p[0] < q.commit)
+
+    def queue_infos(self, state: TierState | None = None) -> list[QueueInfo]:
+        """Every queue with its retained range, sealed offset, segments and bytes."""
+        state = state or self.state()
+        out = []
+        for key in self.queues(state):
+            q = state.queues[key]
+            segments = state.segments_for(key)
+            staged = sum(obj.queues[key].get("bytes", 0) for obj in state.staging_for(key))
+            out.append(QueueInfo(key[0], key[1], q.low, q.commit, q.sealed, len(segments),
+                                 sum(s.size for s in segments) + staged))
+        return out
