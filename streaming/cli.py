@@ -135,7 +135,13 @@ def cmd_produce(args, conf: cfg.Config) -> int:
     with CommitLogWriter(c.dir, file_size=c.file_size, fsync=c.fsync, fsync_interval_s=c.fsync_interval_s) as w:
         first = w.offset
         for chunk in _paced(messages, args.rate, max(1, min(1000, int(args.rate / 20) or 1000))):
-            w.append_many(chunk)
+            try:
+                w.append_many(chunk)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"tierlog produce: a message after the first {produced} was refused: {exc}; the "
+                    f"{produced} before its chunk of {len(chunk)} are in the commitlog, that chunk is not"
+                ) from None
             produced += len(chunk)
             nbytes += sum(m.size for m in chunk)
             if time.monotonic() - last_report >= 2:

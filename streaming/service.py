@@ -186,9 +186,12 @@ class Service:
                 sink.catch_up()
             return self._run_queries(spark, until_caught_up)
         finally:
-            for sink in self.sinks.values():
+            for name, sink in self.sinks.items():
                 if hasattr(sink, "close"):
-                    sink.close()
+                    try:
+                        sink.close()
+                    except Exception as exc:  # noqa: BLE001 - do not hide the error already on its way out
+                        log.error("closing the %s sink failed: %s", name, exc)
             if kv is not None:
                 kv.close()
             metadata.close()

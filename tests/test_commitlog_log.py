@@ -89,6 +89,8 @@ def test_a_bad_message_in_a_batch_writes_nothing(log_dir):
     with CommitLogWriter(log_dir, file_size=FILE) as w:
         with pytest.raises(ValueError):
             w.append_many([Message(topic="t", body=b"ok"), Message(topic="t", properties={"K": "a\x01b"})])
+        with pytest.raises(ValueError, match="NUL"):
+            w.append_many([Message(topic="t", body=b"ok"), Message(topic="t\x00", body=b"nul")])
         assert w.append(Message(topic="t", body=b"x")).queue_offset == 0
     assert [r["body"] for r in replay(log_dir)] == [b"x"]
 
@@ -250,7 +252,8 @@ names = st.text(alphabet=st.characters(blacklist_characters="\x01\x02", blacklis
 messages = st.lists(
     st.builds(
         Message,
-        topic=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=140),
+        topic=st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)),
+                      min_size=1, max_size=140),
         body=st.one_of(st.binary(max_size=300), st.binary(min_size=3000, max_size=6000)),
         queue_id=st.integers(0, 7),
         properties=st.dictionaries(names, names, max_size=5),

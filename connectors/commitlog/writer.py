@@ -212,6 +212,10 @@ class CommitLogWriter:
         next_offsets: dict[tuple[str, int], int] = {}
         records = []
         for msg in msgs:
+            if not msg.topic or "\x00" in msg.topic:
+                # RocketMQ's topic validator refuses both, and a reader finding the end of a
+                # record being written relies on a topic never ending in a NUL byte.
+                raise ValueError(f"topic {msg.topic!r} is empty or contains a NUL character")
             if msg.dispatched:
                 key = (msg.topic, msg.queue_id)
                 msg.queue_offset = next_offsets.get(key, self.queue_offsets.get(key, 0))
