@@ -574,6 +574,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--config", metavar="FILE", help="TOML configuration file (default: ./tierlog.toml if present)")
     common.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     common.add_argument("--commitlog-dir", dest="commitlog.dir", metavar="DIR", help="override commitlog.dir")
+    tier = argparse.ArgumentParser(add_help=False)
+    tier.add_argument("--tier", dest="tier.location", metavar="LOCATION", help="override tier.location")
     printing = argparse.ArgumentParser(add_help=False)
     printing.add_argument("--format", choices=["table", "json"], default="table", help="table, or one JSON object per line")
 
@@ -622,7 +624,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_config)
 
     p = sub.add_parser(
-        "run", parents=[common], help="run the service: tier the commitlog and keep the latest value per key",
+        "run", parents=[common, tier], help="run the service: tier the commitlog and keep the latest value per key",
         description="Run the tiering query and (unless compaction.enabled = false) the compaction query in one "
         "Spark application until stopped (SIGTERM/SIGINT finish the batches in flight, then exit 0). Logs one "
         "JSON line per batch: for tiering rows, bytes, objects, seals and lag in bytes, messages and seconds; "
@@ -630,7 +632,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--until-caught-up", action="store_true",
                    help="drain what is in the commitlog now (Spark availableNow) and exit 0")
-    p.add_argument("--tier", dest="tier.location", metavar="LOCATION", help="override tier.location")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(
@@ -642,12 +643,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser(
-        "tier", parents=[common, printing], help="tier maintenance: rebuild-metadata",
+        "tier", parents=[common, tier, printing], help="tier maintenance: rebuild-metadata",
         description="rebuild-metadata: recreate the metadata store from the tier's commit log alone "
         "(stop `tierlog run` first).",
     )
     p.add_argument("tier_command", choices=["rebuild-metadata"])
-    p.add_argument("--tier", dest="tier.location", metavar="LOCATION", help="override tier.location")
     p.set_defaults(func=cmd_tier)
 
     p = sub.add_parser(
@@ -661,7 +661,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_commitlog_gc)
 
     p = sub.add_parser(
-        "get", parents=[common, printing], help="read messages of one queue from the tier",
+        "get", parents=[common, tier, printing], help="read messages of one queue from the tier",
         description="Read up to --max committed messages of queue TOPIC/QUEUE from the tier, from queue offset "
         "OFFSET, in offset order, across sealed segments and staging objects. An offset below the lowest retained "
         "one, or past the commit offset, exits 1 and says where the queue starts and ends; exactly the commit "
@@ -671,11 +671,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("queue", type=int, metavar="QUEUE")
     p.add_argument("offset", type=int, metavar="OFFSET")
     p.add_argument("--max", type=int, default=32, metavar="N", help="at most N messages (default 32)")
-    p.add_argument("--tier", dest="tier.location", metavar="LOCATION", help="override tier.location")
     p.set_defaults(func=cmd_get)
 
     p = sub.add_parser(
-        "offset-for-time", parents=[common, printing], help="find a queue offset by store time",
+        "offset-for-time", parents=[common, tier, printing], help="find a queue offset by store time",
         description="Like RocketMQ's searchOffset: --boundary lower (default) gives the first offset whose store "
         "time is at or after TS (the commit offset if none); upper gives the last offset at or before TS (the "
         "lowest retained offset if none). TS is epoch milliseconds or ISO 8601.",
@@ -684,19 +683,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("queue", type=int, metavar="QUEUE")
     p.add_argument("timestamp", metavar="TS")
     p.add_argument("--boundary", choices=["lower", "upper"], default="lower")
-    p.add_argument("--tier", dest="tier.location", metavar="LOCATION", help="override tier.location")
     p.set_defaults(func=cmd_offset_for_time)
 
     p = sub.add_parser(
-        "queues", parents=[common, printing], help="list the queues in the tier",
+        "queues", parents=[common, tier, printing], help="list the queues in the tier",
         description="Every queue in the tier: its lowest retained and commit offsets, the sealed offset, "
         "segments, and bytes.",
     )
-    p.add_argument("--tier", dest="tier.location", metavar="LOCATION", help="override tier.location")
     p.set_defaults(func=cmd_queues)
 
     p = sub.add_parser(
-        "kv", parents=[common, printing], help="the latest value per key: get, scan, rebuild, snapshot",
+        "kv", parents=[common, tier, printing], help="the latest value per key: get, scan, rebuild, snapshot",
         description="get TOPIC KEY: the latest value of one key (exit 1 if it has none). "
         "scan TOPIC [--prefix P]: live keys in key order. These open the KV view read-only, so they work "
         "while `tierlog run` runs. "
@@ -711,7 +708,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=0, metavar="N", help="scan: at most N keys (default: all)")
     p.add_argument("--from", dest="source", choices=["snapshot", "tier", "commitlog"], default="snapshot",
                    help="rebuild: where to start (default snapshot)")
-    p.add_argument("--tier", dest="tier.location", metavar="LOCATION", help="override tier.location")
     p.set_defaults(func=cmd_kv)
 
     p = sub.add_parser(
