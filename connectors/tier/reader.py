@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from connectors.commitlog.arrow import MESSAGE_SCHEMA
 from connectors.tier import layout
@@ -75,25 +76,16 @@ class TierReader:
     def read_queue(
         self, topic: str, queue_id: int, state: TierState | None = None, cache: dict | None = None
     ) -> pa.Table:
-        """Every committed message of one queue, in queue-offset order."""
+        """Every committed message of one queue, in queue-offset order.
+
+        ``cache`` (a dict) keeps whole staging objects, which hold many queues, so a
+        caller reading every queue reads each of them once.
+        """
         state = state or self.state()
-        key = (topic, queue_id)
-        if key not in state.queues:
+        q = state.queues.get((topic, queue_id))
+        if q is None:
             return MESSAGE_SCHEMA.empty_table()
-        q = state.queues[key]
-        parts = [self._object(seg.name, None) for seg in state.segments_for(key)]
-        for obj in state.staging_for(key):
-            table = self._object(obj.name, cache)
-            mask = pc.and_(
-                pc.and_(pc.equal(table["topic"], topic), pc.equal(table["queue_id"], queue_id)),
-                pc.and_(pc.greater_equal(table["queue_offset"], q.sealed), pc.less(table["queue_offset"], q.commit)),
-            )
-            parts.append(table.filter(mask))
-        if not parts:
-            return MESSAGE_SCHEMA.empty_table()
-        table = pa.concat_tables(parts)
-        table = table.filter(pc.greater_equal(table["queue_offset"], q.low))
-        return table.sort_by("queue_offset")
+        return self._range(topic, queue_id, q.low, q.commit, state, cache=cache)
 
     def read_all(self, state: TierState | None = None) -> pa.Table:
         """Every committed message, queue by queue."""
@@ -122,7 +114,7 @@ class TierReader:
         return GetResult(GetStatus.FOUND, table, end, q.low, q.commit)
 
     def _range(self, topic: str, queue_id: int, start: int, end: int, state: TierState,
-               columns: list[str] | None = None) -> pa.Table:
+               columns: list[str] | None = None, cache: dict | None = None) -> pa.Table:
         """Committed rows of one queue with ``start <= queue_offset < end``, in offset order."""
         key = (topic, queue_id)
         in_range = [("queue_offset", ">=", start), ("queue_offset", "<", end)]
@@ -135,12 +127,13 @@ class TierReader:
         for obj in state.staging_for(key):
             info = obj.queues[key]
             if info["first"] < end and info["last"] >= unsealed_from:
-                rows = layout.read_rows(
-                    self.backend.read(obj.name),
-                    [("topic", "=", topic), ("queue_id", "=", queue_id), ("queue_offset", ">=", unsealed_from),
-                     ("queue_offset", "<", end)], columns,
-                )
-                parts.append(rows)
+                filters = [("topic", "=", topic), ("queue_id", "=", queue_id), ("queue_offset", ">=", unsealed_from),
+                           ("queue_offset", "<", end)]
+                if cache is None:
+                    parts.append(layout.read_rows(self.backend.read(obj.name), filters, columns))
+                else:
+                    rows = self._object(obj.name, cache).filter(pq.filters_to_expression(filters))
+                    parts.append(rows if columns is None else rows.select(columns))
         schema = MESSAGE_SCHEMA if columns is None else pa.schema([MESSAGE_SCHEMA.field(c) for c in columns])
         table = pa.concat_tables(parts) if parts else schema.empty_table()
         q = state.queues[key]
