@@ -24,3 +24,8 @@ class ConfigError(TierlogError):
     The message always names the setting (``section.key``) and where its value
     came from (the file, an environment variable or a flag).
     """
+
+
+class StopRequested(TierlogError):
+    """A graceful stop was requested; the work in hand was abandoned before it changed anything
+    that a restart would not redo."""

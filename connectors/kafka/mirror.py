@@ -1,0 +1,60 @@
+"""The mirror sink: one Kafka record per commitlog message.
+
+* Topic: ``kafka.mirror_topic_map`` for the RocketMQ topic, else the
+  ``kafka.mirror_topic`` template.
+* Partition: the queue id modulo the topic's partition count, so a queue's
+  order is kept.
+* Key: the message key; value: the body; timestamp: the store time.
+* Headers: the message's properties, then its source position
+  (``tierlog.phy``, ``tierlog.topic``, ``tierlog.queue``, ``tierlog.qoff``,
+  ``tierlog.ts``).
+
+Contract: ``publish`` returns once every dispatched message in the batches is
+in Kafka exactly once; a message at or below its partition's read-back
+position is not sent again (see ``connectors.kafka.sink``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import pyarrow as pa
+
+from connectors.commitlog.arrow import dispatched_only, epoch_ms
+from connectors.kafka.records import source_headers
+from connectors.kafka.settings import TopicRouter
+from connectors.kafka.sink import KafkaSink
+
+# The message row's columns the mirror needs; the rest are never decoded.
+MIRROR_COLUMNS = ("topic", "queue_id", "queue_offset", "phy_offset", "key", "body", "properties", "store_ts", "sysflag")
+
+
+class MirrorSink(KafkaSink):
+    name = "mirror"
+
+    def __init__(self, settings, **kwargs):
+        super().__init__(settings, **kwargs)
+        self.route = TopicRouter(settings.mirror_topic, settings.mirror_topic_map, "kafka.mirror_topic")
+
+    def publish(self, batches: Callable[[], Iterable[pa.RecordBatch]]) -> None:
+        """Send the messages of ``batches()`` (called again from the start after a retry)."""
+        self.deliver(lambda: self._send_batches(batches()))
+
+    def _send_batches(self, batches: Iterable[pa.RecordBatch]) -> None:
+        for batch in batches:
+            self.send_batch(batch)
+
+    def send_batch(self, batch: pa.RecordBatch) -> None:
+        batch = dispatched_only(batch)
+        columns = [batch.column(c).to_pylist() for c in ("topic", "queue_id", "queue_offset", "phy_offset", "key",
+                                                           "body", "properties")]
+        columns.append(epoch_ms(batch.column("store_ts")))
+        partitions: dict[str, tuple[str, int]] = {}
+        for topic, queue_id, queue_offset, phy, key, body, props, ts in zip(*columns):
+            route = partitions.get(topic)
+            if route is None:
+                kafka_topic = self.route(topic)
+                route = partitions[topic] = (kafka_topic, self.partitions(kafka_topic))
+            headers = [(k, v.encode()) for k, v in props or ()]
+            headers += source_headers(phy, topic, queue_id, queue_offset, ts)
+            self.send(route[0], queue_id % route[1], None if key is None else key.encode(), body, headers, phy, ts)

@@ -1,0 +1,350 @@
+"""What the mirror and changelog sinks share: one producer, positions read back from Kafka,
+and waiting out a broker that is away.
+
+**Exactly once without transactions** (Kudu's "applied offset kept at Kafka").
+Every record carries its source position, the commitlog physical offset, in
+the ``tierlog.phy`` header, and each partition receives records in increasing
+position.  So the last record of a partition says how far that partition
+got.  Before the first send to a topic, the sink reads that position back
+from every partition; afterwards it sends a record only if its position is
+above its partition's.  A batch that is sent again after a crash, or after
+the broker went away, therefore skips what already arrived and sends the rest.
+
+Order within a partition holds because there is one producer, records are
+sent in position order, and the producer is idempotent (``acks=all``): the
+broker refuses a batch that would land after a gap.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import errors as kerr
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from connectors.errors import StopRequested
+from connectors.kafka.errors import (
+    ForeignRecordError,
+    KafkaSinkError,
+    KafkaUnavailable,
+    RecordTooLargeError,
+)
+from connectors.kafka.settings import KafkaSettings
+from streaming.faults import crash_point
+
+log = logging.getLogger("tierlog.kafka")
+
+POSITION = "tierlog.phy"
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass
+class SinkStats:
+    sent: int = 0
+    skipped: int = 0  # at or below the partition's read-back position: already in Kafka
+    too_large: int = 0  # skipped under on_too_large = "skip"
+    bytes: int = 0
+    retries: int = 0
+
+
+def position_of(headers) -> int | None:
+    for name, value in headers or ():
+        if name == POSITION:
+            return int(value)
+    return None
+
+
+class KafkaSink:
+    """Base of the two sinks.  Subclasses route and build records; this class delivers them.
+
+    Not thread-safe: one thread sends (the query's batch thread, or the compaction
+    apply thread).  ``should_stop`` is polled while waiting for the broker, so a
+    graceful stop does not wait for an outage to end.  ``on_health`` receives
+    ``None`` when the sink is healthy and a dict (state, since, error) when it waits.
+    """
+
+    name = "kafka"
+    compacted = False
+
+    def __init__(self, settings: KafkaSettings, *, should_stop: Callable[[], bool] = lambda: False,
+                 on_health: Callable[[dict | None], None] | None = None,
+                 on_skip: Callable[[int, str], None] | None = None):
+        self.settings = settings
+        self.should_stop = should_stop
+        self.on_health = on_health
+        self.on_skip = on_skip
+        self.stats = SinkStats()
+        self._producer: KafkaProducer | None = None
+        self._partitions: dict[str, int] = {}  # Kafka topic -> partition count
+        self._positions: dict[tuple[str, int], int] = {}  # (topic, partition) -> last position in Kafka
+        self._error: BaseException | None = None  # the first failed send since the last flush
+        self._error_lock = threading.Lock()
+        self._unhealthy_since: float | None = None
+
+    # ------------------------------------------------------------ connection
+
+    def _client_options(self) -> dict:
+        return dict(self.settings.client)
+
+    def _open_producer(self) -> KafkaProducer:
+        s = self.settings
+        try:
+            return KafkaProducer(
+                **self._client_options(), acks="all", enable_idempotence=True,
+                compression_type=None if s.compression == "none" else s.compression,
+                linger_ms=s.linger_ms, batch_size=s.batch_bytes, max_request_size=s.max_request_size,
+                delivery_timeout_ms=int(s.delivery_timeout_s * 1000),
+                request_timeout_ms=max(1000, min(30000, int(s.delivery_timeout_s * 1000) - s.linger_ms - 1)),
+                max_block_ms=int(s.delivery_timeout_s * 1000),
+            )
+        except kerr.KafkaTimeoutError:
+            raise KafkaUnavailable(f"no Kafka broker reachable at kafka.bootstrap = {s.bootstrap!r}") from None
+
+    @property
+    def producer(self) -> KafkaProducer:
+        if self._producer is None:
+            self._producer = self._open_producer()
+        return self._producer
+
+    def close(self) -> None:
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=5)
+            except Exception as exc:  # noqa: BLE001 - closing must not hide the reason we stop
+                log.warning("closing the %s producer: %s", self.name, exc)
+            self._producer = None
+
+    def _reset(self) -> None:
+        """Forget the producer and every position; the next send reads them back again."""
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=0)
+            except Exception:  # noqa: BLE001 - it is being thrown away
+                pass
+        self._producer = None
+        self._partitions.clear()
+        self._positions.clear()
+        self._error = None
+
+    # ------------------------------------------------------------ topics and positions
+
+    def partitions(self, topic: str) -> int:
+        """The partition count of ``topic``, creating it first if allowed; its positions are read back."""
+        count = self._partitions.get(topic)
+        if count is None:
+            count = ensure_topic(self.settings, topic, compacted=self.compacted)
+            self._positions.update(read_back(self.settings, topic, count))
+            self._partitions[topic] = count
+        return count
+
+    # ------------------------------------------------------------ sending
+
+    def position(self, topic: str, partition: int) -> int:
+        """The last position sent to (or read back from) a partition; -1 if none."""
+        return self._positions.get((topic, partition), -1)
+
+    def send(self, topic: str, partition: int, key: bytes | None, value: bytes | None, headers: list,
+             position: int, timestamp_ms: int | None = None, *, force: bool = False) -> bool:
+        """Send one record unless its partition already holds ``position``; True if it was sent.
+
+        ``force`` sends it even at the partition's position (records without a message of
+        their own, such as the changelog's expiries)."""
+        if not force and position <= self._positions.get((topic, partition), -1):
+            self.stats.skipped += 1
+            return False
+        try:
+            future = self.producer.send(topic, key=key, value=value, headers=headers, partition=partition,
+                                        timestamp_ms=timestamp_ms)
+        except kerr.MessageSizeTooLargeError as exc:
+            self._too_large(position, str(exc))
+            return False
+        future.add_errback(self._failed, position)
+        self._positions[(topic, partition)] = position
+        self.stats.sent += 1
+        if self.stats.sent % 1000 == 0:
+            crash_point("kafka_sending")
+        self.stats.bytes += len(value or b"")
+        return True
+
+    def _failed(self, exc: BaseException, position: int) -> None:
+        with self._error_lock:
+            if self._error is None:
+                self._error = (exc, position)
+
+    def _too_large(self, position: int, reason: str) -> None:
+        if self.settings.on_too_large != "skip":
+            raise RecordTooLargeError(
+                f"the message at physical offset {position} does not fit in a Kafka record ({reason}); raise "
+                "kafka.max_request_size (and the broker's message.max.bytes), or set kafka.on_too_large = "
+                '"skip" to record and skip such messages'
+            )
+        self.stats.too_large += 1
+        log.warning("%s: skipped the message at physical offset %d: too large for Kafka (%s)", self.name, position, reason)
+        if self.on_skip:
+            self.on_skip(position, reason)
+
+    def flush(self, report_every_s: float = 5.0) -> None:
+        """Wait until every record sent is acknowledged; report while the broker keeps us waiting."""
+        if self._producer is None:
+            return
+        started = time.monotonic()
+        while True:
+            try:
+                self._producer.flush(timeout=report_every_s)
+                break
+            except kerr.KafkaTimeoutError:
+                waited = time.monotonic() - started
+                self._report("waiting", f"records not acknowledged for {waited:.0f} s (broker down or slow?)")
+                if self.should_stop():
+                    raise StopRequested(f"the {self.name} sink stopped while waiting for Kafka") from None
+        failed, self._error = self._error, None
+        if failed is not None:
+            exc, position = failed
+            if isinstance(exc, kerr.MessageSizeTooLargeError) or "TooLarge" in type(exc).__name__:
+                self._too_large(position, str(exc))
+                return
+            raise _wrap(exc, f"Kafka did not take the record at physical offset {position}")
+
+    def deliver(self, produce: Callable[[], None]) -> None:
+        """Run ``produce`` (which calls ``send``) and flush, until it succeeds.
+
+        On a retriable failure the sink waits with backoff (reported in the log and
+        through ``on_health``), reconnects, reads the positions back and runs
+        ``produce`` again from the start: what already arrived is skipped.
+        """
+        attempt = 0
+        while True:
+            try:
+                produce()
+                self.flush()
+                self._report(None)
+                return
+            except KafkaSinkError as exc:
+                if not exc.retriable:
+                    raise
+                error = exc
+            except kerr.KafkaError as exc:
+                error = _wrap(exc, "Kafka failed")
+                if not error.retriable:
+                    raise error from None
+            self._reset()
+            delay = min(MAX_BACKOFF_S, 0.5 * 2 ** attempt)
+            attempt += 1
+            self.stats.retries += 1
+            self._report("waiting", f"{error}; retrying in {delay:.1f} s")
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline:
+                if self.should_stop():
+                    raise StopRequested(f"the {self.name} sink stopped while waiting for Kafka")
+                time.sleep(min(0.2, deadline - time.monotonic()))
+
+    def _report(self, state: str | None, error: str = "") -> None:
+        if state is None:
+            if self._unhealthy_since is not None:
+                log.info("%s: Kafka reachable again after %.0f s", self.name, time.time() - self._unhealthy_since)
+                self._unhealthy_since = None
+                if self.on_health:
+                    self.on_health(None)
+            return
+        if self._unhealthy_since is None:
+            self._unhealthy_since = time.time()
+        log.warning("%s: %s", self.name, error)
+        if self.on_health:
+            self.on_health({"state": state, "since": round(self._unhealthy_since, 3), "error": error})
+
+
+def _wrap(exc: BaseException, what: str) -> KafkaSinkError:
+    retriable = bool(getattr(exc, "retriable", False)) or isinstance(
+        exc, (kerr.KafkaConnectionError, kerr.KafkaTimeoutError)
+    )
+    out = (KafkaUnavailable if retriable else KafkaSinkError)(f"{what}: {type(exc).__name__}: {exc}")
+    return out
+
+
+def _consumer(settings: KafkaSettings, **extra) -> KafkaConsumer:
+    try:
+        return KafkaConsumer(**settings.client, enable_auto_commit=False, allow_auto_create_topics=False,
+                             request_timeout_ms=30000, **extra)
+    except kerr.KafkaTimeoutError:
+        raise KafkaUnavailable(f"no Kafka broker reachable at kafka.bootstrap = {settings.bootstrap!r}") from None
+
+
+def _partitions_for(settings: KafkaSettings, topic: str) -> set | None:
+    consumer = _consumer(settings)  # a new client each time: no stale metadata
+    try:
+        return consumer.partitions_for_topic(topic)
+    finally:
+        consumer.close()
+
+
+def ensure_topic(settings: KafkaSettings, topic: str, *, compacted: bool, wait_s: float = 30.0) -> int:
+    """The partition count of ``topic``, creating it (compacted if asked) when allowed."""
+    found = _partitions_for(settings, topic)
+    if found:
+        return len(found)
+    if not settings.auto_create_topics:
+        raise KafkaUnavailable(
+            f"Kafka topic {topic!r} does not exist and kafka.auto_create_topics is off: create it, or "
+            "turn kafka.auto_create_topics on"
+        )
+    admin = KafkaAdminClient(**settings.client)
+    try:
+        configs = {"cleanup.policy": "compact"} if compacted else {}
+        admin.create_topics([NewTopic(topic, settings.partitions, settings.replication_factor, topic_configs=configs)])
+    except kerr.TopicAlreadyExistsError:
+        pass  # created meanwhile by someone else: fine
+    finally:
+        admin.close()
+    deadline = time.monotonic() + wait_s
+    while not found:
+        if time.monotonic() > deadline:
+            raise KafkaUnavailable(f"Kafka topic {topic!r} was created but has no partitions after {wait_s:.0f} s")
+        time.sleep(0.1)
+        found = _partitions_for(settings, topic)
+    log.info("created Kafka topic %s: %d partition(s)%s", topic, len(found), ", compacted" if compacted else "")
+    return len(found)
+
+
+def read_back(settings: KafkaSettings, topic: str, partitions: int, idle_polls: int = 2) -> dict[tuple[str, int], int]:
+    """The position in the last record of each partition of ``topic`` (-1 for an empty one).
+
+    It seeks to one before the end and reads forward until the partition goes
+    quiet, rather than trusting the end offset alone: a broker may report a stale
+    end right after a restart (tansu does), and reading on finds the true last record.
+    """
+    consumer = _consumer(settings, fetch_max_wait_ms=100)
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        begins, ends = consumer.beginning_offsets(tps), consumer.end_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, max(ends[tp] - 1, begins[tp]))
+        last = {}
+        idle = 0
+        while idle < idle_polls:
+            got = consumer.poll(timeout_ms=300)
+            idle = 0 if got else idle + 1
+            for tp, records in got.items():
+                last[tp.partition] = records[-1]
+        out = {}
+        for p in range(partitions):
+            record = last.get(p)
+            if record is None:
+                out[(topic, p)] = -1
+                continue
+            position = position_of(record.headers)
+            if position is None:
+                raise ForeignRecordError(
+                    f"Kafka topic {topic!r} partition {p}: the last record (offset {record.offset}) has no "
+                    f"{POSITION} header, so another producer writes there; tierlog needs topics of its own "
+                    "(see kafka.mirror_topic and kafka.changelog_topic)"
+                )
+            out[(topic, p)] = position
+        return out
+    finally:
+        consumer.close()

@@ -1,0 +1,97 @@
+"""Helpers for the Kafka tests: reading topics back with assign() and seek, and the oracles."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from kafka import KafkaConsumer, TopicPartition
+
+from connectors.kafka.records import key_partition
+from connectors.kafka.sink import position_of
+from streaming import config as cfg
+from tests.oracle import latest_per_key, replay
+
+
+def kafka_conf(conf: cfg.Config, bootstrap: str, prefix: str, **kafka) -> cfg.Config:
+    """``conf`` with both Kafka sinks on, into topics of this test's own."""
+    settings = {"bootstrap": bootstrap, "mirror_topic": f"{prefix}.{{topic}}",
+                "changelog_topic": f"{prefix}.{{topic}}.changelog", "partitions": 4, "linger_ms": 2,
+                "delivery_timeout_s": 20.0, **kafka}
+    return dataclasses.replace(conf, kafka=cfg.KafkaConfig(**settings))
+
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> dict[int, list]:
+    """Every record of every partition of ``topic``, in offset order (assign + seek, no group)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, allow_auto_create_topics=False)
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        if not tps:
+            return {}
+        consumer.assign(tps)
+        ends = consumer.end_offsets(tps)
+        for tp in tps:
+            consumer.seek_to_beginning(tp)
+        out: dict[int, list] = {tp.partition: [] for tp in tps}
+        deadline = time.monotonic() + timeout_s
+        idle = 0
+        # Until the reported end, then on until quiet: tansu reports the last batch's base offset as the end.
+        while idle < 2 or any(consumer.position(tp) < ends[tp] for tp in tps):
+            assert time.monotonic() < deadline, f"could not read {topic} to its end in {timeout_s} s"
+            got = consumer.poll(timeout_ms=300)
+            idle = 0 if got else idle + 1
+            for tp, records in got.items():
+                out[tp.partition].extend(records)
+        return out
+    finally:
+        consumer.close()
+
+
+def mirror_oracle(conf: cfg.Config) -> dict[tuple[str, int], list[tuple]]:
+    """What the mirror topics must hold: per (Kafka topic, partition), (key, value, headers) in order."""
+    out: dict[tuple[str, int], list[tuple]] = {}
+    for m in replay(conf.commitlog.dir):
+        if m["sysflag"] & 0xC in (0x4, 0xC):  # PREPARED and ROLLBACK never enter a queue
+            continue
+        topic = conf.kafka.mirror_topic.replace("{topic}", m["topic"])
+        headers = [(k, v.encode()) for k, v in m["properties"].items()]
+        headers += [("tierlog.phy", str(m["phy_offset"]).encode()), ("tierlog.topic", m["topic"].encode()),
+                    ("tierlog.queue", str(m["queue_id"]).encode()), ("tierlog.qoff", str(m["queue_offset"]).encode()),
+                    ("tierlog.ts", str(m["store_ts"]).encode())]
+        key = None if m["key"] is None else m["key"].encode()
+        out.setdefault((topic, m["queue_id"] % conf.kafka.partitions), []).append((key, m["body"], headers))
+    return out
+
+
+def mirror_contents(conf: cfg.Config, topics: list[str]) -> dict[tuple[str, int], list[tuple]]:
+    out = {}
+    for source in topics:
+        topic = conf.kafka.mirror_topic.replace("{topic}", source)
+        for p, records in read_topic(conf.kafka.bootstrap, topic).items():
+            if records:
+                out[(topic, p)] = [(r.key, r.value, list(r.headers)) for r in records]
+    return out
+
+
+def changelog_oracle(conf: cfg.Config, **ttl) -> dict[tuple[str, str], bytes | None]:
+    """The changelog read as a compacted topic: (topic, key) -> latest body, None for a tombstone."""
+    latest = latest_per_key(conf.commitlog.dir, with_tombstones=True, **ttl)
+    return {k: None if v["deleted"] else v["body"] for k, v in latest.items()}
+
+
+def changelog_records(conf: cfg.Config, topics: list[str]) -> list[tuple]:
+    """Every changelog record: (source topic, key, value, position, partition), per partition in order."""
+    out = []
+    for source in topics:
+        topic = conf.kafka.changelog_topic.replace("{topic}", source)
+        for p, records in read_topic(conf.kafka.bootstrap, topic).items():
+            for r in records:
+                assert key_partition(r.key, conf.kafka.partitions) == p, "a key landed in the wrong partition"
+                out.append((source, r.key.decode(), r.value, position_of(r.headers), p))
+    return out
+
+
+def compacted(records: list[tuple]) -> dict[tuple[str, str], bytes | None]:
+    """Last value per key, as Kafka's log cleaner would leave it (None: a tombstone)."""
+    return {(topic, key): value for topic, key, value, _pos, _p in records}
