@@ -74,9 +74,9 @@ def mirror_contents(conf: cfg.Config, topics: list[str]) -> dict[tuple[str, int]
     return out
 
 
-def changelog_oracle(conf: cfg.Config, **ttl) -> dict[tuple[str, str], bytes | None]:
+def changelog_oracle(conf: cfg.Config) -> dict[tuple[str, str], bytes | None]:
     """The changelog read as a compacted topic: (topic, key) -> latest body, None for a tombstone."""
-    latest = latest_per_key(conf.commitlog.dir, with_tombstones=True, **ttl)
+    latest = latest_per_key(conf.commitlog.dir, with_tombstones=True)
     return {k: None if v["deleted"] else v["body"] for k, v in latest.items()}
 
 

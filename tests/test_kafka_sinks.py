@@ -20,6 +20,7 @@ from tests.kafka_helpers import (
     mirror_oracle,
 )
 from tests.kv_helpers import append, kv_messages
+from tests.oracle import latest_per_key
 from tests.tiering_helpers import make_conf
 
 COMPACTION = cfg.CompactionConfig(enabled=True, snapshot_interval_s=0)
@@ -65,3 +66,34 @@ def test_transactions_never_reach_kafka_until_committed(spark, tmp_path, kafka_b
     run(spark, conf)
     records = assert_kafka_equals_oracle(conf)
     assert sorted((t, k, v) for t, k, v, _pos, _p in records) == [("t0", "b", b"committed"), ("t1", "c", b"plain")]
+
+
+def test_expired_keys_become_tombstones_in_the_changelog(spark, tmp_path, kafka_bootstrap, kafka_prefix):
+    import time
+
+    ttl = cfg.CompactionConfig(enabled=True, ttl="t0=10m", snapshot_interval_s=0)
+    conf = kafka_conf(make_conf(tmp_path, str(tmp_path / "tier"), compaction=ttl), kafka_bootstrap, kafka_prefix)
+    now = int(time.time() * 1000)
+    append(conf, kv_messages(600, keys=100, seed=1, store_ts=now - 3_600_000))  # an hour ago
+    append(conf, kv_messages(200, keys=100, seed=2))
+    run(spark, conf)
+    records = changelog_records(conf, TOPICS)
+    alive = latest_per_key(conf.commitlog.dir, ttl=cfg.parse_ttl(ttl.ttl), now_ms=int(time.time() * 1000))
+    got = compacted(records)
+    assert {k: v for k, v in got.items() if v is not None} == {k: v["body"] for k, v in alive.items()}
+    expired = {k for k, v in got.items() if v is None} - {k for k, v in changelog_oracle(conf).items() if v is None}
+    assert expired and all(topic == "t0" for topic, _ in expired)  # only t0 has a TTL
+
+
+def test_a_changelog_turned_on_later_starts_from_the_view(spark, tmp_path, kafka_bootstrap, kafka_prefix):
+    plain = make_conf(tmp_path, str(tmp_path / "tier"), compaction=COMPACTION)
+    append(plain, kv_messages(1000, keys=150, seed=5))
+    run(spark, plain)  # no Kafka yet
+    conf = kafka_conf(plain, kafka_bootstrap, kafka_prefix)
+    append(conf, kv_messages(300, keys=150, seed=6))
+    run(spark, conf)
+    got = compacted(changelog_records(conf, TOPICS))
+    expected = changelog_oracle(conf)
+    assert {k: v for k, v in got.items() if v is not None} == {k: v for k, v in expected.items() if v is not None}
+    assert all(expected[k] is None for k, v in got.items() if v is None)
+    assert mirror_contents(conf, TOPICS) == mirror_oracle(conf)  # the mirror starts from the log's beginning

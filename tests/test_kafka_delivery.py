@@ -1,0 +1,142 @@
+"""The Kafka sinks without Spark: read-back positions, outages, a missing topic, records too large.
+
+Each test sends part of a commitlog with one sink and the rest (or all of it
+again) with a fresh one, as a restarted service would, and compares the
+topics with the oracle.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from kafka import KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from connectors.commitlog.format import Message
+from connectors.commitlog.reader import CommitLogReader
+from connectors.errors import StopRequested
+from connectors.kafka.embedded import free_port
+from connectors.kafka.errors import ForeignRecordError, RecordTooLargeError
+from connectors.kafka.mirror import MIRROR_COLUMNS, MirrorSink
+from streaming.service import kafka_settings
+from tests.kafka_helpers import kafka_conf, mirror_contents, mirror_oracle
+from tests.kv_helpers import append, kv_messages
+from tests.tiering_helpers import make_conf
+
+TOPICS = ["t0", "t1"]
+
+
+@pytest.fixture
+def conf(tmp_path, kafka_bootstrap, kafka_prefix):
+    return kafka_conf(make_conf(tmp_path, str(tmp_path / "tier")), kafka_bootstrap, kafka_prefix)
+
+
+def publish(sink: MirrorSink, conf, start: int = 0, end: int | None = None) -> None:
+    with CommitLogReader(conf.commitlog.dir) as reader:
+        end = reader.end_offset() if end is None else end
+        sink.publish(lambda: reader.record_batches(start, end, columns=MIRROR_COLUMNS))
+    sink.close()
+
+
+def offsets(conf) -> list[int]:
+    with CommitLogReader(conf.commitlog.dir) as reader:
+        return [m.phy_offset for m in reader.messages()]
+
+
+def test_a_restarted_sink_sends_only_what_kafka_lacks(conf):
+    append(conf, kv_messages(3000, keys=300, seed=1, topics=2))
+    phys = offsets(conf)
+    first = MirrorSink(kafka_settings(conf))
+    publish(first, conf, end=phys[1234])  # a run that stopped part way
+    again = MirrorSink(kafka_settings(conf))
+    publish(again, conf)  # the restarted run sends the whole log again
+    assert again.stats.skipped == first.stats.sent == 1234
+    assert first.stats.sent + again.stats.sent == 3000
+    assert mirror_contents(conf, TOPICS) == mirror_oracle(conf)
+    idle = MirrorSink(kafka_settings(conf))
+    publish(idle, conf)
+    assert (idle.stats.sent, idle.stats.skipped) == (0, 3000)
+
+
+def test_a_missing_topic_is_waited_for_and_reported(conf):
+    import dataclasses
+
+    conf = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, auto_create_topics=False))
+    append(conf, kv_messages(400, keys=50, seed=2, topics=1))
+    health: list = []
+    sink = MirrorSink(kafka_settings(conf), on_health=health.append)
+    worker = threading.Thread(target=publish, args=(sink, conf))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not health and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert health and health[0]["state"] == "waiting" and "does not exist" in health[0]["error"]
+    assert "kafka.auto_create_topics" in health[0]["error"]
+    admin = KafkaAdminClient(bootstrap_servers=conf.kafka.bootstrap)
+    admin.create_topics([NewTopic(conf.kafka.mirror_topic.replace("{topic}", "t0"), 4, 1)])
+    admin.close()
+    worker.join(timeout=90)
+    assert not worker.is_alive()
+    assert health[-1] is None  # healthy again, and said so
+    assert mirror_contents(conf, ["t0"]) == mirror_oracle(conf)
+
+
+def test_an_unreachable_broker_is_reported_and_a_stop_is_not_held_up(conf):
+    import dataclasses
+
+    conf = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, bootstrap=f"127.0.0.1:{free_port()}"))
+    append(conf, kv_messages(10, keys=5, seed=3, topics=1))
+    health: list = []
+    stop = threading.Event()
+    sink = MirrorSink(kafka_settings(conf), on_health=health.append, should_stop=stop.is_set)
+    errors: list = []
+    worker = threading.Thread(target=lambda: _capture(errors, publish, sink, conf))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while not health and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert health and health[0]["state"] == "waiting", health
+    stop.set()
+    worker.join(timeout=60)
+    assert not worker.is_alive() and len(errors) == 1 and isinstance(errors[0], StopRequested)
+
+
+def _capture(errors: list, fn, *args) -> None:
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        errors.append(exc)
+
+
+def test_a_record_too_large_fails_by_name_or_is_skipped_and_recorded(conf):
+    import dataclasses
+
+    conf = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, max_request_size=64 << 10))
+    append(conf, [Message(topic="t0", body=b"small", properties={"KEYS": "a"}),
+                  Message(topic="t0", body=b"x" * (100 << 10), properties={"KEYS": "big"}),
+                  Message(topic="t0", body=b"after", properties={"KEYS": "b"})])
+    big = offsets(conf)[1]
+    with pytest.raises(RecordTooLargeError, match=f"physical offset {big}.*kafka.on_too_large"):
+        publish(MirrorSink(kafka_settings(conf)), conf)
+    skipping = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, on_too_large="skip"))
+    skipped: list = []
+    sink = MirrorSink(kafka_settings(skipping), on_skip=lambda phy, why: skipped.append(phy))
+    publish(sink, skipping)
+    assert skipped == [big] and sink.stats.too_large == 1
+    got = mirror_contents(conf, ["t0"])
+    assert [value for records in got.values() for _k, value, _h in records] == [b"small", b"after"]
+
+
+def test_a_topic_written_by_another_producer_is_refused(conf):
+    topic = conf.kafka.mirror_topic.replace("{topic}", "t0")
+    admin = KafkaAdminClient(bootstrap_servers=conf.kafka.bootstrap)
+    admin.create_topics([NewTopic(topic, 4, 1)])
+    admin.close()
+    producer = KafkaProducer(bootstrap_servers=conf.kafka.bootstrap)
+    producer.send(topic, b"not ours", partition=0).get(timeout=30)
+    producer.close()
+    append(conf, kv_messages(10, keys=5, seed=4, topics=1))
+    with pytest.raises(ForeignRecordError, match=f"{topic}.*partition 0.*tierlog.phy"):
+        publish(MirrorSink(kafka_settings(conf)), conf)
