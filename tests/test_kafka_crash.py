@@ -1,0 +1,92 @@
+"""SIGKILL the service while it replicates to Kafka, restart it, and compare Kafka with the oracle.
+
+Each run is a real ``tierlog run --until-caught-up`` process with both Kafka
+sinks on; ``TIERLOG_FAULT`` kills its driver part way through sending
+(records buffered, some acknowledged), after a mirror batch is in Kafka but
+before Spark commits it, or after a changelog batch is in Kafka but before
+the KV view has it.  New messages are appended before every run.  Nothing may
+be missing from Kafka at the end, and nothing may be there twice.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from state.metadata import MetadataStore
+from streaming import config as cfg
+from streaming.service import metadata_path
+from tests.cli_runner import tierlog
+from tests.kafka_helpers import changelog_oracle, changelog_records, compacted, mirror_contents, mirror_oracle
+from tests.kv_helpers import append, kv_messages
+
+FAULTS = [("kafka_sending", 1), ("mirrored", 1), ("changelogged", 1), ("kafka_sending", 2), ("mirrored", 2),
+          ("changelogged", 2)]
+TOPICS = ["t0", "t1"]
+
+
+def write_config(tmp_path: Path, bootstrap: str, prefix: str) -> Path:
+    path = tmp_path / "tierlog.toml"
+    path.write_text(f"""
+[commitlog]
+dir = "{tmp_path / 'commitlog'}"
+[source]
+max_bytes_per_trigger = 60000
+[tier]
+location = "{tmp_path / 'tier'}"
+delete_grace_s = 0
+[state]
+dir = "{tmp_path / 'state'}"
+[checkpoint]
+dir = "{tmp_path / 'checkpoints'}"
+[compaction]
+snapshot_interval_s = 0
+[kafka]
+bootstrap = "{bootstrap}"
+mirror_topic = "{prefix}.{{topic}}"
+changelog_topic = "{prefix}.{{topic}}.changelog"
+partitions = 4
+linger_ms = 2
+""")
+    return path
+
+
+def assert_no_duplicates(conf: cfg.Config) -> None:
+    for (topic, p), records in mirror_contents(conf, TOPICS).items():
+        positions = [int(dict(h)["tierlog.phy"]) for _k, _v, h in records]
+        assert positions == sorted(set(positions)), f"{topic}[{p}]: a record twice or out of order"
+    changes = [(t, k, pos) for t, k, _v, pos, _p in changelog_records(conf, TOPICS)]
+    assert len(changes) == len(set(changes)), "a change was sent twice"
+
+
+@pytest.mark.timeout(1200)
+def test_sigkill_while_replicating_then_restart(tmp_path, kafka_bootstrap, kafka_prefix):
+    config = write_config(tmp_path, kafka_bootstrap, kafka_prefix)
+    conf = cfg.load(str(config), env={})
+    kills = 0
+    for i, (point, nth) in enumerate(FAULTS):
+        append(conf, kv_messages(1500, keys=300, seed=i))
+        fault_dir = tmp_path / f"fault-{i}"
+        fault_dir.mkdir()
+        result = tierlog("run", "--until-caught-up", "--config", str(config),
+                         env={"TIERLOG_FAULT": f"{point}:{nth}", "TIERLOG_FAULT_DIR": str(fault_dir)})
+        if result.returncode == -signal.SIGKILL:
+            kills += 1
+        else:
+            assert result.returncode == 0, result.stderr[-3000:]
+        assert_no_duplicates(conf)
+    assert kills >= 5, f"only {kills} runs were killed"
+
+    final = tierlog("run", "--until-caught-up", "--config", str(config))
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert mirror_contents(conf, TOPICS) == mirror_oracle(conf)
+    assert compacted(changelog_records(conf, TOPICS)) == changelog_oracle(conf)
+    assert_no_duplicates(conf)
+    store = MetadataStore(metadata_path(conf), read_only=True)
+    try:
+        sinks = store.sinks()
+    finally:
+        store.close()
+    assert sinks["mirror"] == sinks["changelog"] == sinks["tier"] == sinks["kv"]
