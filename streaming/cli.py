@@ -810,7 +810,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python logs every connection at INFO
+    # kafka-python logs every connection, and every refused one with a traceback; the sinks report
+    # what matters (waiting for the broker, in the log and in status) in one line each.
+    logging.getLogger("kafka").setLevel(logging.DEBUG if args.log_level == "DEBUG" else logging.CRITICAL)
     try:
         conf = cfg.load(args.config, overrides=overrides_from(args))
         return args.func(args, conf)

@@ -171,7 +171,8 @@ class KafkaSink:
         self.stats.bytes += len(value or b"")
         return True
 
-    def _failed(self, exc: BaseException, position: int) -> None:
+    def _failed(self, position: int, exc: BaseException) -> None:
+        # kafka-python calls an errback as fn(*args, exception)
         with self._error_lock:
             if self._error is None:
                 self._error = (exc, position)
@@ -199,6 +200,10 @@ class KafkaSink:
                 break
             except kerr.KafkaTimeoutError:
                 waited = time.monotonic() - started
+                if waited > self.settings.delivery_timeout_s + report_every_s:
+                    # The producer should have expired these by now; seen to hang after a broker
+                    # restart, so start over with a new one (what arrived is skipped by position).
+                    raise KafkaUnavailable(f"records not acknowledged within {waited:.0f} s; reconnecting") from None
                 self._report("waiting", f"records not acknowledged for {waited:.0f} s (broker down or slow?)")
                 if self.should_stop():
                     raise StopRequested(f"the {self.name} sink stopped while waiting for Kafka") from None
@@ -262,8 +267,8 @@ def _wrap(exc: BaseException, what: str) -> KafkaSinkError:
     retriable = bool(getattr(exc, "retriable", False)) or isinstance(
         exc, (kerr.KafkaConnectionError, kerr.KafkaTimeoutError)
     )
-    out = (KafkaUnavailable if retriable else KafkaSinkError)(f"{what}: {type(exc).__name__}: {exc}")
-    return out
+    text = str(exc) if str(exc).startswith(type(exc).__name__) else f"{type(exc).__name__}: {exc}"
+    return (KafkaUnavailable if retriable else KafkaSinkError)(f"{what}: {text}")
 
 
 def _consumer(settings: KafkaSettings, **extra) -> KafkaConsumer:
