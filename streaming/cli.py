@@ -637,7 +637,7 @@ def _kafka_summary(service) -> str:
     changelog = getattr(compaction, "changelog", None)
     parts = []
     if mirror is not None:
-        parts.append(f"{mirror.sink.stats.sent} messages mirrored")
+        parts.append(f"{mirror.sent} messages mirrored")
     if changelog is not None:
         parts.append(f"{changelog.stats.sent} changes sent to the changelog")
     return "; Kafka: " + " and ".join(parts) if parts else ""

@@ -188,7 +188,7 @@ class Service:
     def _on_mirror_batch(self, report: MirrorReport) -> None:
         line = {"query": "mirror", "batch": report.batch_id, "sent": report.sent, "skipped": report.skipped,
                 "mb": round(report.bytes / 1e6, 3), "source_end": report.source_end,
-                "seconds": round(report.seconds, 3)}
+                "seconds": round(report.seconds, 3), "attempts": report.attempts}
         log.info("batch %s", json.dumps(line))
 
     def _frontier(self, hint: int | None) -> int:
@@ -241,7 +241,8 @@ class Service:
                 self.sinks["mirror"] = MirrorQuery(
                     kafka, conf.commitlog.dir, checkpoint_path(conf, "mirror"), metadata,
                     key_property=conf.commitlog.key_property, check_crc=conf.commitlog.check_crc,
-                    should_stop=self.stopping.is_set, on_batch=self._on_mirror_batch, driver_pid=os.getpid(),
+                    tasks=conf.kafka.mirror_tasks, should_stop=self.stopping.is_set,
+                    on_batch=self._on_mirror_batch, driver_pid=os.getpid(),
                 )
             return self._run_queries(spark, until_caught_up)
         finally:

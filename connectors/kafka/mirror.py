@@ -11,11 +11,14 @@
 
 Contract: ``publish`` returns once every dispatched message in the batches is
 in Kafka exactly once; a message at or below its partition's read-back
-position is not sent again (see ``connectors.kafka.sink``).
+position is not sent again (see ``connectors.kafka.sink``).  Several sinks
+can share the work, each sending only the partitions it ``owns``
+(``slot_of``), in parallel Spark tasks.
 """
 
 from __future__ import annotations
 
+import zlib
 from typing import Callable, Iterable
 
 import pyarrow as pa
@@ -29,6 +32,11 @@ from connectors.kafka.sink import KafkaSink
 MIRROR_COLUMNS = ("topic", "queue_id", "queue_offset", "phy_offset", "key", "body", "properties", "store_ts", "sysflag")
 
 
+def slot_of(topic: str, partition: int, slots: int) -> int:
+    """Which of ``slots`` parallel senders owns a Kafka partition (stable across runs and hosts)."""
+    return (zlib.crc32(topic.encode()) + partition) % slots
+
+
 class MirrorSink(KafkaSink):
     name = "mirror"
 
@@ -36,9 +44,10 @@ class MirrorSink(KafkaSink):
         super().__init__(settings, **kwargs)
         self.route = TopicRouter(settings.mirror_topic, settings.mirror_topic_map, "kafka.mirror_topic")
 
-    def publish(self, batches: Callable[[], Iterable[pa.RecordBatch]]) -> None:
-        """Send the messages of ``batches()`` (called again from the start after a retry)."""
-        self.deliver(lambda: self._send_batches(batches()))
+    def publish(self, batches: Callable[[], Iterable[pa.RecordBatch]], *, once: bool = False) -> None:
+        """Send the messages of ``batches()`` (called again from the start after a retry);
+        ``once``: a single attempt, whose failure is raised."""
+        (self.deliver_once if once else self.deliver)(lambda: self._send_batches(batches()))
 
     def _send_batches(self, batches: Iterable[pa.RecordBatch]) -> None:
         for batch in batches:
@@ -55,6 +64,9 @@ class MirrorSink(KafkaSink):
             if route is None:
                 kafka_topic = self.route(topic)
                 route = partitions[topic] = (kafka_topic, self.partitions(kafka_topic))
+            partition = queue_id % route[1]
+            if self.owns is not None and not self.owns(route[0], partition):
+                continue
             headers = [(k, v.encode()) for k, v in props or ()]
             headers += source_headers(phy, topic, queue_id, queue_offset, ts)
-            self.send(route[0], queue_id % route[1], None if key is None else key.encode(), body, headers, phy, ts)
+            self.send(route[0], partition, None if key is None else key.encode(), body, headers, phy, ts)

@@ -41,6 +41,7 @@ log = logging.getLogger("tierlog.kafka")
 
 POSITION = "tierlog.phy"
 MAX_BACKOFF_S = 30.0
+_SHARED: dict[str, KafkaProducer] = {}  # see KafkaSink.shared_producer
 
 
 @dataclass
@@ -73,18 +74,23 @@ class KafkaSink:
 
     def __init__(self, settings: KafkaSettings, *, should_stop: Callable[[], bool] = lambda: False,
                  on_health: Callable[[dict | None], None] | None = None,
-                 on_skip: Callable[[int, str], None] | None = None):
+                 on_skip: Callable[[int, str], None] | None = None,
+                 owns: Callable[[str, int], bool] | None = None, shared_producer: bool = False):
         self.settings = settings
         self.should_stop = should_stop
         self.on_health = on_health
         self.on_skip = on_skip
+        self.owns = owns  # None: every partition; else the partitions this sink (one of several) sends to
+        # Reuse one producer per process across sinks (Spark tasks in a reused Python worker); one
+        # sink uses it at a time, and a failure throws it away.
+        self.shared_producer = shared_producer
         self.stats = SinkStats()
         self._producer: KafkaProducer | None = None
         self._partitions: dict[str, int] = {}  # Kafka topic -> partition count
         self._positions: dict[tuple[str, int], int] = {}  # (topic, partition) -> last position in Kafka
         self._error: BaseException | None = None  # the first failed send since the last flush
         self._error_lock = threading.Lock()
-        self._unhealthy_since: float | None = None
+        self.health = Health(self.name, on_health)
 
     # ------------------------------------------------------------ connection
 
@@ -108,10 +114,17 @@ class KafkaSink:
     @property
     def producer(self) -> KafkaProducer:
         if self._producer is None:
-            self._producer = self._open_producer()
+            if self.shared_producer:
+                key = repr(sorted(self.settings.client.items())) + repr(self.settings)
+                self._producer = _SHARED.get(key) or _SHARED.setdefault(key, self._open_producer())
+            else:
+                self._producer = self._open_producer()
         return self._producer
 
     def close(self) -> None:
+        if self.shared_producer:  # flushed already; it stays for the next task in this process
+            self._producer = None
+            return
         if self._producer is not None:
             try:
                 self._producer.close(timeout=5)
@@ -122,6 +135,8 @@ class KafkaSink:
     def _reset(self) -> None:
         """Forget the producer and every position; the next send reads them back again."""
         if self._producer is not None:
+            for key in [k for k, v in _SHARED.items() if v is self._producer]:
+                del _SHARED[key]
             try:
                 self._producer.close(timeout=0)
             except Exception:  # noqa: BLE001 - it is being thrown away
@@ -138,9 +153,19 @@ class KafkaSink:
         count = self._partitions.get(topic)
         if count is None:
             count = ensure_topic(self.settings, topic, compacted=self.compacted)
-            self._positions.update(read_back(self.settings, topic, count))
+            owned = [p for p in range(count) if self.owns is None or self.owns(topic, p)]
+            self._positions.update(read_back(self.settings, topic, owned))
             self._partitions[topic] = count
         return count
+
+    def known(self) -> tuple[dict[str, int], dict[tuple[str, int], int]]:
+        """Partition counts and positions this sink has learnt (to seed another with ``seed``)."""
+        return dict(self._partitions), dict(self._positions)
+
+    def seed(self, partitions: dict[str, int], positions: dict[tuple[str, int], int]) -> None:
+        """Take counts and positions known to be current, so they need not be read back."""
+        self._partitions.update(partitions)
+        self._positions.update(positions)
 
     # ------------------------------------------------------------ sending
 
@@ -215,8 +240,22 @@ class KafkaSink:
                 return
             raise _wrap(exc, f"Kafka did not take the record at physical offset {position}")
 
+    def deliver_once(self, produce: Callable[[], None]) -> None:
+        """Run ``produce`` (which calls ``send``) and flush; raise a ``KafkaSinkError`` on failure
+        (``retriable`` says whether trying again can succeed) after dropping the producer."""
+        try:
+            produce()
+            self.flush()
+        except KafkaSinkError as exc:
+            if exc.retriable:
+                self._reset()
+            raise
+        except kerr.KafkaError as exc:
+            self._reset()
+            raise _wrap(exc, "Kafka failed") from None
+
     def deliver(self, produce: Callable[[], None]) -> None:
-        """Run ``produce`` (which calls ``send``) and flush, until it succeeds.
+        """``deliver_once`` until it succeeds.
 
         On a retriable failure the sink waits with backoff (reported in the log and
         through ``on_health``), reconnects, reads the positions back and runs
@@ -225,47 +264,68 @@ class KafkaSink:
         attempt = 0
         while True:
             try:
-                produce()
-                self.flush()
-                self._report(None)
+                self.deliver_once(produce)
+                self.health.ok()
                 return
             except KafkaSinkError as exc:
                 if not exc.retriable:
                     raise
                 error = exc
-            except kerr.KafkaError as exc:
-                error = _wrap(exc, "Kafka failed")
-                if not error.retriable:
-                    raise error from None
-            self._reset()
-            delay = min(MAX_BACKOFF_S, 0.5 * 2 ** attempt)
-            attempt += 1
             self.stats.retries += 1
-            self._report("waiting", f"{error}; retrying in {delay:.1f} s")
-            deadline = time.monotonic() + delay
-            while time.monotonic() < deadline:
-                if self.should_stop():
-                    raise StopRequested(f"the {self.name} sink stopped while waiting for Kafka")
-                time.sleep(min(0.2, deadline - time.monotonic()))
+            attempt = backoff(attempt, error, self.health, self.should_stop)
 
-    def _report(self, state: str | None, error: str = "") -> None:
-        if state is None:
-            if self._unhealthy_since is not None:
-                log.info("%s: Kafka reachable again after %.0f s", self.name, time.time() - self._unhealthy_since)
-                self._unhealthy_since = None
-                if self.on_health:
-                    self.on_health(None)
-            return
-        if self._unhealthy_since is None:
-            self._unhealthy_since = time.time()
+    def _report(self, state: str, error: str) -> None:
+        self.health.waiting(error, state)
+
+
+class Health:
+    """Says once in the log, and through ``on_health``, that a sink waits and why, and when it
+    is healthy again; repeats the reason at each new failure."""
+
+    def __init__(self, name: str, on_health: Callable[[dict | None], None] | None = None):
+        self.name, self.on_health = name, on_health
+        self.since: float | None = None
+
+    def waiting(self, error: str, state: str = "waiting") -> None:
+        if self.since is None:
+            self.since = time.time()
         log.warning("%s: %s", self.name, error)
         if self.on_health:
-            self.on_health({"state": state, "since": round(self._unhealthy_since, 3), "error": error})
+            self.on_health({"state": state, "since": round(self.since, 3), "error": error})
+
+    def ok(self) -> None:
+        if self.since is None:
+            return
+        log.info("%s: Kafka reachable again after %.0f s", self.name, time.time() - self.since)
+        self.since = None
+        if self.on_health:
+            self.on_health(None)
+
+
+def backoff(attempt: int, error: BaseException, health: Health, should_stop: Callable[[], bool]) -> int:
+    """Report ``error`` and sleep before try ``attempt + 1`` (0.5 s doubling to 30 s); a stop
+    request ends the wait with ``StopRequested``.  Returns the next attempt number."""
+    delay = min(MAX_BACKOFF_S, 0.5 * 2 ** attempt)
+    health.waiting(f"{error}; retrying in {delay:.1f} s")
+    deadline = time.monotonic() + delay
+    while time.monotonic() < deadline:
+        if should_stop():
+            raise StopRequested(f"the {health.name} sink stopped while waiting for Kafka")
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+    return attempt + 1
+
+
+# The idempotent producer's own errors: the broker lost or doubts the producer's sequence (after a
+# restart, or tansu under load).  Starting over with a new producer is safe: positions are read back
+# and what arrived is skipped, and the broker refuses a batch after a gap, so none can hide behind it.
+_SEQUENCE_ERRORS = tuple(getattr(kerr, name) for name in (
+    "OutOfOrderSequenceNumberError", "UnknownProducerIdError", "InvalidProducerEpochError",
+    "DuplicateSequenceNumberError") if hasattr(kerr, name))
 
 
 def _wrap(exc: BaseException, what: str) -> KafkaSinkError:
     retriable = bool(getattr(exc, "retriable", False)) or isinstance(
-        exc, (kerr.KafkaConnectionError, kerr.KafkaTimeoutError)
+        exc, (kerr.KafkaConnectionError, kerr.KafkaTimeoutError, *_SEQUENCE_ERRORS)
     )
     text = str(exc) if str(exc).startswith(type(exc).__name__) else f"{type(exc).__name__}: {exc}"
     return (KafkaUnavailable if retriable else KafkaSinkError)(f"{what}: {text}")
@@ -315,8 +375,9 @@ def ensure_topic(settings: KafkaSettings, topic: str, *, compacted: bool, wait_s
     return len(found)
 
 
-def read_back(settings: KafkaSettings, topic: str, partitions: int, idle_polls: int = 2) -> dict[tuple[str, int], int]:
-    """The position in the last record of each partition of ``topic`` (-1 for an empty one).
+def read_back(settings: KafkaSettings, topic: str, partitions: list[int],
+              timeout_s: float = 60.0) -> dict[tuple[str, int], int]:
+    """The position in the last record of each of ``partitions`` of ``topic`` (-1 for an empty one).
 
     It seeks to one before the end and reads forward until the partition goes
     quiet, rather than trusting the end offset alone: a broker may report a stale
@@ -324,20 +385,32 @@ def read_back(settings: KafkaSettings, topic: str, partitions: int, idle_polls: 
     """
     consumer = _consumer(settings, fetch_max_wait_ms=100)
     try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        if not partitions:
+            return {}
+        tps = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(tps)
         begins, ends = consumer.beginning_offsets(tps), consumer.end_offsets(tps)
         for tp in tps:
             consumer.seek(tp, max(ends[tp] - 1, begins[tp]))
-        last = {}
+        # Until each partition has given the record just before its end, then on until two polls
+        # come back empty: more may follow an end that is stale.  Giving up early would send
+        # duplicates, so a partition that never shows its last record is an error to retry.
+        targets = {tp.partition: ends[tp] - 1 for tp in tps if ends[tp] > begins[tp]}
+        last: dict = {}
         idle = 0
-        while idle < idle_polls:
-            got = consumer.poll(timeout_ms=300)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = consumer.poll(timeout_ms=200 if last or idle else 1000)
             idle = 0 if got else idle + 1
             for tp, records in got.items():
                 last[tp.partition] = records[-1]
+            if idle >= 2 and all(p in last and last[p].offset >= end for p, end in targets.items()):
+                break
+            if time.monotonic() > deadline:
+                raise KafkaUnavailable(f"could not read the last records of Kafka topic {topic!r} back within "
+                                       f"{timeout_s:.0f} s")
         out = {}
-        for p in range(partitions):
+        for p in partitions:
             record = last.get(p)
             if record is None:
                 out[(topic, p)] = -1
