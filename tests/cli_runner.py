@@ -25,3 +25,29 @@ def tierlog(*argv: str, stdin: str | None = None, cwd=None, env: dict | None = N
             timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(cli_command(*argv), input=stdin, cwd=cwd, env=cli_env(env),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_killed_at(config, point: str, nth: int, fault_dir: Path) -> bool:
+    """``tierlog run --until-caught-up`` with a crash point armed; True if it was SIGKILLed there
+    (else it must have exited 0: the point was not reached that many times)."""
+    import signal
+
+    fault_dir.mkdir()
+    result = tierlog("run", "--until-caught-up", "--config", str(config),
+                     env={"TIERLOG_FAULT": f"{point}:{nth}", "TIERLOG_FAULT_DIR": str(fault_dir)})
+    if result.returncode == -signal.SIGKILL:
+        return True
+    assert result.returncode == 0, result.stderr[-3000:]
+    return False
+
+
+def sink_offsets(conf) -> dict[str, int]:
+    """Each sink's applied physical offset, from the metadata store (read-only)."""
+    from state.metadata import MetadataStore
+    from streaming.service import metadata_path
+
+    store = MetadataStore(metadata_path(conf), read_only=True)
+    try:
+        return store.sinks()
+    finally:
+        store.close()

@@ -7,15 +7,12 @@ compaction sink.  New messages are appended before every run.
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
 
-from state.metadata import MetadataStore
 from streaming import config as cfg
-from streaming.service import metadata_path
-from tests.cli_runner import tierlog
+from tests.cli_runner import run_killed_at, sink_offsets, tierlog
 from tests.kv_helpers import append, assert_all_equal_oracle, kv_messages, view_contents
 from tests.oracle import latest_per_key
 from tests.tiering_helpers import assert_tier_equals_commitlog
@@ -52,14 +49,7 @@ def test_sigkill_in_compaction_batches_then_restart(spark, tmp_path):
     kills = 0
     for i, (point, nth) in enumerate(FAULTS):
         append(conf, kv_messages(500, keys=200, seed=i))
-        fault_dir = tmp_path / f"fault-{i}"
-        fault_dir.mkdir()
-        result = tierlog("run", "--until-caught-up", "--config", str(config),
-                         env={"TIERLOG_FAULT": f"{point}:{nth}", "TIERLOG_FAULT_DIR": str(fault_dir)})
-        if result.returncode == -signal.SIGKILL:
-            kills += 1
-        else:
-            assert result.returncode == 0, result.stderr[-3000:]
+        kills += run_killed_at(config, point, nth, tmp_path / f"fault-{i}")
         # Whatever the view holds after a crash is a state the oracle passed through: no key
         # is newer than the log, and none has a value that was never its latest.
         everything = latest_per_key(conf.commitlog.dir, with_tombstones=True)
@@ -70,9 +60,5 @@ def test_sigkill_in_compaction_batches_then_restart(spark, tmp_path):
     assert final.returncode == 0, final.stderr[-3000:]
     assert_all_equal_oracle(spark, conf)
     assert_tier_equals_commitlog(conf)
-    store = MetadataStore(metadata_path(conf), read_only=True)
-    try:
-        sinks = store.sinks()
-    finally:
-        store.close()
+    sinks = sink_offsets(conf)
     assert sinks["kv"] == sinks["tier"]  # both caught up to the end of the log

@@ -150,3 +150,27 @@ def test_readme_documents_every_setting_and_command():
     commands = cli.build_parser()._subparsers._group_actions[0].choices
     for command in commands:
         assert f"`tierlog {command}" in readme, f"README's CLI reference misses `tierlog {command}`"
+
+
+def test_kafka_settings_are_checked_one_line_each(tmp_path):
+    (tmp_path / "tierlog.toml").write_text(
+        '[kafka]\nbootstrap = "127.0.0.1:1"\ncompression = "lz4"\nsecurity_protocol = "SASL_SSL"\n'
+        'mirror_topic_map = "orders"\n[compaction]\nenabled = false\n')
+    r = tierlog("config", "check", cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 5, lines
+    for setting in ("kafka.bootstrap", "kafka.compression", "kafka.changelog", "kafka.security_protocol",
+                    "kafka.mirror_topic_map"):
+        assert sum(setting in line for line in lines) >= 1, (setting, lines)
+
+
+def test_the_kafka_password_never_shows(tmp_path):
+    from streaming.service import kafka_settings
+
+    env = {"TIERLOG_KAFKA_BOOTSTRAP": "127.0.0.1:1", "TIERLOG_KAFKA_SASL_PASSWORD": "canary-5ecret"}
+    conf = cfg.load(env=env)
+    assert conf.kafka.sasl_password == "canary-5ecret"
+    for text in (repr(conf), cfg.to_toml(conf), repr(kafka_settings(conf))):
+        assert "canary-5ecret" not in text
+    r = tierlog("config", "show", cwd=tmp_path, env=env)
+    assert r.returncode == 0 and "canary-5ecret" not in r.stdout + r.stderr and "****" in r.stdout

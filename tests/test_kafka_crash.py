@@ -10,15 +10,12 @@ be missing from Kafka at the end, and nothing may be there twice.
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
 
-from state.metadata import MetadataStore
 from streaming import config as cfg
-from streaming.service import metadata_path
-from tests.cli_runner import tierlog
+from tests.cli_runner import run_killed_at, sink_offsets, tierlog
 from tests.kafka_helpers import changelog_oracle, changelog_records, compacted, mirror_contents, mirror_oracle
 from tests.kv_helpers import append, kv_messages
 
@@ -68,14 +65,7 @@ def test_sigkill_while_replicating_then_restart(tmp_path, kafka_bootstrap, kafka
     kills = 0
     for i, (point, nth) in enumerate(FAULTS):
         append(conf, kv_messages(1500, keys=300, seed=i))
-        fault_dir = tmp_path / f"fault-{i}"
-        fault_dir.mkdir()
-        result = tierlog("run", "--until-caught-up", "--config", str(config),
-                         env={"TIERLOG_FAULT": f"{point}:{nth}", "TIERLOG_FAULT_DIR": str(fault_dir)})
-        if result.returncode == -signal.SIGKILL:
-            kills += 1
-        else:
-            assert result.returncode == 0, result.stderr[-3000:]
+        kills += run_killed_at(config, point, nth, tmp_path / f"fault-{i}")
         assert_no_duplicates(conf)
     assert kills >= 5, f"only {kills} runs were killed"
 
@@ -84,9 +74,5 @@ def test_sigkill_while_replicating_then_restart(tmp_path, kafka_bootstrap, kafka
     assert mirror_contents(conf, TOPICS) == mirror_oracle(conf)
     assert compacted(changelog_records(conf, TOPICS)) == changelog_oracle(conf)
     assert_no_duplicates(conf)
-    store = MetadataStore(metadata_path(conf), read_only=True)
-    try:
-        sinks = store.sinks()
-    finally:
-        store.close()
+    sinks = sink_offsets(conf)
     assert sinks["mirror"] == sinks["changelog"] == sinks["tier"] == sinks["kv"]

@@ -8,9 +8,9 @@ values, headers), the changelog as a compacted view (tombstones included).
 from __future__ import annotations
 
 from connectors.commitlog.format import Message
-from state.metadata import MetadataStore
 from streaming import config as cfg
-from streaming.service import Service, metadata_path
+from streaming.service import Service
+from tests.cli_runner import sink_offsets
 from tests.kafka_helpers import (
     changelog_oracle,
     changelog_records,
@@ -49,11 +49,7 @@ def test_mirror_and_changelog_equal_the_oracle_across_restarts(spark, tmp_path, 
     assert any(value is None for _t, _k, value, _pos, _p in records), "no tombstone was exercised"
     run(spark, conf)  # nothing new: nothing sent
     assert_kafka_equals_oracle(conf)
-    store = MetadataStore(metadata_path(conf), read_only=True)
-    try:
-        sinks = store.sinks()
-    finally:
-        store.close()
+    sinks = sink_offsets(conf)
     assert sinks["mirror"] == sinks["tier"] == sinks["kv"] == sinks["changelog"]
 
 

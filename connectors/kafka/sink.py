@@ -315,6 +315,7 @@ def backoff(attempt: int, error: BaseException, health: Health, should_stop: Cal
     return attempt + 1
 
 
+# A response that cannot be decoded (tansu, under concurrent requests) is retried like a lost connection.
 # The idempotent producer's own errors: the broker lost or doubts the producer's sequence (after a
 # restart, or tansu under load).  Starting over with a new producer is safe: positions are read back
 # and what arrived is skipped, and the broker refuses a batch after a gap, so none can hide behind it.
@@ -325,7 +326,7 @@ _SEQUENCE_ERRORS = tuple(getattr(kerr, name) for name in (
 
 def _wrap(exc: BaseException, what: str) -> KafkaSinkError:
     retriable = bool(getattr(exc, "retriable", False)) or isinstance(
-        exc, (kerr.KafkaConnectionError, kerr.KafkaTimeoutError, *_SEQUENCE_ERRORS)
+        exc, (kerr.KafkaConnectionError, kerr.KafkaTimeoutError, kerr.KafkaProtocolError, *_SEQUENCE_ERRORS)
     )
     text = str(exc) if str(exc).startswith(type(exc).__name__) else f"{type(exc).__name__}: {exc}"
     return (KafkaUnavailable if retriable else KafkaSinkError)(f"{what}: {text}")
@@ -363,6 +364,8 @@ def ensure_topic(settings: KafkaSettings, topic: str, *, compacted: bool, wait_s
         admin.create_topics([NewTopic(topic, settings.partitions, settings.replication_factor, topic_configs=configs)])
     except kerr.TopicAlreadyExistsError:
         pass  # created meanwhile by someone else: fine
+    except kerr.KafkaProtocolError:
+        pass  # seen from tansu when two senders create a topic at once: whether it exists is checked below
     finally:
         admin.close()
     deadline = time.monotonic() + wait_s
