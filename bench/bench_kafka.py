@@ -166,9 +166,11 @@ def main() -> None:
             for name, seconds in (("bare", bare), ("sink", sink_s), ("query", query_s)):
                 if best[name] is None or seconds < best[name]:
                     best[name] = seconds
-            detail[f"round_{r}"] = {"bare_s": round(bare, 2), "sink_s": round(sink_s, 2),
-                                    "query_s": round(q["seconds"], 2), "query_wall_s": round(q["wall_s"], 2),
-                                    "query_batches": q["batches"]}
+            detail[f"round_{r}"] = {"bare_msgs_per_s": round(args.messages / bare),
+                                    "sink_msgs_per_s": round(args.messages / sink_s),
+                                    "query_steady_msgs_per_s": round(args.messages / query_s),
+                                    "query_wall_msgs_per_s": round(args.messages / q["wall_s"]),
+                                    "query_batch_seconds": q["batches"]}
         spark.stop()
         out = {"messages": args.messages, "body_bytes": args.body, "broker": "tansu (embedded)" if broker else bootstrap}
         for name, seconds in best.items():
