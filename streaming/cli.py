@@ -470,6 +470,39 @@ def cmd_get(args, conf: cfg.Config) -> int:
     return 0
 
 
+def cmd_key(args, conf: cfg.Config) -> int:
+    from connectors.tier.reader import TierReader
+
+    begin = _parse_time(args.since) if args.since else None
+    end = _parse_time(args.until) if args.until else None
+    table = TierReader(conf.tier.location).by_key(args.topic, args.key, begin, end)
+    emit(_message_rows(table, args.format), args.format, INSPECT_COLUMNS if args.format == "table" else None)
+    log.info("%d message(s) with key %r in topic %s in the tier", table.num_rows, args.key, args.topic)
+    if args.latest:
+        _print_latest(conf, args.topic, args.key)
+    return 0
+
+
+def _print_latest(conf: cfg.Config, topic: str, key: str) -> None:
+    """The key's latest value from the local KV view, which is ahead of the tier's history."""
+    import os
+
+    from state.kv import KVView
+    from streaming.service import kv_path
+
+    if not os.path.isdir(kv_path(conf)):
+        log.warning("no local KV view at %s (compaction runs with `tierlog run` on this host): "
+                    "the newest message above is the latest the tier holds", kv_path(conf))
+        return
+    with KVView(kv_path(conf), read_only=True) as kv:
+        entry = kv.get(topic, key)
+    if entry is None:
+        log.info("latest (KV view): %s/%s has no value (never written, deleted or expired)", topic, key)
+    else:
+        log.info("latest (KV view): physical offset %d, queue %d offset %d, %d byte(s)", entry.phy_offset,
+                 entry.queue_id, entry.queue_offset, len(entry.body))
+
+
 def cmd_offset_for_time(args, conf: cfg.Config) -> int:
     from connectors.tier.reader import TierReader
 
@@ -761,6 +794,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("timestamp", metavar="TS")
     p.add_argument("--boundary", choices=["lower", "upper"], default="lower")
     p.set_defaults(func=cmd_offset_for_time)
+
+    p = sub.add_parser(
+        "key", parents=[common, tier, printing], help="every message with a key, from the tier",
+        description="Every committed message of TOPIC whose key is KEY, in physical order, optionally stored "
+        "between --since and --until (epoch ms or ISO 8601). Sealed segments are opened only when their key "
+        "index (written at seal time) lists the key. --latest also reports the key's latest value from the "
+        "local KV view, when the service runs on this host.",
+    )
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("key", metavar="KEY")
+    p.add_argument("--since", metavar="TS", help="only messages stored at or after TS")
+    p.add_argument("--until", metavar="TS", help="only messages stored at or before TS")
+    p.add_argument("--latest", action="store_true", help="also say what the local KV view holds for the key")
+    p.set_defaults(func=cmd_key)
 
     p = sub.add_parser(
         "queues", parents=[common, tier, printing], help="list the queues in the tier",

@@ -33,6 +33,8 @@ BASE_CONF = {
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
     "spark.python.worker.reuse": "true",
+    # The tier source prunes objects and row groups by the filters Spark pushes to it.
+    "spark.sql.python.filterPushdown.enabled": "true",
 }
 
 

@@ -307,10 +307,12 @@ class TieringSink:
             data = layout.to_parquet(table)
             name = layout.segment_name(topic, q, base)
             self.backend.put(name, data)
+            keys = layout.key_index_name(topic, q, base)
+            self.backend.put(keys, layout.key_index(table))
             crash_point("seal_uploaded")
             ts = table["store_ts"]
             segments.append(Segment(name, topic, q, base, end, table.num_rows, len(data),
-                                    _ms(pc.min(ts)), _ms(pc.max(ts))))
+                                    _ms(pc.min(ts)), _ms(pc.max(ts)), keys))
         sealed_after = {(s.topic, s.queue_id): s.end + 1 for s in segments}
         retire = [
             o.name for o in self.state.staging.values()
@@ -341,7 +343,7 @@ class TieringSink:
         now = time.time()
         self.metadata.record_commit(
             self.state, queues=list({(s.topic, s.queue_id) for s in expired}), segments=[],
-            removed_segments=expired, deletes={s.name: now for s in expired},
+            removed_segments=expired, deletes={n: now for s in expired for n in (s.name, s.keys) if n},
         )
         self.records_since_compaction += 1
 

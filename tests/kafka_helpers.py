@@ -30,18 +30,14 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> dict[int,
         if not tps:
             return {}
         consumer.assign(tps)
-        ends = consumer.end_offsets(tps)
         for tp in tps:
             consumer.seek_to_beginning(tp)
         out: dict[int, list] = {tp.partition: [] for tp in tps}
         deadline = time.monotonic() + timeout_s
-        idle = 0
-        # Until the reported end, then on until quiet: tansu reports the last batch's base offset as the end.
-        while idle < 2 or any(consumer.position(tp) < ends[tp] for tp in tps):
+        # To the high watermark of the fetch responses: tansu's listed end offsets lag far behind.
+        while any(consumer.highwater(tp) is None or consumer.position(tp) < consumer.highwater(tp) for tp in tps):
             assert time.monotonic() < deadline, f"could not read {topic} to its end in {timeout_s} s"
-            got = consumer.poll(timeout_ms=300)
-            idle = 0 if got else idle + 1
-            for tp, records in got.items():
+            for tp, records in consumer.poll(timeout_ms=300).items():
                 out[tp.partition].extend(records)
         return out
     finally:
@@ -95,3 +91,22 @@ def changelog_records(conf: cfg.Config, topics: list[str]) -> list[tuple]:
 def compacted(records: list[tuple]) -> dict[tuple[str, str], bytes | None]:
     """Last value per key, as Kafka's log cleaner would leave it (None: a tombstone)."""
     return {(topic, key): value for topic, key, value, _pos, _p in records}
+
+
+def assert_mirror_equals_oracle(conf: cfg.Config, topics: list[str]) -> None:
+    """The mirror equals the oracle; on a difference, say which positions are missing, extra or out of place."""
+    got, expected = mirror_contents(conf, topics), mirror_oracle(conf)
+    if got == expected:
+        return
+    report = []
+    for key in sorted(set(got) | set(expected)):
+        have = [int(dict(h)["tierlog.phy"]) for _k, _v, h in got.get(key, [])]
+        want = [int(dict(h)["tierlog.phy"]) for _k, _v, h in expected.get(key, [])]
+        if have != want:
+            missing = sorted(set(want) - set(have))
+            extra = sorted(set(have) - set(want))
+            twice = sorted({p for p in have if have.count(p) > 1})
+            report.append(f"{key}: {len(have)} records, {len(want)} expected; missing {missing[:10]}, "
+                          f"extra {extra[:10]}, twice {twice[:10]}, first difference at index "
+                          f"{next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), min(len(have), len(want)))}")
+    raise AssertionError("the mirror differs from the oracle:\n" + "\n".join(report or ["(same positions, other fields differ)"]))

@@ -22,7 +22,7 @@ import pytest
 from connectors.kafka.embedded import EmbeddedBroker, free_port
 from streaming import config as cfg
 from tests.cli_runner import cli_command, cli_env, tierlog
-from tests.kafka_helpers import changelog_oracle, changelog_records, compacted, mirror_contents, mirror_oracle
+from tests.kafka_helpers import assert_mirror_equals_oracle, changelog_oracle, changelog_records, compacted
 from tests.kv_helpers import append, kv_messages
 from tests.test_kafka_crash import TOPICS, assert_no_duplicates
 
@@ -45,8 +45,10 @@ def durable_broker(tmp_path):
         except Exception:  # noqa: BLE001 - not listening yet
             assert time.monotonic() < deadline, "moto did not start"
             time.sleep(0.2)
-    env = {"AWS_ENDPOINT": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+    # Every endpoint variable, or the session's S3 fixture (AWS_ENDPOINT_URL_S3 in os.environ) wins.
+    env = {"AWS_ENDPOINT": endpoint, "AWS_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL_S3": endpoint,
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
     broker = EmbeddedBroker("s3://tansu/", env=env, log_path=str(tmp_path / "tansu.log")).start()
     yield broker
     broker.stop()
@@ -115,7 +117,7 @@ def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, durable_brok
         service.send_signal(signal.SIGTERM)
         code = service.wait(timeout=120)
     assert code == 0, (tmp_path / "service.log").read_text()[-3000:]
-    assert mirror_contents(conf, TOPICS) == mirror_oracle(conf)
+    assert_mirror_equals_oracle(conf, TOPICS)
     assert compacted(changelog_records(conf, TOPICS)) == changelog_oracle(conf)
     assert_no_duplicates(conf)
 

@@ -12,12 +12,11 @@ from streaming import config as cfg
 from streaming.service import Service
 from tests.cli_runner import sink_offsets
 from tests.kafka_helpers import (
+    assert_mirror_equals_oracle,
     changelog_oracle,
     changelog_records,
     compacted,
     kafka_conf,
-    mirror_contents,
-    mirror_oracle,
 )
 from tests.kv_helpers import append, kv_messages
 from tests.oracle import latest_per_key
@@ -32,7 +31,7 @@ def run(spark, conf) -> None:
 
 
 def assert_kafka_equals_oracle(conf) -> list[tuple]:
-    assert mirror_contents(conf, TOPICS) == mirror_oracle(conf)
+    assert_mirror_equals_oracle(conf, TOPICS)
     records = changelog_records(conf, TOPICS)
     assert compacted(records) == changelog_oracle(conf)
     positions = [(topic, key, pos) for topic, key, _v, pos, _p in records]
@@ -92,4 +91,4 @@ def test_a_changelog_turned_on_later_starts_from_the_view(spark, tmp_path, kafka
     expected = changelog_oracle(conf)
     assert {k: v for k, v in got.items() if v is not None} == {k: v for k, v in expected.items() if v is not None}
     assert all(expected[k] is None for k, v in got.items() if v is None)
-    assert mirror_contents(conf, TOPICS) == mirror_oracle(conf)  # the mirror starts from the log's beginning
+    assert_mirror_equals_oracle(conf, TOPICS)  # the mirror starts from the log's beginning

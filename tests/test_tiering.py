@@ -37,6 +37,7 @@ def test_tier_holds_exactly_the_commitlog_and_seals_segments(spark, tmp_path, ti
         assert seg.rows == seg.end - seg.base + 1
     objects = {o.name for o in open_backend(tier_location).list()}
     assert set(state.segments) <= objects
+    assert {s.keys for s in state.segments.values()} <= objects  # every segment has its key index
     # Fully sealed staging objects are retired from the state and deleted (grace 0).
     assert not ({n for n in objects if n.startswith(layout.STAGING_PREFIX)} - set(state.staging))
 
@@ -95,7 +96,7 @@ def test_retention_expires_old_segments(spark, tmp_path):
     state = TierReader(conf.tier.location).state()
     assert not state.segments
     assert all(q.low == q.sealed for q in state.queues.values())
-    assert not [o for o in open_backend(conf.tier.location).list() if o.name.startswith("topic=")]
+    assert not [o for o in open_backend(conf.tier.location).list() if o.name.startswith(("topic=", layout.KEYS_PREFIX))]
 
 
 def test_log_compaction_keeps_the_same_state(spark, tmp_path):

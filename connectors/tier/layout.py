@@ -6,6 +6,9 @@
                                                     one micro-batch part, every queue, sorted
     topic=<topic>/queue=<queue>/<base queue offset, 20 digits>.parquet
                                                     a sealed queue-dimension segment
+    _keys/topic=<topic>/queue=<queue>/<base queue offset, 20 digits>.parquet
+                                                    that segment's key index: (key, queue_offset)
+                                                    sorted by key, written at seal time
 
 Names starting with ``_`` are hidden from Spark's and DuckDB's directory
 listings, so ``spark.read.parquet(tier)`` sees exactly the sealed segments.
@@ -23,6 +26,9 @@ from connectors.commitlog.arrow import MESSAGE_SCHEMA
 
 LOG_PREFIX = "_log/"
 STAGING_PREFIX = "_staging/"
+KEYS_PREFIX = "_keys/"
+KEY_INDEX_SCHEMA = pa.schema([("key", pa.string()), ("queue_offset", pa.int64())])
+KEY_INDEX_ROW_GROUP_ROWS = 8 * 1024  # sorted by key, so a lookup reads about one small row group
 SORT_KEYS = [("topic", "ascending"), ("queue_id", "ascending"), ("queue_offset", "ascending")]
 ROW_GROUP_ROWS = 64 * 1024
 COMPRESSION = "zstd"
@@ -49,6 +55,61 @@ def unescape_topic(text: str) -> str:
 
 def segment_name(topic: str, queue_id: int, base_offset: int) -> str:
     return f"topic={escape_topic(topic)}/queue={queue_id}/{base_offset:020d}.parquet"
+
+
+def key_index_name(topic: str, queue_id: int, base_offset: int) -> str:
+    return KEYS_PREFIX + segment_name(topic, queue_id, base_offset)
+
+
+def key_index(segment: pa.Table) -> bytes:
+    """The key index of a segment's rows: every keyed row's (key, queue_offset), sorted by key."""
+    import pyarrow.compute as pc
+
+    index = segment.select(["key", "queue_offset"]).filter(pc.is_valid(segment["key"]))
+    index = index.cast(KEY_INDEX_SCHEMA).sort_by([("key", "ascending"), ("queue_offset", "ascending")])
+    sink = io.BytesIO()
+    pq.write_table(index, sink, compression=COMPRESSION, row_group_size=KEY_INDEX_ROW_GROUP_ROWS,
+                   write_statistics=True)
+    return sink.getvalue()
+
+
+class ObjectFile(io.RawIOBase):
+    """A read-only, seekable file over one tier object, reading only the ranges asked for: Parquet
+    readers fetch the footer and the row groups they need, not the whole object."""
+
+    def __init__(self, backend, name: str, size: int | None = None):
+        self.backend, self.name = backend, name
+        self.length = backend.size(name) if size is None else size
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = {0: offset, 1: self.pos + offset, 2: self.length + offset}[whence]
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        want = min(len(buffer), self.length - self.pos)
+        if want <= 0:
+            return 0
+        data = self.backend.read(self.name, self.pos, want)
+        buffer[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+def read_object_rows(backend, name: str, filters, columns: list[str] | None = None, schema: pa.Schema = None,
+                     size: int | None = None) -> pa.Table:
+    """``read_rows`` over ranged reads of a tier object: only the footer and matching row groups."""
+    source = io.BufferedReader(ObjectFile(backend, name, size), buffer_size=256 << 10)
+    return pq.read_table(source, schema=schema or MESSAGE_SCHEMA, filters=filters, columns=columns)
 
 
 def staging_name(first_phy_offset: int) -> str:

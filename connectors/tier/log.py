@@ -61,9 +61,10 @@ class Segment:
     size: int
     min_ts: int
     max_ts: int
+    keys: str | None = None  # its key index object; None for segments sealed before there were any
 
     def to_json(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if v is not None or k != "keys"}
 
     @classmethod
     def from_json(cls, d: dict) -> "Segment":

@@ -180,6 +180,55 @@ class TierReader:
             pieces.append((max(info["first"], q.sealed), info["last"], info["min_ts"], info["max_ts"]))
         return sorted(p for p in pieces if p[1] >= q.low and p[0] < q.commit)
 
+    def by_key(self, topic: str, key: str, begin_ms: int | None = None, end_ms: int | None = None,
+               state: TierState | None = None) -> pa.Table:
+        """Every committed message of ``topic`` whose key is ``key``, stored in ``[begin_ms, end_ms]``
+        (either end open when None), in physical order.
+
+        Sealed segments are opened only when their time range overlaps and their key
+        index (written at seal time, sorted by key) lists the key; then only the row
+        groups holding those offsets are read.  Staging objects are filtered by key.
+        """
+        state = state or self.state()
+        lo = -(2**62) if begin_ms is None else begin_ms
+        hi = 2**62 if end_ms is None else end_ms
+        parts = []
+        for (t, queue_id), q in sorted(state.queues.items()):
+            if t != topic:
+                continue
+            for seg in state.segments_for((t, queue_id)):
+                if seg.max_ts >= lo and seg.min_ts <= hi and seg.end >= q.low:
+                    parts.append(self._segment_rows_for_key(seg, key))
+            unsealed = [("topic", "=", topic), ("queue_id", "=", queue_id), ("key", "=", key),
+                        ("queue_offset", ">=", q.sealed)]
+            for obj in state.staging_for((t, queue_id)):
+                info = obj.queues[(t, queue_id)]
+                if info["last"] >= q.sealed and info["max_ts"] >= lo and info["min_ts"] <= hi:
+                    parts.append(layout.read_object_rows(self.backend, obj.name, unsealed, size=obj.size))
+        table = pa.concat_tables(parts) if parts else MESSAGE_SCHEMA.empty_table()
+        ts = pc.cast(pc.cast(table["store_ts"], pa.timestamp("ms", tz="UTC")), pa.int64())
+        keep = pc.and_(pc.equal(table["key"], key), pc.and_(pc.greater_equal(ts, lo), pc.less_equal(ts, hi)))
+        table = table.filter(keep)
+        return table.filter(self._committed(table, state)).sort_by("phy_offset")
+
+    def _segment_rows_for_key(self, seg, key: str) -> pa.Table:
+        if seg.keys is None:  # sealed before key indexes existed: filter the segment itself
+            return layout.read_object_rows(self.backend, seg.name, [("key", "=", key)], size=seg.size)
+        index = layout.read_object_rows(self.backend, seg.keys, [("key", "=", key)], ["queue_offset"],
+                                        schema=layout.KEY_INDEX_SCHEMA)
+        if index.num_rows == 0:
+            return MESSAGE_SCHEMA.empty_table()
+        offsets = index["queue_offset"].to_pylist()
+        return layout.read_object_rows(self.backend, seg.name, [("queue_offset", "in", offsets)], size=seg.size)
+
+    @staticmethod
+    def _committed(table: pa.Table, state: TierState) -> pa.Array:
+        """Rows within their queue's retained, committed range."""
+        keep = [state.queues[(t, q)].low <= o < state.queues[(t, q)].commit
+                for t, q, o in zip(table["topic"].to_pylist(), table["queue_id"].to_pylist(),
+                                   table["queue_offset"].to_pylist())]
+        return pa.array(keep, pa.bool_())
+
     def queue_infos(self, state: TierState | None = None) -> list[QueueInfo]:
         """Every queue with its retained range, sealed offset, segments and bytes."""
         state = state or self.state()
