@@ -130,6 +130,7 @@ class KafkaSink:
                 self._producer.close(timeout=5)
             except Exception as exc:  # noqa: BLE001 - closing must not hide the reason we stop
                 log.warning("closing the %s producer: %s", self.name, exc)
+            _stop_sender(self._producer)
             self._producer = None
 
     def _reset(self) -> None:
@@ -141,6 +142,7 @@ class KafkaSink:
                 self._producer.close(timeout=0)
             except Exception:  # noqa: BLE001 - it is being thrown away
                 pass
+            _stop_sender(self._producer)
         self._producer = None
         self._partitions.clear()
         self._positions.clear()
@@ -322,6 +324,24 @@ def backoff(attempt: int, error: BaseException, health: Health, should_stop: Cal
 _SEQUENCE_ERRORS = tuple(getattr(kerr, name) for name in (
     "OutOfOrderSequenceNumberError", "UnknownProducerIdError", "InvalidProducerEpochError",
     "DuplicateSequenceNumberError") if hasattr(kerr, name))
+
+
+def _stop_sender(producer: KafkaProducer) -> None:
+    """Make sure a discarded producer sends nothing more.
+
+    kafka-python's ``close`` flushes first, and when records are still pending that
+    flush raises before the sender thread is stopped: the old producer would go on
+    retrying in the background and, once the broker is back, deliver records that the
+    new producer (after reading positions back) sends again.  Found by the outage test.
+    """
+    sender = getattr(producer, "_sender", None)
+    if sender is None or not sender.is_alive():
+        return
+    sender.force_close()  # fails its pending batches; it stops at its next loop
+    while sender.is_alive():
+        sender.join(1.0)
+        if sender.is_alive():
+            log.warning("waiting for a discarded Kafka producer to stop sending")
 
 
 def _wrap(exc: BaseException, what: str) -> KafkaSinkError:
