@@ -24,7 +24,7 @@ POINTS = (
     "snapshotted",  # apply thread: one topic's compacted snapshot written, the others not yet
     "mirrored",  # driver: a mirror batch is in Kafka, the mirror sink offset not yet recorded
     "changelogged",  # apply thread: a batch's changes are in Kafka, the KV view not yet updated
-    "kafka_sending",  # driver or apply thread: some of a batch's records sent, not yet flushed
+    "kafka_sending",  # a Kafka sink (driver, apply thread or mirror task): every 100th record sent, not flushed
 )
 
 

@@ -229,7 +229,7 @@ class Service:
                 changelog = None
                 if "changelog" in wanted:
                     changelog = ChangelogSink(
-                        kafka, should_stop=self.stopping.is_set,
+                        kafka, should_stop=self.stopping.is_set, driver_pid=os.getpid(),
                         on_health=lambda h: metadata.record_health("changelog", h),
                         on_skip=lambda phy, why: metadata.record_skip("changelog", phy, why),
                     )

@@ -75,7 +75,8 @@ class KafkaSink:
     def __init__(self, settings: KafkaSettings, *, should_stop: Callable[[], bool] = lambda: False,
                  on_health: Callable[[dict | None], None] | None = None,
                  on_skip: Callable[[int, str], None] | None = None,
-                 owns: Callable[[str, int], bool] | None = None, shared_producer: bool = False):
+                 owns: Callable[[str, int], bool] | None = None, shared_producer: bool = False,
+                 driver_pid: int | None = None):
         self.settings = settings
         self.should_stop = should_stop
         self.on_health = on_health
@@ -84,6 +85,7 @@ class KafkaSink:
         # Reuse one producer per process across sinks (Spark tasks in a reused Python worker); one
         # sink uses it at a time, and a failure throws it away.
         self.shared_producer = shared_producer
+        self.driver_pid = driver_pid  # what a crash point kills: the driver, also from a Spark task
         self.stats = SinkStats()
         self._producer: KafkaProducer | None = None
         self._partitions: dict[str, int] = {}  # Kafka topic -> partition count
@@ -94,14 +96,11 @@ class KafkaSink:
 
     # ------------------------------------------------------------ connection
 
-    def _client_options(self) -> dict:
-        return dict(self.settings.client)
-
     def _open_producer(self) -> KafkaProducer:
         s = self.settings
         try:
             return KafkaProducer(
-                **self._client_options(), acks="all", enable_idempotence=True,
+                **self.settings.client, acks="all", enable_idempotence=True,
                 compression_type=None if s.compression == "none" else s.compression,
                 linger_ms=s.linger_ms, batch_size=s.batch_bytes, max_request_size=s.max_request_size,
                 delivery_timeout_ms=int(s.delivery_timeout_s * 1000),
@@ -193,8 +192,8 @@ class KafkaSink:
         future.add_errback(self._failed, position)
         self._positions[(topic, partition)] = position
         self.stats.sent += 1
-        if self.stats.sent % 1000 == 0:
-            crash_point("kafka_sending")
+        if self.stats.sent % 100 == 0:  # records sent, some not yet acknowledged
+            crash_point("kafka_sending", self.driver_pid)
         self.stats.bytes += len(value or b"")
         return True
 
@@ -231,7 +230,7 @@ class KafkaSink:
                     # The producer should have expired these by now; seen to hang after a broker
                     # restart, so start over with a new one (what arrived is skipped by position).
                     raise KafkaUnavailable(f"records not acknowledged within {waited:.0f} s; reconnecting") from None
-                self._report("waiting", f"records not acknowledged for {waited:.0f} s (broker down or slow?)")
+                self.health.waiting(f"records not acknowledged for {waited:.0f} s (broker down or slow?)")
                 if self.should_stop():
                     raise StopRequested(f"the {self.name} sink stopped while waiting for Kafka") from None
         failed, self._error = self._error, None
@@ -275,9 +274,6 @@ class KafkaSink:
                 error = exc
             self.stats.retries += 1
             attempt = backoff(attempt, error, self.health, self.should_stop)
-
-    def _report(self, state: str, error: str) -> None:
-        self.health.waiting(error, state)
 
 
 class Health:
