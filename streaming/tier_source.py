@@ -36,7 +36,7 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
-from connectors.commitlog.arrow import MESSAGE_DDL, MESSAGE_SCHEMA
+from connectors.commitlog.arrow import MESSAGE_DDL, MESSAGE_SCHEMA, epoch_ms_array
 from connectors.errors import ConfigError
 
 _FAR = 2**62
@@ -149,7 +149,7 @@ class TierBatchReader(DataSourceReader):
             mine = pc.and_(pc.and_(pc.equal(table["topic"], topic), pc.equal(table["queue_id"], queue_id)),
                            pc.and_(pc.greater_equal(table["queue_offset"], lo), pc.less(table["queue_offset"], hi)))
             keep = mine if keep is None else pc.or_(keep, mine)
-        ts = pc.cast(pc.cast(table["store_ts"], pa.timestamp("ms", tz="UTC")), pa.int64())
+        ts = epoch_ms_array(table["store_ts"])
         keep = pc.and_(keep, pc.and_(pc.greater_equal(ts, b.ts[0]), pc.less_equal(ts, b.ts[1])))
         yield from table.filter(keep).cast(MESSAGE_SCHEMA).to_batches()
 

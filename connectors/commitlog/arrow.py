@@ -315,11 +315,17 @@ def dispatched_only(table):
     return table if pc.all(keep).as_py() else table.filter(keep)
 
 
+def epoch_ms_array(column) -> pa.Array:
+    """Store times as an int64 array of epoch milliseconds, from an Arrow timestamp or integer column."""
+    if not pa.types.is_timestamp(column.type):
+        return column
+    unit = column.type.unit
+    column = pc.cast(column, pa.int64())
+    if unit == "ms":
+        return column
+    return pc.multiply(column, 1000) if unit == "s" else pc.divide(column, {"us": 1000, "ns": 1_000_000}[unit])
+
+
 def epoch_ms(column) -> list[int]:
     """Store times as epoch milliseconds, from an Arrow timestamp or integer column."""
-    if pa.types.is_timestamp(column.type):
-        per_ms = {"s": 1 / 1000, "ms": 1, "us": 1000, "ns": 1_000_000}[column.type.unit]
-        column = pc.cast(column, pa.int64())
-        if per_ms != 1:
-            column = pc.cast(pc.divide(column, per_ms) if per_ms > 1 else pc.multiply(column, 1000), pa.int64())
-    return column.to_pylist()
+    return epoch_ms_array(column).to_pylist()

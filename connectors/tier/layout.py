@@ -107,7 +107,8 @@ class ObjectFile(io.RawIOBase):
 
 def read_object_rows(backend, name: str, filters, columns: list[str] | None = None, schema: pa.Schema = None,
                      size: int | None = None) -> pa.Table:
-    """``read_rows`` over ranged reads of a tier object: only the footer and matching row groups."""
+    """Rows of one tier object that pass ``filters``, by ranged reads: only the footer and the row
+    groups whose statistics may match are fetched."""
     source = io.BufferedReader(ObjectFile(backend, name, size), buffer_size=256 << 10)
     return pq.read_table(source, schema=schema or MESSAGE_SCHEMA, filters=filters, columns=columns)
 
@@ -149,11 +150,6 @@ def to_parquet(table: pa.Table) -> bytes:
 
 def from_parquet(data: bytes, filters=None) -> pa.Table:
     return pq.read_table(pa.BufferReader(data), schema=MESSAGE_SCHEMA, filters=filters)
-
-
-def read_rows(data: bytes, filters, columns: list[str] | None = None) -> pa.Table:
-    """Rows of one object that pass ``filters`` (row groups are skipped by their statistics)."""
-    return pq.read_table(pa.BufferReader(data), schema=MESSAGE_SCHEMA, filters=filters, columns=columns)
 
 
 def sort_rows(table: pa.Table) -> pa.Table:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from connectors.commitlog.arrow import MESSAGE_SCHEMA
+from connectors.commitlog.arrow import MESSAGE_SCHEMA, epoch_ms_array
 from connectors.tier import layout
 from connectors.tier.backend import Backend, open_backend
 from connectors.tier.log import QueueKey, TierLog, TierState
@@ -119,7 +119,7 @@ class TierReader:
         key = (topic, queue_id)
         in_range = [("queue_offset", ">=", start), ("queue_offset", "<", end)]
         parts = [
-            layout.read_rows(self.backend.read(seg.name), in_range, columns)
+            layout.read_object_rows(self.backend, seg.name, in_range, columns, size=seg.size)
             for seg in state.segments_for(key) if seg.base < end and seg.end >= start
         ]
         # Staging rows below the sealed offset are also in a segment: read them from there only.
@@ -130,7 +130,7 @@ class TierReader:
                 filters = [("topic", "=", topic), ("queue_id", "=", queue_id), ("queue_offset", ">=", unsealed_from),
                            ("queue_offset", "<", end)]
                 if cache is None:
-                    parts.append(layout.read_rows(self.backend.read(obj.name), filters, columns))
+                    parts.append(layout.read_object_rows(self.backend, obj.name, filters, columns, size=obj.size))
                 else:
                     rows = self._object(obj.name, cache).filter(pq.filters_to_expression(filters))
                     parts.append(rows if columns is None else rows.select(columns))
@@ -140,6 +140,15 @@ class TierReader:
         keep = pc.and_(pc.greater_equal(table["queue_offset"], max(start, q.low)),
                        pc.less(table["queue_offset"], min(end, q.commit)))
         return table.filter(keep).sort_by("queue_offset")
+
+    def decoded_end(self, topic: str, queue_id: int, offset: int, state: TierState) -> int:
+        """One past the last offset of the Parquet row group holding ``offset`` when that is in a
+        sealed segment: a read of ``offset`` decodes the whole group anyway.  Else ``offset + 1``."""
+        for seg in state.segments_for((topic, queue_id)):
+            if seg.base <= offset <= seg.end and seg.rows == seg.end - seg.base + 1:  # dense: row i is base + i
+                group = (offset - seg.base) // layout.ROW_GROUP_ROWS + 1
+                return min(seg.end + 1, seg.base + group * layout.ROW_GROUP_ROWS)
+        return offset + 1
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower",
                         state: TierState | None = None) -> int:
@@ -163,7 +172,7 @@ class TierReader:
             if (max_ts < timestamp_ms) if lower else (min_ts > timestamp_ms):
                 continue
             rows = self._range(topic, queue_id, first, last + 1, state, ["queue_offset", "store_ts"])
-            ts = pc.cast(pc.cast(rows["store_ts"], pa.timestamp("ms", tz="UTC")), pa.int64())
+            ts = epoch_ms_array(rows["store_ts"])
             hit = pc.greater_equal(ts, timestamp_ms) if lower else pc.less_equal(ts, timestamp_ms)
             offsets = rows["queue_offset"].filter(hit)
             if len(offsets):
@@ -206,7 +215,7 @@ class TierReader:
                 if info["last"] >= q.sealed and info["max_ts"] >= lo and info["min_ts"] <= hi:
                     parts.append(layout.read_object_rows(self.backend, obj.name, unsealed, size=obj.size))
         table = pa.concat_tables(parts) if parts else MESSAGE_SCHEMA.empty_table()
-        ts = pc.cast(pc.cast(table["store_ts"], pa.timestamp("ms", tz="UTC")), pa.int64())
+        ts = epoch_ms_array(table["store_ts"])
         keep = pc.and_(pc.equal(table["key"], key), pc.and_(pc.greater_equal(ts, lo), pc.less_equal(ts, hi)))
         table = table.filter(keep)
         return table.filter(self._committed(table, state)).sort_by("phy_offset")
