@@ -131,13 +131,13 @@ class ReadAheadCache:
         # Keep the rest of the row group the read decodes anyway, within a quarter of the memory bound.
         end = min(q.commit, max(wanted, self.reader.decoded_end(topic, queue_id, wanted - 1, state)))
         table = self.reader._range(topic, queue_id, start, end, state)
-        if end > wanted and table.nbytes > self.max_bytes // 4:
-            rows = max(wanted - start, table.num_rows * (self.max_bytes // 4) // table.nbytes)
+        if end > wanted and table.get_total_buffer_size() > self.max_bytes // 4:
+            rows = max(wanted - start, table.num_rows * (self.max_bytes // 4) // table.get_total_buffer_size())
             table = table.take(pa.array(range(rows)))  # a copy, so the rest of the group is freed
             end = start + rows
         window = _Window(topic, queue_id, start, end, table)
         self._windows[(topic, queue_id, start)] = window
-        self.stats.bytes += table.nbytes
+        self.stats.bytes += table.get_total_buffer_size()
         self._evict_lru()
         return window
 
@@ -146,7 +146,7 @@ class ReadAheadCache:
     def _evict_lru(self) -> None:
         while self.stats.bytes > self.max_bytes and len(self._windows) > 1:
             _, w = self._windows.popitem(last=False)
-            self.stats.bytes -= w.table.nbytes
+            self.stats.bytes -= w.table.get_total_buffer_size()
             self.stats.evicted_lru += 1
 
     def _advance(self, group: str, key: tuple[str, int], offset: int) -> None:
@@ -165,7 +165,7 @@ class ReadAheadCache:
             w = self._windows[wkey]
             if not any(self._will_reach(other, w, now) for other in groups.values()):
                 del self._windows[wkey]
-                self.stats.bytes -= w.table.nbytes
+                self.stats.bytes -= w.table.get_total_buffer_size()
                 self.stats.dropped_early += 1
 
     def _will_reach(self, g: _Group, w: _Window, now: float) -> bool:

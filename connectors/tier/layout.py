@@ -105,12 +105,35 @@ class ObjectFile(io.RawIOBase):
         return len(data)
 
 
+def open_object(backend, name: str, size: int | None = None) -> io.BufferedReader:
+    return io.BufferedReader(ObjectFile(backend, name, size), buffer_size=256 << 10)
+
+
 def read_object_rows(backend, name: str, filters, columns: list[str] | None = None, schema: pa.Schema = None,
                      size: int | None = None) -> pa.Table:
     """Rows of one tier object that pass ``filters``, by ranged reads: only the footer and the row
     groups whose statistics may match are fetched."""
-    source = io.BufferedReader(ObjectFile(backend, name, size), buffer_size=256 << 10)
-    return pq.read_table(source, schema=schema or MESSAGE_SCHEMA, filters=filters, columns=columns)
+    return pq.read_table(open_object(backend, name, size), schema=schema or MESSAGE_SCHEMA, filters=filters,
+                         columns=columns)
+
+
+def read_segment_slice(backend, name: str, first: int, stop: int, columns: list[str] | None = None,
+                       size: int | None = None) -> pa.Table:
+    """Rows ``first`` .. ``stop - 1`` (by position) of a sealed segment, by ranged reads of just the
+    row groups holding them: no filter is evaluated and nothing is copied but what is decoded."""
+    segment = pq.ParquetFile(open_object(backend, name, size))
+    groups, at, skip = [], 0, 0
+    for i in range(segment.num_row_groups):
+        rows = segment.metadata.row_group(i).num_rows
+        if at < stop and at + rows > first:
+            if not groups:
+                skip = first - at
+            groups.append(i)
+        at += rows
+    schema = MESSAGE_SCHEMA if columns is None else pa.schema([MESSAGE_SCHEMA.field(c) for c in columns])
+    if not groups:
+        return schema.empty_table()
+    return segment.read_row_groups(groups, columns=columns).cast(schema).slice(max(0, skip), stop - first)
 
 
 def staging_name(first_phy_offset: int) -> str:

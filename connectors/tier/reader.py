@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -117,11 +118,10 @@ class TierReader:
                columns: list[str] | None = None, cache: dict | None = None) -> pa.Table:
         """Committed rows of one queue with ``start <= queue_offset < end``, in offset order."""
         key = (topic, queue_id)
-        in_range = [("queue_offset", ">=", start), ("queue_offset", "<", end)]
-        parts = [
-            layout.read_object_rows(self.backend, seg.name, in_range, columns, size=seg.size)
-            for seg in state.segments_for(key) if seg.base < end and seg.end >= start
-        ]
+        q = state.queues[key]
+        start, end = max(start, q.low), min(end, q.commit)
+        parts = [self._segment_range(seg, start, end, columns)
+                 for seg in state.segments_for(key) if seg.base < end and seg.end >= start]
         # Staging rows below the sealed offset are also in a segment: read them from there only.
         unsealed_from = max(start, state.queues[key].sealed)
         for obj in state.staging_for(key):
@@ -136,10 +136,20 @@ class TierReader:
                     parts.append(rows if columns is None else rows.select(columns))
         schema = MESSAGE_SCHEMA if columns is None else pa.schema([MESSAGE_SCHEMA.field(c) for c in columns])
         table = pa.concat_tables(parts) if parts else schema.empty_table()
-        q = state.queues[key]
-        keep = pc.and_(pc.greater_equal(table["queue_offset"], max(start, q.low)),
-                       pc.less(table["queue_offset"], min(end, q.commit)))
-        return table.filter(keep).sort_by("queue_offset")
+        offsets = table["queue_offset"].to_numpy()
+        if len(offsets) > 1 and not (offsets[1:] > offsets[:-1]).all():  # segments, then staging: sorted already
+            table = table.sort_by("queue_offset")
+            offsets = table["queue_offset"].to_numpy()
+        lo, hi = np.searchsorted(offsets, [start, end])
+        return table.slice(lo, hi - lo)  # a slice, not a filter: no copy
+
+    def _segment_range(self, seg, start: int, end: int, columns: list[str] | None) -> pa.Table:
+        if seg.rows == seg.end - seg.base + 1:  # dense, as sealed: row i holds offset base + i
+            first = max(start, seg.base) - seg.base
+            stop = min(end, seg.end + 1) - seg.base
+            return layout.read_segment_slice(self.backend, seg.name, first, stop, columns, size=seg.size)
+        return layout.read_object_rows(self.backend, seg.name, [("queue_offset", ">=", start), ("queue_offset", "<", end)],
+                                       columns, size=seg.size)
 
     def decoded_end(self, topic: str, queue_id: int, offset: int, state: TierState) -> int:
         """One past the last offset of the Parquet row group holding ``offset`` when that is in a
@@ -213,7 +223,7 @@ class TierReader:
             for obj in state.staging_for((t, queue_id)):
                 info = obj.queues[(t, queue_id)]
                 if info["last"] >= q.sealed and info["max_ts"] >= lo and info["min_ts"] <= hi:
-                    parts.append(layout.read_object_rows(self.backend, obj.name, unsealed, size=obj.size))
+                    parts.append(self._staging_rows_for_key(obj, unsealed))
         table = pa.concat_tables(parts) if parts else MESSAGE_SCHEMA.empty_table()
         ts = epoch_ms_array(table["store_ts"])
         keep = pc.and_(pc.equal(table["key"], key), pc.and_(pc.greater_equal(ts, lo), pc.less_equal(ts, hi)))
@@ -229,6 +239,16 @@ class TierReader:
             return MESSAGE_SCHEMA.empty_table()
         offsets = index["queue_offset"].to_pylist()
         return layout.read_object_rows(self.backend, seg.name, [("queue_offset", "in", offsets)], size=seg.size)
+
+    def _staging_rows_for_key(self, obj, filters) -> pa.Table:
+        """Find the key's offsets reading two small columns, then read only the row groups holding them."""
+        found = layout.read_object_rows(self.backend, obj.name, filters, ["queue_offset"], size=obj.size)
+        if found.num_rows == 0:
+            return MESSAGE_SCHEMA.empty_table()
+        topic_and_queue = filters[:2]
+        offsets = found["queue_offset"].to_pylist()
+        return layout.read_object_rows(self.backend, obj.name, [*topic_and_queue, ("queue_offset", "in", offsets)],
+                                       size=obj.size)
 
     @staticmethod
     def _committed(table: pa.Table, state: TierState) -> pa.Array:
