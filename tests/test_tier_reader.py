@@ -274,3 +274,114 @@ def test_read_ahead_cache_drops_what_no_group_will_reach_in_time(tier):
     for queue in range(3):
         bounded.get("g", "t0", queue, 0, 50)
     assert bounded.stats.evicted_lru >= 2 and len(bounded._windows) == 1
+
+
+def test_every_query_equals_the_oracle_while_batches_commit_and_seals_run(spark, tmp_path, tier_location):
+    """get, offset_for_time, by_key and a cached consumer, called over and over while the service
+    commits small batches and seals segments, each compared with the replay as of the state it read."""
+    import dataclasses
+    import threading
+
+    from connectors.tier.cache import ReadAheadCache
+
+    conf = make_conf(tmp_path, tier_location, segment_messages=70, delete_grace_s=30.0)
+    conf = dataclasses.replace(conf, source=dataclasses.replace(conf.source, max_bytes_per_trigger=25_000))
+    append(conf, timed_messages(2400, seed=5, start_ts=BASE_TS))
+    queues = oracle_queues(conf)
+    stop, problems, seen = threading.Event(), [], {"calls": 0, "seqs": set(), "segments": set()}
+
+    def check(what, got, expected):
+        seen["calls"] += 1
+        if got != expected:
+            problems.append((what, got if len(str(got)) < 300 else "...", expected if len(str(expected)) < 300 else "..."))
+
+    def one_round(reader, cache, positions, rng):
+        state = reader.state()
+        if not state.queues:
+            return
+        seen["seqs"].add(state.seq)
+        seen["segments"].add(len(state.segments))
+        (topic, queue), q = rng.choice(sorted(state.queues.items()))
+        rows = queues[(topic, queue)][q.low : q.commit]
+        offset = rng.randrange(q.low, q.commit)
+        got = reader.get(topic, queue, offset, 40, state).messages.to_pylist()
+        check(("get", topic, queue, offset), [normalize_arrow_row(r) for r in got], rows[offset - q.low :][:40])
+        ts = rng.choice(rows)["store_ts"] + rng.choice([-1, 0, 1])
+        lower = next((r["queue_offset"] for r in rows if r["store_ts"] >= ts), q.commit)
+        upper = max((r["queue_offset"] for r in rows if r["store_ts"] <= ts), default=q.low)
+        check(("lower", topic, queue, ts), reader.offset_for_time(topic, queue, ts, "lower", state), lower)
+        check(("upper", topic, queue, ts), reader.offset_for_time(topic, queue, ts, "upper", state), upper)
+        key = f"k{rng.randrange(50)}"
+        committed = [r for (t, qid), rs in queues.items() if t == topic and (t, qid) in state.queues
+                     for r in rs[state.queues[(t, qid)].low : state.queues[(t, qid)].commit] if r["key"] == key]
+        got = [normalize_arrow_row(r) for r in reader.by_key(topic, key, state=state).to_pylist()]
+        check(("by_key", topic, key), got, sorted(committed, key=lambda r: r["phy_offset"]))
+        at = positions.get((topic, queue), 0)
+        result = cache.get("follower", topic, queue, at, 25)
+        if result.status is GetStatus.FOUND:
+            expected = queues[(topic, queue)][at : result.next_offset]
+            check(("cache", topic, queue, at), [normalize_arrow_row(r) for r in result.messages.to_pylist()], expected)
+            positions[(topic, queue)] = result.next_offset
+
+    def query_loop():
+        reader = TierReader(tier_location)
+        cache, positions, rng = ReadAheadCache(reader, refresh_s=0.2), {}, random.Random(7)
+        while not stop.is_set():
+            try:
+                one_round(reader, cache, positions, rng)
+            except Exception as exc:  # noqa: BLE001 - a failed read is a finding, not a crash of the thread
+                problems.append(("raised", repr(exc)))
+
+    thread = threading.Thread(target=query_loop)
+    thread.start()
+    try:
+        service = Service(conf)
+        assert service.run(until_caught_up=True, spark=spark) == 0
+    finally:
+        stop.set()
+        thread.join()
+    assert not problems, problems[:5]
+    assert service.progress.batches >= 8 and len(seen["seqs"]) >= 5, seen["seqs"]  # reads spanned many commits
+    assert len(seen["segments"]) >= 3 and seen["calls"] > 40  # ... and seals
+
+
+def readme_python_blocks(*needles: str) -> list[str]:
+    """The README's ```python blocks that contain every one of ``needles``."""
+    from tests.cli_runner import ROOT
+
+    text = (ROOT / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    found = [b for b in blocks if all(n in b for n in needles)]
+    assert found, f"no README python block holds {needles}"
+    return found
+
+
+def test_readme_tier_examples_run_against_a_real_tier(spark, tmp_path):
+    location = str(tmp_path / "tier")
+    conf = make_conf(tmp_path, location, segment_messages=500)
+    base = 1763712000000 - 3000  # the README's offset_for_time asks for 1763712000000
+    append(conf, (Message(topic="orders" if i % 5 else "payments", queue_id=i % 4, body=b"o%d" % i,
+                          properties={"KEYS": f"order-{i % 97}"}, store_ts=base + i) for i in range(7000)))
+    assert Service(conf).run(until_caught_up=True, spark=spark) == 0
+    state = TierReader(location).state()
+    rows = replay(conf.commitlog.dir)
+    sealed = [r for r in rows if r["queue_offset"] < state.queues[(r["topic"], r["queue_id"])].sealed]
+    assert state.staging and len(sealed) > 3000  # both kinds of object
+
+    [tables] = readme_python_blocks("import duckdb", "pyarrow.dataset")
+    ns = {"spark": spark}
+    exec(tables.replace("data/tier", location), ns)
+    per_queue: dict = {}
+    for r in sealed:
+        per_queue[(r["topic"], r["queue_id"])] = per_queue.get((r["topic"], r["queue_id"]), 0) + 1
+    assert ns["counts"] == sorted((t, q, n) for (t, q), n in per_queue.items())
+    assert sorted(ns["segments"]["phy_offset"].to_pylist()) == [r["phy_offset"] for r in sealed]
+    assert ns["sealed"].count() == len(sealed)
+    assert _rows(ns["orders"].toArrow()) == [r for r in rows if r["topic"] == "orders" and r["queue_offset"] >= 1000]
+
+    [queries] = readme_python_blocks("TierReader(")
+    exec(queries.replace("data/tier", location), ns)
+    queue3 = [r for r in rows if (r["topic"], r["queue_id"]) == ("orders", 3)]
+    assert [normalize_arrow_row(r) for r in ns["result"].messages.to_pylist()] == queue3[1000:1100]
+    assert ns["start"] == next(r["queue_offset"] for r in queue3 if r["store_ts"] >= 1763712000000)
+    assert _rows(ns["history"]) == [r for r in rows if r["topic"] == "orders" and r["key"] == "order-42"]
