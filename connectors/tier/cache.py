@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -39,6 +40,12 @@ from connectors.tier.reader import GetResult, GetStatus, TierReader
 
 
 START_FACTOR = 4  # a queue's first window: 4 x max_messages
+_LIVE: "weakref.WeakSet[ReadAheadCache]" = weakref.WeakSet()
+
+
+def live_caches() -> list["ReadAheadCache"]:
+    """Every cache of this process still in use (for the metrics' hit ratio)."""
+    return list(_LIVE)
 
 
 @dataclass
@@ -84,6 +91,7 @@ class ReadAheadCache:
         self._state: TierState | None = None
         self._state_at = 0.0
         self._lock = threading.Lock()
+        _LIVE.add(self)
 
     # ------------------------------------------------------------ reading
 

@@ -31,6 +31,9 @@ KEY_INDEX_SCHEMA = pa.schema([("key", pa.string()), ("queue_offset", pa.int64())
 KEY_INDEX_ROW_GROUP_ROWS = 8 * 1024  # sorted by key, so a lookup reads about one small row group
 SORT_KEYS = [("topic", "ascending"), ("queue_id", "ascending"), ("queue_offset", "ascending")]
 ROW_GROUP_ROWS = 64 * 1024
+# A staging object holds every queue of a batch part, sorted by queue: small row groups let a
+# reader of one queue skip the others' rows by their statistics instead of decoding them.
+STAGING_ROW_GROUP_ROWS = 8 * 1024
 COMPRESSION = "zstd"
 
 # Hive's escapePathName set, plus space and control characters.
@@ -157,14 +160,14 @@ def parse_log_name(name: str) -> tuple[int, bool] | None:
     return int(stem), rest == "checkpoint.json"
 
 
-def to_parquet(table: pa.Table) -> bytes:
-    """Serialize rows of the message schema, zstd, in row groups of ``ROW_GROUP_ROWS``."""
+def to_parquet(table: pa.Table, row_group_rows: int = ROW_GROUP_ROWS) -> bytes:
+    """Serialize rows of the message schema, zstd, in row groups of ``row_group_rows``."""
     sink = io.BytesIO()
     pq.write_table(
         table.cast(MESSAGE_SCHEMA),
         sink,
         compression=COMPRESSION,
-        row_group_size=ROW_GROUP_ROWS,
+        row_group_size=row_group_rows,
         write_statistics=True,
         use_dictionary=["topic", "key", "tags", "born_host", "store_host", "op"],
     )

@@ -211,19 +211,19 @@ class TierReader:
         state = state or self.state()
         lo = -(2**62) if begin_ms is None else begin_ms
         hi = 2**62 if end_ms is None else end_ms
-        parts = []
+        parts, staged = [], {}
         for (t, queue_id), q in sorted(state.queues.items()):
             if t != topic:
                 continue
             for seg in state.segments_for((t, queue_id)):
                 if seg.max_ts >= lo and seg.min_ts <= hi and seg.end >= q.low:
                     parts.append(self._segment_rows_for_key(seg, key))
-            unsealed = [("topic", "=", topic), ("queue_id", "=", queue_id), ("key", "=", key),
-                        ("queue_offset", ">=", q.sealed)]
             for obj in state.staging_for((t, queue_id)):
                 info = obj.queues[(t, queue_id)]
                 if info["last"] >= q.sealed and info["max_ts"] >= lo and info["min_ts"] <= hi:
-                    parts.append(self._staging_rows_for_key(obj, unsealed))
+                    staged.setdefault(obj.name, (obj, {}))[1][queue_id] = q.sealed
+        for obj, sealed in staged.values():  # each staging object read once, for all its queues
+            parts.append(self._staging_rows_for_key(obj, topic, key, sealed))
         table = pa.concat_tables(parts) if parts else MESSAGE_SCHEMA.empty_table()
         ts = epoch_ms_array(table["store_ts"])
         keep = pc.and_(pc.equal(table["key"], key), pc.and_(pc.greater_equal(ts, lo), pc.less_equal(ts, hi)))
@@ -240,15 +240,21 @@ class TierReader:
         offsets = index["queue_offset"].to_pylist()
         return layout.read_object_rows(self.backend, seg.name, [("queue_offset", "in", offsets)], size=seg.size)
 
-    def _staging_rows_for_key(self, obj, filters) -> pa.Table:
-        """Find the key's offsets reading two small columns, then read only the row groups holding them."""
-        found = layout.read_object_rows(self.backend, obj.name, filters, ["queue_offset"], size=obj.size)
-        if found.num_rows == 0:
+    def _staging_rows_for_key(self, obj, topic: str, key: str, sealed: dict[int, int]) -> pa.Table:
+        """The key's unsealed rows in one staging object (``sealed``: queue id -> its sealed offset).
+        Their offsets are found from three small columns before whole rows are read."""
+        found = layout.read_object_rows(self.backend, obj.name, [("topic", "=", topic), ("key", "=", key)],
+                                        ["queue_id", "queue_offset"], size=obj.size)
+        mine = [(qid, off) for qid, off in zip(found["queue_id"].to_pylist(), found["queue_offset"].to_pylist())
+                if qid in sealed and off >= sealed[qid]]
+        if not mine:
             return MESSAGE_SCHEMA.empty_table()
-        topic_and_queue = filters[:2]
-        offsets = found["queue_offset"].to_pylist()
-        return layout.read_object_rows(self.backend, obj.name, [*topic_and_queue, ("queue_offset", "in", offsets)],
-                                       size=obj.size)
+        filters = [("topic", "=", topic), ("queue_id", "in", sorted({q for q, _ in mine})),
+                   ("queue_offset", "in", sorted({o for _, o in mine}))]
+        rows = layout.read_object_rows(self.backend, obj.name, filters, size=obj.size)
+        wanted = set(mine)  # offsets repeat across queues, and the sealed part is read from segments
+        keep = [(q, o) in wanted for q, o in zip(rows["queue_id"].to_pylist(), rows["queue_offset"].to_pylist())]
+        return rows.filter(pa.array(keep, pa.bool_()))
 
     @staticmethod
     def _committed(table: pa.Table, state: TierState) -> pa.Array:
