@@ -46,9 +46,10 @@ log = logging.getLogger("tierlog.tiering")
 
 STAGED_SCHEMA = pa.schema(
     [("name", pa.string()), ("size", pa.int64()), ("first_phy", pa.int64()), ("end_phy", pa.int64()),
-     ("rows", pa.int64()), ("bytes", pa.int64()), ("queues", pa.string())]
+     ("rows", pa.int64()), ("bytes", pa.int64()), ("queues", pa.string()), ("upload_s", pa.float64())]
 )
-STAGED_DDL = "name string, size bigint, first_phy bigint, end_phy bigint, rows bigint, bytes bigint, queues string"
+STAGED_DDL = ("name string, size bigint, first_phy bigint, end_phy bigint, rows bigint, bytes bigint, queues string, "
+              "upload_s double")
 
 
 class SkippedMessagesError(TierlogError):
@@ -114,18 +115,20 @@ def make_stager(settings: TieringSettings, floor: int):
             batches_ = list(reader.record_batches(lo, hi, key_property=settings.key_property))
         table = dispatched_only(pa.Table.from_batches(batches_, schema=batches_[0].schema if batches_ else None))
         table = layout.sort_rows(table)
-        data = layout.to_parquet(table)
+        data = layout.to_parquet(table, layout.STAGING_ROW_GROUP_ROWS)
         name = layout.staging_name(lo)
         backend = open_backend(settings.location)
+        started = time.monotonic()
         try:
             backend.put(name, data)
         finally:
             backend.close()
+        upload_s = time.monotonic() - started
         crash_point("staged", settings.driver_pid)
         stats = queue_stats(table)
         yield pa.RecordBatch.from_pylist(
             [{"name": name, "size": len(data), "first_phy": lo, "end_phy": hi, "rows": table.num_rows,
-              "bytes": int(pc.sum(table["size"]).as_py() or 0), "queues": json.dumps(stats)}],
+              "bytes": int(pc.sum(table["size"]).as_py() or 0), "queues": json.dumps(stats), "upload_s": upload_s}],
             schema=STAGED_SCHEMA,
         )
 
@@ -147,6 +150,7 @@ class BatchReport:
     seconds: float = 0.0
     replay: bool = False
     phases: dict | None = None  # seconds per step: stage (Spark job + uploads), dispatch, commit, maintain
+    uploads: list | None = None  # (kind, seconds) per object written: staging, segment, key_index
 
 
 class TieringSink:
@@ -162,6 +166,7 @@ class TieringSink:
         self.lock = threading.Lock()  # held while a batch is processed; graceful stop waits on it
         self.on_batch = on_batch
         self.records_since_compaction = 0
+        self.uploads: list[tuple[str, float]] = []  # (kind, seconds) since the last batch report
 
     def reconcile_metadata(self) -> None:
         """Bring the metadata store up to the tier's commit log (a crash can leave it one record behind)."""
@@ -181,13 +186,16 @@ class TieringSink:
     def process(self, df, batch_id: int) -> None:
         with self.lock:
             started = time.monotonic()
-            report = self._process(df, batch_id)
+            try:
+                report = self._process(df, batch_id)
+            finally:
+                self.uploads = []
             report.seconds = time.monotonic() - started
             if self.on_batch:
                 self.on_batch(report)
 
     def _process(self, df, batch_id: int) -> BatchReport:
-        report = BatchReport(batch_id, phases={})
+        report = BatchReport(batch_id, phases={}, uploads=self.uploads)  # seals below add theirs
         clock = _Clock(report.phases)
         floor = self.state.source_end if self.state.source_end is not None else 0
         staged = df.mapInArrow(make_stager(self.settings, floor), STAGED_DDL).toArrow().to_pylist()
@@ -196,6 +204,7 @@ class TieringSink:
             report.replay = True
             return report
         staged.sort(key=lambda r: r["first_phy"])
+        report.uploads.extend(("staging", r["upload_s"]) for r in staged)
         self._check_contiguous(staged, batch_id)
         crash_point("uploaded")
         now_ms = int(time.time() * 1000)
@@ -306,9 +315,9 @@ class TieringSink:
             end = table["queue_offset"][-1].as_py()
             data = layout.to_parquet(table)
             name = layout.segment_name(topic, q, base)
-            self.backend.put(name, data)
+            self._timed_put("segment", name, data)
             keys = layout.key_index_name(topic, q, base)
-            self.backend.put(keys, layout.key_index(table))
+            self._timed_put("key_index", keys, layout.key_index(table))
             crash_point("seal_uploaded")
             ts = table["store_ts"]
             segments.append(Segment(name, topic, q, base, end, table.num_rows, len(data),
@@ -326,6 +335,11 @@ class TieringSink:
         )
         self.records_since_compaction += 1
         return len(segments)
+
+    def _timed_put(self, kind: str, name: str, data: bytes) -> None:
+        started = time.monotonic()
+        self.backend.put(name, data)
+        self.uploads.append((kind, time.monotonic() - started))
 
     def expire(self, now_ms: int) -> None:
         """Retention: drop sealed segments whose newest message is older than the topic's TTL."""
