@@ -317,8 +317,29 @@ def queue_lag(conf: cfg.Config, source_end: int | None, cap_bytes: int = 256 << 
 
 
 def cmd_status(args, conf: cfg.Config) -> int:
+    if args.watch is None:
+        return show_status(args, conf)
+    import time
+
+    if args.watch <= 0:
+        raise ConfigError(f"--watch {args.watch}: the refresh interval must be positive seconds")
+    done = 0
+    while args.count is None or done < args.count:
+        if args.format == "table":
+            if done or sys.stdout.isatty():
+                print("\x1b[H\x1b[2J", end="")  # cursor home, clear screen: redraw in place
+            print(f"tierlog status every {args.watch:g} s, {time.strftime('%H:%M:%S')} (Ctrl-C stops)\n")
+        show_status(args, conf)
+        sys.stdout.flush()
+        done += 1
+        if args.count is None or done < args.count:
+            time.sleep(args.watch)
+    return 0
+
+
+def show_status(args, conf: cfg.Config) -> int:
     from state.metadata import MetadataStore
-    from streaming.service import metadata_path
+    from streaming.service import enabled_sinks, metadata_path, safepoint
 
     store = MetadataStore(metadata_path(conf), read_only=True)
     try:
@@ -379,24 +400,12 @@ def cmd_tier(args, conf: cfg.Config) -> int:
     return 0
 
 
-def enabled_sinks(conf: cfg.Config) -> list[str]:
-    from streaming.service import kafka_sinks
-
-    return ["tier"] + (["kv"] if conf.compaction.enabled else []) + kafka_sinks(conf)
-
-
-def safepoint(conf: cfg.Config, sinks: dict[str, int]) -> int | None:
-    """The lowest physical offset every enabled sink has applied; None until each has applied something."""
-    enabled = enabled_sinks(conf)
-    return min(sinks[n] for n in enabled) if all(n in sinks for n in enabled) else None
-
-
 def cmd_commitlog_gc(args, conf: cfg.Config) -> int:
     import os
 
     from connectors.commitlog.reader import list_files
     from state.metadata import MetadataStore
-    from streaming.service import metadata_path
+    from streaming.service import enabled_sinks, metadata_path, safepoint
 
     retention = cfg.parse_duration(conf.commitlog.local_retention, "commitlog.local_retention")
     store = MetadataStore(metadata_path(conf), read_only=True)
@@ -750,6 +759,10 @@ def build_parser() -> argparse.ArgumentParser:
         "`tierlog run` runs): per queue the dispatch, commit and sealed offsets, the lowest retained offset, "
         "messages not yet tiered, and segments; then the safepoint and each sink's applied offset.",
     )
+    p.add_argument("--watch", type=float, metavar="SECONDS", nargs="?", const=2.0,
+                   help="refresh every SECONDS (default 2) until Ctrl-C; the table view redraws in place, "
+                        "JSON prints each refresh after the last")
+    p.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N refreshes")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser(

@@ -156,6 +156,12 @@ class SparkConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    port: int = setting(9464, "Port of the Prometheus endpoint (/metrics) of `tierlog run`; 0 turns it off.")
+    host: str = setting("127.0.0.1", "Address the metrics endpoint listens on (0.0.0.0 to be scraped from outside).")
+
+
+@dataclass(frozen=True)
 class Config:
     commitlog: CommitlogConfig = field(default_factory=CommitlogConfig)
     source: SourceConfig = field(default_factory=SourceConfig)
@@ -165,6 +171,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
 
 def sections() -> dict[str, type]:

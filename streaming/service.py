@@ -26,6 +26,8 @@ from state.kv import KVView
 from state.metadata import MetadataStore
 from streaming import config as cfg
 from connectors.kafka.changelog import ChangelogSink
+from streaming.checkpoints import check_or_record, guarded_settings
+from streaming.metrics import Metrics
 from streaming.compaction import CompactionReport, CompactionSettings, CompactionSink, compaction_stream
 from streaming.replication import MirrorQuery, MirrorReport
 from streaming.tiering import BatchReport, TieringSettings, TieringSink, refs_stream
@@ -114,6 +116,16 @@ def kafka_sinks(conf: cfg.Config) -> list[str]:
     return (["mirror"] if conf.kafka.mirror else []) + (["changelog"] if changelog else [])
 
 
+def enabled_sinks(conf: cfg.Config) -> list[str]:
+    return ["tier"] + (["kv"] if conf.compaction.enabled else []) + kafka_sinks(conf)
+
+
+def safepoint(conf: cfg.Config, sinks: dict[str, int]) -> int | None:
+    """The lowest physical offset every enabled sink has applied; None until each has applied something."""
+    enabled = enabled_sinks(conf)
+    return min(sinks[n] for n in enabled) if all(n in sinks for n in enabled) else None
+
+
 def metadata_path(conf: cfg.Config) -> str:
     return os.path.join(conf.state.dir, "metadata")
 
@@ -149,6 +161,10 @@ class Service:
         self.stopping = threading.Event()
         self.progress = Progress()
         self._log_reader: CommitLogReader | None = None  # kept open: it remembers the frontier
+        self.metrics = Metrics()
+        self._metadata = self._kv = None  # set while run() runs
+        self._seen_progress: dict[str, str] = {}  # query -> timestamp of the progress last counted
+        self._kafka_counts = {"sent": 0, "retries": 0}  # the changelog sink's, as last counted
 
     # ------------------------------------------------------------ per-batch report
 
@@ -174,6 +190,17 @@ class Service:
         if report.replay:
             line["replay"] = True
         log.info("batch %s", json.dumps(line))
+        m = self.metrics
+        m.batch_seconds.labels("tiering").observe(report.seconds)
+        m.bytes_in.labels("tiering").inc(report.bytes)
+        m.behind_messages.set(line["lag_msgs"])
+        m.behind_seconds.set(line["lag_s"])
+        m.seals.inc(report.seals)
+        for kind, seconds in report.uploads or ():
+            m.upload_seconds.labels(kind).observe(seconds)
+            m.objects.labels(kind).inc()
+        if not report.replay:
+            m.objects.labels("commit_record").inc()
 
     def _on_compaction_batch(self, report: CompactionReport) -> None:
         line = {
@@ -184,12 +211,20 @@ class Service:
         if report.snapshot_rows is not None:
             line["snapshot_rows"] = report.snapshot_rows
         log.info("batch %s", json.dumps(line))
+        self.metrics.batch_seconds.labels("compaction").observe(report.seconds)
 
     def _on_mirror_batch(self, report: MirrorReport) -> None:
         line = {"query": "mirror", "batch": report.batch_id, "sent": report.sent, "skipped": report.skipped,
                 "mb": round(report.bytes / 1e6, 3), "source_end": report.source_end,
                 "seconds": round(report.seconds, 3), "attempts": report.attempts}
         log.info("batch %s", json.dumps(line))
+        m = self.metrics
+        m.batch_seconds.labels("mirror").observe(report.seconds)
+        m.bytes_in.labels("mirror").inc(report.bytes)
+        m.kafka_sent.labels("mirror").inc(report.sent)
+        m.kafka_errors.labels("mirror").inc(report.attempts - 1)
+        if report.sent:
+            m.kafka_rate.labels("mirror").set(report.sent / max(report.seconds, 1e-3))
 
     def _frontier(self, hint: int | None) -> int:
         """The commitlog's end, for the lag in the batch line; 0 when it cannot be read."""
@@ -211,20 +246,24 @@ class Service:
             )
         settings = tiering_settings(conf)
         compaction = compaction_settings(conf) if conf.compaction.enabled else None
-        metadata = MetadataStore(metadata_path(conf))
-        kv = None
+        metadata = self._metadata = MetadataStore(metadata_path(conf))
+        self.metrics.serve(conf.metrics.host, conf.metrics.port)
+        kv = self._kv = None
         self.sinks: dict[str, object] = {}
         try:
             if compaction is not None:
-                kv = KVView(kv_path(conf), ttl=compaction.ttl)
+                kv = self._kv = KVView(kv_path(conf), ttl=compaction.ttl)
             if spark is None:
                 from streaming.session import build_session
 
                 spark = build_session("tierlog", conf.spark.master, session_conf(conf))
+            wanted = kafka_sinks(conf)
+            queries = ["tiering"] + (["compaction"] if kv is not None else []) + (["mirror"] if "mirror" in wanted else [])
+            for name in queries:  # every checkpoint checked before anything starts
+                check_or_record(spark, checkpoint_path(conf, name), name, guarded_settings(conf, name, spark))
             self.sink = TieringSink(settings, metadata, on_batch=self._on_batch)
             self.sinks["tiering"] = self.sink
             kafka = kafka_settings(conf)
-            wanted = kafka_sinks(conf)
             if kv is not None:
                 changelog = None
                 if "changelog" in wanted:
@@ -255,6 +294,7 @@ class Service:
             if kv is not None:
                 kv.close()
             metadata.close()
+            self.metrics.close()
             if self._log_reader is not None:
                 self._log_reader.close()
 
@@ -298,8 +338,10 @@ class Service:
                 active[0].awaitTermination(0.5)
             except Exception:  # noqa: BLE001 - a query failed; _outcome says why
                 break
-            if compaction is not None and time.monotonic() >= next_sweep:
-                compaction.sweep()  # a quiet stream runs no batches, but keys still expire
+            if time.monotonic() >= next_sweep:
+                if compaction is not None:
+                    compaction.sweep()  # a quiet stream runs no batches, but keys still expire
+                self._poll_metrics(queries)
                 next_sweep = time.monotonic() + max(1.0, conf.spark.trigger_interval_s)
         failed = any(q.exception() is not None for q in queries.values() if not q.isActive)
         if (self.stopping.is_set() or failed) and any(q.isActive for q in queries.values()):
@@ -318,7 +360,29 @@ class Service:
                 compaction.flush()  # the last batch's view update, on the apply thread
             except TierlogError as exc:
                 raise TierlogError(f"the compaction query failed: {exc}") from None
+        self._poll_metrics(queries)
         return self._outcome(queries)
+
+    def _poll_metrics(self, queries: dict) -> None:
+        """What no batch report carries: input rows and state rows from Spark's progress, the
+        changelog sink's counters, and the safepoint."""
+        m = self.metrics
+        for name, query in queries.items():
+            for progress in query.recentProgress:  # the last ~100, oldest first
+                if progress.timestamp <= self._seen_progress.get(name, ""):
+                    continue  # counted already (ISO timestamps of one run sort as strings)
+                self._seen_progress[name] = progress.timestamp
+                m.rows_in.labels(name).inc(progress.numInputRows)
+        if self._kv is not None:  # Spark's own row count is off: tracking it costs a read per write
+            m.state_rows.labels("kv").set(self._kv.estimated_keys())
+        changelog = getattr(self.sinks.get("compaction"), "changelog", None)
+        if changelog is not None:
+            stats = changelog.stats
+            m.kafka_sent.labels("changelog").inc(stats.sent - self._kafka_counts["sent"])
+            m.kafka_errors.labels("changelog").inc(stats.retries - self._kafka_counts["retries"])
+            self._kafka_counts = {"sent": stats.sent, "retries": stats.retries}
+        point = safepoint(self.conf, self._metadata.sinks())
+        m.safepoint.set(-1 if point is None else point)
 
     def _outcome(self, queries: dict) -> int:
         for name, query in queries.items():

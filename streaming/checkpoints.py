@@ -1,0 +1,138 @@
+"""What each query's checkpoint was made with, so a start that would corrupt it is refused.
+
+Spark keeps a query's offsets and state in its checkpoint, but not which
+commitlog the offsets point into or which tier holds what they say was
+written; and a changed shuffle partition count or state store provider is
+silently overridden by the checkpoint's own (or fails deep inside Spark).
+tierlog writes ``tierlog-checkpoint.json`` into each query's checkpoint on
+its first start, and on every later start compares it with the config,
+naming the setting that changed and what to do.
+
+The checkpoint may be a local directory or any Hadoop path Spark can write
+(``s3a://``, ``hdfs://``); the latter are written through Spark's JVM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from connectors.errors import ConfigError
+from streaming import config as cfg
+
+FINGERPRINT = "tierlog-checkpoint.json"
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+STATE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+
+# Why changing each setting would corrupt a query's checkpoint.
+WHY = {
+    "commitlog.dir": "its offsets are physical offsets in that commitlog",
+    "tier.location": "it records what that tier holds; a new tier would lack everything before",
+    "commitlog.key_property": "its state is keyed by that property",
+    "spark.shuffle_partitions": "its state is split into that many partitions",
+    "state store provider": "its state is stored in that provider's format",
+}
+
+
+def guarded_settings(conf: cfg.Config, query: str, spark) -> dict[str, str]:
+    """The settings a query's checkpoint depends on, with the values this start would use."""
+    out = {"commitlog.dir": os.path.abspath(conf.commitlog.dir)}
+    if query == "tiering":
+        location = conf.tier.location
+        out["tier.location"] = location if "://" in location else os.path.abspath(location)
+    if query == "compaction":
+        out["commitlog.key_property"] = conf.commitlog.key_property
+        out["spark.shuffle_partitions"] = spark.conf.get(SHUFFLE_PARTITIONS)  # what the session uses
+        out["state store provider"] = spark.conf.get(STATE_PROVIDER, "")
+    return out
+
+
+def check_or_record(spark, path: str, query: str, settings: dict[str, str]) -> None:
+    """Refuse with a ``ConfigError`` if ``path`` was made with other ``settings``; else record them.
+
+    A checkpoint made before fingerprints existed adopts the current settings, except what
+    Spark's own offset log says about shuffle partitions and the state store provider.
+    """
+    store = _Files(spark, path)
+    text = store.read(FINGERPRINT)
+    recorded = json.loads(text)["settings"] if text else _from_offset_log(store)
+    for name, value in settings.items():
+        if name in recorded and recorded[name] != value:
+            raise ConfigError(
+                f"the {query} query's checkpoint {path} was made with {name} = {recorded[name]!r}, but this "
+                f"start would use {value!r}: {WHY[name]}. Set {name} back, or give checkpoint.dir a new "
+                f"directory to start the {query} query over (from source.starting_offset)"
+            )
+    if not text or recorded != settings:
+        store.write(FINGERPRINT, json.dumps({"query": query, "settings": settings}, indent=1))
+
+
+def _from_offset_log(store: "_Files") -> dict[str, str]:
+    """Shuffle partitions and provider from the newest entry of Spark's offset log, if any."""
+    batches = [int(n) for n in store.list("offsets") if n.isdigit()]
+    if not batches:
+        return {}
+    lines = (store.read(f"offsets/{max(batches)}") or "").splitlines()
+    try:
+        conf = json.loads(lines[1]).get("conf", {})
+    except (IndexError, ValueError):
+        return {}
+    out = {}
+    if SHUFFLE_PARTITIONS in conf:
+        out["spark.shuffle_partitions"] = conf[SHUFFLE_PARTITIONS]
+    if STATE_PROVIDER in conf:
+        out["state store provider"] = conf[STATE_PROVIDER]
+    return out
+
+
+class _Files:
+    """Small files in a checkpoint: the local file system, or Hadoop's through Spark's JVM."""
+
+    def __init__(self, spark, root: str):
+        self.root = root
+        self.local = "://" not in root
+        if not self.local:
+            jvm = self._jvm = spark.sparkContext._jvm
+            self._path = lambda name: jvm.org.apache.hadoop.fs.Path(f"{root.rstrip('/')}/{name}")
+            self._fs = self._path("").getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+    def read(self, name: str) -> str | None:
+        if self.local:
+            try:
+                with open(os.path.join(self.root, name)) as f:
+                    return f.read()
+            except FileNotFoundError:
+                return None
+        path = self._path(name)
+        if not self._fs.exists(path):
+            return None
+        stream = self._fs.open(path)
+        try:
+            return self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        finally:
+            stream.close()
+
+    def list(self, directory: str) -> list[str]:
+        if self.local:
+            try:
+                return os.listdir(os.path.join(self.root, directory))
+            except FileNotFoundError:
+                return []
+        path = self._path(directory)
+        if not self._fs.exists(path):
+            return []
+        return [s.getPath().getName() for s in self._fs.listStatus(path)]
+
+    def write(self, name: str, text: str) -> None:
+        if self.local:
+            os.makedirs(self.root, exist_ok=True)
+            tmp = os.path.join(self.root, f".{name}.tmp")
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, os.path.join(self.root, name))
+            return
+        stream = self._fs.create(self._path(name), True)
+        try:
+            stream.write(bytearray(text.encode()))
+        finally:
+            stream.close()

@@ -1,0 +1,83 @@
+"""Prometheus metrics of `tierlog run`, served by prometheus_client on ``metrics.port``.
+
+Each metric is updated where the figure is known: the per-batch reports of the
+three queries, the seal and upload timings, the Kafka sinks' counters, and a
+poll of Spark's query progress (state rows) and of the metadata store
+(safepoint) once per trigger interval.  A registry of its own per service, so
+in-process runs (the tests) never see each other's values.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger(__name__)
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_BATCH_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.batch_seconds = Histogram("tierlog_batch_duration_seconds", "Seconds per micro-batch.", ["query"],
+                                       buckets=_BATCH_BUCKETS, registry=r)
+        self.rows_in = Counter("tierlog_rows_in", "Messages a query took in.", ["query"], registry=r)
+        self.bytes_in = Counter("tierlog_bytes_in", "Message bytes a query took in.", ["query"], registry=r)
+        self.behind_messages = Gauge("tierlog_dispatch_behind_messages",
+                                     "Messages in the commitlog not yet tiered, after the last batch.", registry=r)
+        self.behind_seconds = Gauge("tierlog_dispatch_behind_seconds",
+                                    "Age of the newest tiered message while a backlog remains (0 when caught up).",
+                                    registry=r)
+        self.upload_seconds = Histogram("tierlog_upload_duration_seconds", "Seconds per object upload to the tier.",
+                                        ["kind"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.objects = Counter("tierlog_objects_written", "Objects written to the tier.", ["kind"], registry=r)
+        self.seals = Counter("tierlog_seals", "Segments sealed.", registry=r)
+        self.kafka_sent = Counter("tierlog_kafka_records_sent", "Records a Kafka sink sent and had acknowledged.",
+                                  ["sink"], registry=r)
+        self.kafka_rate = Gauge("tierlog_kafka_send_rate", "Records per second a Kafka sink sent in its last batch.",
+                                ["sink"], registry=r)
+        self.kafka_errors = Counter("tierlog_kafka_errors", "Failed Kafka deliveries (each retried).", ["sink"],
+                                    registry=r)
+        self.state_rows = Gauge("tierlog_state_rows", "Keys the KV view holds (kv), RocksDB's estimate.", ["store"],
+                                registry=r)
+        self.safepoint = Gauge("tierlog_safepoint_offset",
+                               "Lowest physical offset every enabled sink has applied (-1 until each has).", registry=r)
+        self.cache_hit_ratio = Gauge("tierlog_read_cache_hit_ratio",
+                                     "Hits over lookups of this process's read-ahead caches (0 without lookups).",
+                                     registry=r)
+        self.cache_hit_ratio.set_function(_cache_hit_ratio)
+        for query in ("tiering", "compaction", "mirror"):  # present from the start, so dashboards see 0
+            self.rows_in.labels(query)
+            self.bytes_in.labels(query)
+        for sink in ("mirror", "changelog"):
+            self.kafka_sent.labels(sink)
+            self.kafka_errors.labels(sink)
+        self._server = None
+
+    def serve(self, host: str, port: int) -> None:
+        """Serve /metrics; a port in use is logged, not fatal: tiering matters more than its metrics."""
+        if not port:
+            return
+        try:
+            self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+            log.info("metrics on http://%s:%d/metrics", host, port)
+        except OSError as exc:
+            log.warning("metrics.port %d on %s is not available (%s): running without metrics", port, host,
+                        exc.strerror)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def _cache_hit_ratio() -> float:
+    from connectors.tier.cache import live_caches
+
+    caches = live_caches()
+    hits = sum(c.stats.hits for c in caches)
+    lookups = hits + sum(c.stats.misses for c in caches)
+    return hits / lookups if lookups else 0.0

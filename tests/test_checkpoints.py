@@ -1,0 +1,70 @@
+"""A start that would corrupt a query's checkpoint is refused, naming the setting that changed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+import pytest
+
+from connectors.errors import ConfigError
+from connectors.tier.reader import TierReader
+from streaming import config as cfg
+from streaming.checkpoints import FINGERPRINT, SHUFFLE_PARTITIONS
+from streaming.service import Service, checkpoint_path
+from tests.tiering_helpers import assert_tier_equals_commitlog, make_conf, produce
+
+
+def replace(conf: cfg.Config, section: str, **values) -> cfg.Config:
+    return dataclasses.replace(conf, **{section: dataclasses.replace(getattr(conf, section), **values)})
+
+
+def refused(spark, conf: cfg.Config, *needles: str) -> str:
+    before = TierReader(conf.tier.location).state().seq if os.path.isdir(conf.tier.location) else None
+    with pytest.raises(ConfigError) as info:
+        Service(conf).run(until_caught_up=True, spark=spark)
+    text = str(info.value)
+    assert all(n in text for n in needles), text
+    assert "\n" not in text and "checkpoint.dir" in text  # one line, saying what to do
+    if before is not None:
+        assert TierReader(conf.tier.location).state().seq == before  # nothing was written
+    return text
+
+
+def test_changed_settings_that_would_corrupt_a_checkpoint_are_refused(spark, tmp_path):
+    conf = make_conf(tmp_path, str(tmp_path / "tier"), compaction=cfg.CompactionConfig())
+    produce(conf, 300)
+    assert Service(conf).run(until_caught_up=True, spark=spark) == 0
+    for query in ("tiering", "compaction"):
+        recorded = json.loads(open(os.path.join(checkpoint_path(conf, query), FINGERPRINT)).read())
+        assert recorded["settings"]["commitlog.dir"] == os.path.abspath(conf.commitlog.dir)
+
+    refused(spark, replace(conf, "tier", location=str(tmp_path / "other-tier")), "tier.location", "tiering")
+    shutil.copytree(conf.commitlog.dir, tmp_path / "other-commitlog")
+    refused(spark, replace(conf, "commitlog", dir=str(tmp_path / "other-commitlog")), "commitlog.dir")
+    refused(spark, replace(conf, "commitlog", key_property="ORDER_ID"), "commitlog.key_property", "compaction")
+    partitions = spark.conf.get(SHUFFLE_PARTITIONS)
+    spark.conf.set(SHUFFLE_PARTITIONS, str(int(partitions) + 1))
+    try:
+        text = refused(spark, conf, "spark.shuffle_partitions", f"{partitions!r}", f"'{int(partitions) + 1}'")
+        # A checkpoint from before fingerprints: Spark's offset log still says how it was made.
+        os.remove(os.path.join(checkpoint_path(conf, "compaction"), FINGERPRINT))
+        assert refused(spark, conf, "spark.shuffle_partitions") == text
+    finally:
+        spark.conf.set(SHUFFLE_PARTITIONS, partitions)
+
+    produce(conf, 200, start=300)  # the unchanged config still runs on
+    assert Service(conf).run(until_caught_up=True, spark=spark) == 0
+    assert_tier_equals_commitlog(conf)
+
+
+def test_a_hadoop_checkpoint_path_is_guarded_too(spark, tmp_path):
+    """Checkpoints given as a URI (s3a://, hdfs://) are read and written through Spark's JVM."""
+    conf = make_conf(tmp_path, str(tmp_path / "tier"))
+    conf = replace(conf, "checkpoint", dir=f"file://{tmp_path}/remote-checkpoints")
+    produce(conf, 100)
+    assert Service(conf).run(until_caught_up=True, spark=spark) == 0
+    assert os.path.exists(tmp_path / "remote-checkpoints" / "tiering" / FINGERPRINT)
+    refused(spark, replace(conf, "tier", location=str(tmp_path / "elsewhere")), "tier.location")

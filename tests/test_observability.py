@@ -1,0 +1,164 @@
+"""The metrics endpoint and `tierlog status` of a running service, against the oracle and the metadata store."""
+
+from __future__ import annotations
+
+import gc
+import json
+import signal
+import subprocess
+import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from connectors.kafka.embedded import free_port
+from connectors.tier.reader import TierReader
+from state.metadata import MetadataStore
+from streaming import config as cfg
+from streaming.service import metadata_path
+from tests.cli_runner import cli_command, cli_env, tierlog
+from tests.kafka_helpers import changelog_records
+from tests.kv_helpers import append, kv_messages
+from tests.oracle import replay
+from tests.test_kafka_crash import write_config
+
+MESSAGES = 3000
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """Every sample on /metrics, by (name, sorted labels)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def wait_for(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            result = condition()
+            if result:
+                return result
+        except (OSError, KeyError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafka_prefix):
+    port = free_port()
+    config = write_config(tmp_path, kafka_bootstrap, kafka_prefix)
+    config.write_text(config.read_text() + f"[metrics]\nport = {port}\n[spark]\ntrigger_interval_s = 0.5\n")
+    conf = cfg.load(str(config), env={})
+    append(conf, kv_messages(MESSAGES, topics=2, keys=40, seed=11))
+    env = cli_env({"TIERLOG_TIER_SEGMENT_MESSAGES": "200"})
+    proc = subprocess.Popen(cli_command("run", "--config", str(config)), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        rows = replay(conf.commitlog.dir)
+        keyed = {(r["topic"], r["key"]) for r in rows if r["key"] is not None}
+        end = rows[-1]["phy_offset"] + rows[-1]["size"]
+
+        def caught_up():
+            s = scrape(port)
+            done = (value(s, "tierlog_rows_in_total", query="tiering") >= MESSAGES
+                    and value(s, "tierlog_rows_in_total", query="compaction") >= MESSAGES
+                    and value(s, "tierlog_kafka_records_sent_total", sink="mirror") >= MESSAGES
+                    and value(s, "tierlog_safepoint_offset") == end)
+            return s if done else None
+
+        s = wait_for(caught_up, 240, "the service to tier, mirror and apply every message")
+        status = [json.loads(line) for line in tierlog("status", "--format", "json", "--config", str(config)).stdout.splitlines()]
+        store = MetadataStore(metadata_path(conf), read_only=True)
+        try:
+            queues, sinks = store.queues(), store.sinks()
+        finally:
+            store.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+
+    # Rows and bytes in equal the replay; nothing is left behind.
+    assert value(s, "tierlog_rows_in_total", query="tiering") == MESSAGES
+    assert value(s, "tierlog_bytes_in_total", query="tiering") == sum(r["size"] for r in rows)
+    assert value(s, "tierlog_rows_in_total", query="compaction") == MESSAGES
+    assert value(s, "tierlog_dispatch_behind_messages") == 0 and value(s, "tierlog_dispatch_behind_seconds") == 0
+    # Every tiering batch, upload, object and seal was counted.
+    assert value(s, "tierlog_batch_duration_seconds_count", query="tiering") >= 2
+    assert value(s, "tierlog_batch_duration_seconds_sum", query="tiering") > 0
+    state = TierReader(conf.tier.location).state()
+    assert value(s, "tierlog_seals_total") == len(state.segments) > 0
+    for kind in ("segment", "key_index"):
+        assert value(s, "tierlog_objects_written_total", kind=kind) == len(state.segments)
+    staged = value(s, "tierlog_objects_written_total", kind="staging")
+    assert staged >= 2 and value(s, "tierlog_upload_duration_seconds_count", kind="staging") == staged
+    assert value(s, "tierlog_objects_written_total", kind="commit_record") >= 2
+    # Kafka: each message mirrored once, each change sent once, no errors, a send rate.
+    assert value(s, "tierlog_kafka_records_sent_total", sink="mirror") == MESSAGES
+    assert value(s, "tierlog_kafka_records_sent_total", sink="changelog") == len(
+        changelog_records(conf, ["t0", "t1"]))
+    assert value(s, "tierlog_kafka_errors_total", sink="mirror") == 0
+    assert value(s, "tierlog_kafka_send_rate", sink="mirror") > 0
+    # The view holds one row per key (RocksDB's estimate also counts overwrites in the memtable).
+    assert len(keyed) <= value(s, "tierlog_state_rows", store="kv") <= MESSAGES + 10
+    assert value(s, "tierlog_safepoint_offset") == end
+    assert 0 <= value(s, "tierlog_read_cache_hit_ratio") <= 1
+
+    # Status JSON says what the metadata store holds.
+    by_kind: dict = {}
+    for row in status:
+        by_kind.setdefault(row["kind"], []).append(row)
+    assert {(q["topic"], q["queue"], q["dispatch"], q["commit"], q["sealed"], q["low"], q["segments"])
+            for q in by_kind["queue"]} == {
+        (q.topic, q.queue_id, q.dispatch, q.commit, q.sealed, q.low, q.segments) for q in queues}
+    assert {r["sink"]: r["applied_phy"] for r in by_kind["sink"]} == sinks
+    [summary] = by_kind["summary"]
+    assert summary["safepoint"] == min(sinks.values()) == end
+
+
+def test_the_cache_hit_ratio_metric_reads_the_caches_of_the_process(tmp_path):
+    from connectors.commitlog.format import Message
+    from connectors.tier.cache import ReadAheadCache
+    from streaming.metrics import Metrics
+    from tests.tiering_helpers import make_conf
+
+    conf = make_conf(tmp_path, str(tmp_path / "tier"))
+    append(conf, (Message(topic="t", queue_id=0, body=b"x", properties={}) for _ in range(10)))
+    gc.collect()  # caches of earlier tests are gone
+    metrics = Metrics()
+    assert metrics.registry.get_sample_value("tierlog_read_cache_hit_ratio") == 0
+    env = {"TIERLOG_STATE_DIR": conf.state.dir, "TIERLOG_CHECKPOINT_DIR": conf.checkpoint.dir,
+           "TIERLOG_COMPACTION_ENABLED": "false", "TIERLOG_METRICS_PORT": "0", "TIERLOG_TIER_LOCATION": conf.tier.location,
+           "TIERLOG_COMMITLOG_DIR": conf.commitlog.dir}
+    assert tierlog("run", "--until-caught-up", env=env).returncode == 0
+    cache = ReadAheadCache(TierReader(conf.tier.location))
+    for offset in range(0, 10, 2):
+        cache.get("g", "t", 0, offset, 2)
+    assert metrics.registry.get_sample_value("tierlog_read_cache_hit_ratio") == cache.stats.hit_ratio > 0
+
+
+def test_status_watch_refreshes(tmp_path):
+    from tests.tiering_helpers import make_conf, produce
+
+    conf = make_conf(tmp_path, str(tmp_path / "tier"))
+    produce(conf, 30)
+    env = {"TIERLOG_STATE_DIR": conf.state.dir, "TIERLOG_CHECKPOINT_DIR": conf.checkpoint.dir,
+           "TIERLOG_COMPACTION_ENABLED": "false", "TIERLOG_METRICS_PORT": "0", "TIERLOG_TIER_LOCATION": conf.tier.location,
+           "TIERLOG_COMMITLOG_DIR": conf.commitlog.dir}
+    assert tierlog("run", "--until-caught-up", env=env).returncode == 0
+    table = tierlog("status", "--watch", "0.2", "--count", "3", env=env)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.count("tierlog status every 0.2 s") == 3
+    assert table.stdout.count("\x1b[H\x1b[2J") == 2  # redrawn in place (not a terminal: the first is not cleared)
+    lines = [json.loads(line) for line in tierlog("status", "--watch", "0.2", "--count", "2", "--format", "json",
+                                                  env=env).stdout.splitlines()]
+    summaries = [line for line in lines if line["kind"] == "summary"]
+    assert len(summaries) == 2 and summaries[0]["tiered_to_phy"] == summaries[1]["tiered_to_phy"] > 0
+    bad = tierlog("status", "--watch", "0", env=env)
+    assert bad.returncode == 2 and "--watch" in bad.stderr
