@@ -115,7 +115,8 @@ def make_stager(settings: TieringSettings, floor: int):
             batches_ = list(reader.record_batches(lo, hi, key_property=settings.key_property))
         table = dispatched_only(pa.Table.from_batches(batches_, schema=batches_[0].schema if batches_ else None))
         table = layout.sort_rows(table)
-        data = layout.to_parquet(table, layout.STAGING_ROW_GROUP_ROWS)
+        stats = queue_stats(table)
+        data = layout.to_parquet(table, layout.staging_row_group_rows(table.num_rows, len(stats)))
         name = layout.staging_name(lo)
         backend = open_backend(settings.location)
         started = time.monotonic()
@@ -125,7 +126,6 @@ def make_stager(settings: TieringSettings, floor: int):
             backend.close()
         upload_s = time.monotonic() - started
         crash_point("staged", settings.driver_pid)
-        stats = queue_stats(table)
         yield pa.RecordBatch.from_pylist(
             [{"name": name, "size": len(data), "first_phy": lo, "end_phy": hi, "rows": table.num_rows,
               "bytes": int(pc.sum(table["size"]).as_py() or 0), "queues": json.dumps(stats), "upload_s": upload_s}],

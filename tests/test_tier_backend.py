@@ -35,6 +35,21 @@ def test_put_read_size_list_delete(tier_location):
         b.size("nope")
 
 
+def test_open_input_reads_ranges_and_names_a_missing_object(tier_location):
+    b = open_backend(tier_location)
+    data = bytes(range(256)) * 4096  # 1 MiB: larger than a buffered read
+    b.put("o/data.bin", data)
+    f = b.open_input("o/data.bin")
+    f.seek(1000)
+    assert f.read(10) == data[1000:1010]
+    f.seek(-5, 2)
+    assert f.read() == data[-5:] and f.tell() == len(data)
+    f.seek(0)
+    assert f.read() == data
+    with pytest.raises(ObjectNotFound, match="o/none.bin"):
+        b.open_input("o/none.bin").read(1)
+
+
 @pytest.mark.parametrize("name", ["../evil", "/abs/path", "a/../../b", "a//b", "nul\x00x", "", "a/./b", "sp ace"])
 def test_hostile_names_are_refused(tier_location, name):
     b = open_backend(tier_location)

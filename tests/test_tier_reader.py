@@ -144,6 +144,10 @@ class CountingBackend:
         self.read_names.append(name)
         return self.backend.read(name, start, length)
 
+    def open_input(self, name, size=None):
+        self.read_names.append(name)
+        return self.backend.open_input(name, size)
+
     def __getattr__(self, attr):
         return getattr(self.backend, attr)
 

@@ -57,6 +57,16 @@ class Backend(ABC):
     def delete(self, name: str) -> None:
         """Remove ``name``; removing a missing object is not an error."""
 
+    def open_input(self, name: str, size: int | None = None):
+        """A seekable, read-only file over ``name`` for Parquet readers: they fetch only the footer and
+        the row groups they need.  This default makes ranged ``read`` calls; a backend with a
+        faster native path (a memory map) overrides it."""
+        import io
+
+        from connectors.tier.layout import ObjectFile
+
+        return io.BufferedReader(ObjectFile(self, name, size), buffer_size=256 << 10)
+
     def exists(self, name: str) -> bool:
         from connectors.tier.errors import ObjectNotFound
 

@@ -31,9 +31,13 @@ KEY_INDEX_SCHEMA = pa.schema([("key", pa.string()), ("queue_offset", pa.int64())
 KEY_INDEX_ROW_GROUP_ROWS = 8 * 1024  # sorted by key, so a lookup reads about one small row group
 SORT_KEYS = [("topic", "ascending"), ("queue_id", "ascending"), ("queue_offset", "ascending")]
 ROW_GROUP_ROWS = 64 * 1024
-# A staging object holds every queue of a batch part, sorted by queue: small row groups let a
-# reader of one queue skip the others' rows by their statistics instead of decoding them.
-STAGING_ROW_GROUP_ROWS = 8 * 1024
+
+
+def staging_row_group_rows(rows: int, queues: int) -> int:
+    """Row group size of a staging object: it holds every queue of a batch part, sorted by queue,
+    so about one queue's run per row group lets a reader of one queue skip the others' rows by
+    their statistics instead of decoding them (between 1k and ``ROW_GROUP_ROWS`` rows)."""
+    return max(1024, min(ROW_GROUP_ROWS, rows // max(1, queues)))
 COMPRESSION = "zstd"
 
 # Hive's escapePathName set, plus space and control characters.
@@ -108,8 +112,8 @@ class ObjectFile(io.RawIOBase):
         return len(data)
 
 
-def open_object(backend, name: str, size: int | None = None) -> io.BufferedReader:
-    return io.BufferedReader(ObjectFile(backend, name, size), buffer_size=256 << 10)
+def open_object(backend, name: str, size: int | None = None):
+    return backend.open_input(name, size)
 
 
 def read_object_rows(backend, name: str, filters, columns: list[str] | None = None, schema: pa.Schema = None,
