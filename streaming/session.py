@@ -30,8 +30,6 @@ BASE_CONF = {
     # the compaction query.  With repeated keys the partial aggregation stays on.
     "spark.sql.aggregate.skipPartialAggregateMinNumRows": "5000",
     "spark.sql.session.timeZone": "UTC",
-    "spark.driver.bindAddress": "127.0.0.1",
-    "spark.driver.host": "127.0.0.1",
     "spark.python.worker.reuse": "true",
     # The tier source prunes objects and row groups by the filters Spark pushes to it.
     "spark.sql.python.filterPushdown.enabled": "true",
@@ -48,6 +46,14 @@ def check_java() -> None:
     )
 
 
+def local_driver(master: str) -> dict:
+    """A local master keeps the driver on loopback; on a cluster, executors must reach it at the
+    address SPARK_LOCAL_IP (or the host name) gives."""
+    if master.startswith("local"):
+        return {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
+    return {}
+
+
 def build_session(app_name: str = "tierlog", master: str = "local[2]", extra: dict | None = None):
     """Create (or reuse) the SparkSession with tierlog's settings and data sources registered."""
     check_java()
@@ -56,7 +62,7 @@ def build_session(app_name: str = "tierlog", master: str = "local[2]", extra: di
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name).master(master)
-    for key, value in {**BASE_CONF, **(extra or {})}.items():
+    for key, value in {**BASE_CONF, **local_driver(master), **(extra or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

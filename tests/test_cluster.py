@@ -1,0 +1,110 @@
+"""The tiering job on a Spark standalone cluster: a master and a worker on loopback, started from
+pyspark's bundled ``spark-class``, and ``tierlog run`` submitted to ``spark://127.0.0.1:PORT``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from connectors.kafka.embedded import free_port
+from streaming import config as cfg
+from tests.cli_runner import cli_env, tierlog
+from tests.tiering_helpers import assert_tier_equals_commitlog, produce
+
+
+def spark_class() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "bin" / "spark-class"
+
+
+def cluster_env(tmp_path: Path) -> dict:
+    import pyspark
+
+    return cli_env({"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_HOME": str(Path(pyspark.__file__).parent),
+                    "PYSPARK_PYTHON": sys.executable, "SPARK_LOG_DIR": str(tmp_path / "logs"),
+                    "SPARK_NO_DAEMONIZE": "1"})
+
+
+def master_state(ui_port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture
+def standalone_cluster(tmp_path):
+    """A master and one 2-core worker on loopback; yields (master URL, master web UI port)."""
+    env = cluster_env(tmp_path)
+    port, ui = free_port(), free_port()
+    logs = (tmp_path / "master.log").open("w"), (tmp_path / "worker.log").open("w")
+    procs = [subprocess.Popen([str(spark_class()), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                               "--port", str(port), "--webui-port", str(ui)], env=env, stdout=logs[0],
+                              stderr=subprocess.STDOUT)]
+    try:
+        procs.append(subprocess.Popen(
+            [str(spark_class()), "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
+             "--host", "127.0.0.1", "--cores", "2", "--memory", "2g", "--webui-port", str(free_port()),
+             "--work-dir", str(tmp_path / "work")], env=env, stdout=logs[1], stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if master_state(ui).get("aliveworkers", 0) >= 1:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise AssertionError("the standalone cluster did not come up: "
+                                     + (tmp_path / "master.log").read_text()[-2000:]
+                                     + (tmp_path / "worker.log").read_text()[-2000:])
+            time.sleep(0.5)
+        yield f"spark://127.0.0.1:{port}", ui
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for f in logs:
+            f.close()
+
+
+def test_tiering_on_a_standalone_cluster_equals_the_commitlog(tmp_path, standalone_cluster):
+    master, ui = standalone_cluster
+    config = tmp_path / "tierlog.toml"
+    config.write_text(f"""
+[commitlog]
+dir = "{tmp_path / 'commitlog'}"
+[source]
+max_bytes_per_trigger = 200000
+partition_bytes = 65536
+[tier]
+location = "{tmp_path / 'tier'}"
+segment_messages = 300
+[state]
+dir = "{tmp_path / 'state'}"
+[checkpoint]
+dir = "{tmp_path / 'checkpoints'}"
+[compaction]
+enabled = false
+[spark]
+master = "{master}"
+[metrics]
+port = 0
+""")
+    conf = cfg.load(str(config), env={})
+    produce(conf, 2000)
+    r = tierlog("run", "--until-caught-up", "--config", str(config), env={"SPARK_LOCAL_IP": "127.0.0.1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_tier_equals_commitlog(conf)
+    apps = master_state(ui)["completedapps"]
+    assert [a["name"] for a in apps] == ["tierlog"]  # it ran on the cluster, not in a local master
+    executors = list((tmp_path / "work").glob("app-*/*/stderr"))
+    assert executors and any("Running task" in e.read_text() for e in executors)  # tasks ran in the worker
