@@ -236,18 +236,23 @@ def _dir_problem(path: str) -> str | None:
 def check_config(conf: cfg.Config) -> list[str]:
     """Reach out to what the configuration names; one line per problem, naming the setting."""
     problems = []
-    for name, path in (("commitlog.dir", conf.commitlog.dir), ("tier.location", conf.tier.location)):
-        if not path.startswith("s3://"):
+    for name, path in (("commitlog.dir", conf.commitlog.dir), ("tier.location", conf.tier.location),
+                       ("state.dir", conf.state.dir), ("checkpoint.dir", conf.checkpoint.dir)):
+        if "://" not in path:
             problem = _dir_problem(path)
             if problem:
                 problems.append(f"{name} {path!r} {problem}")
+    if conf.tier.location.startswith("s3://"):
+        problems += _s3_problems(conf.tier.location)
+    if not 0 <= conf.metrics.port <= 65535:
+        problems.append(f"metrics.port {conf.metrics.port} is not a TCP port: use 1-65535, or 0 to turn metrics off")
     for parse, text in ((cfg.parse_retention, conf.tier.retention), (cfg.parse_ttl, conf.compaction.ttl),
                         (lambda t: cfg.parse_duration(t, "commitlog.local_retention"), conf.commitlog.local_retention)):
         try:
             parse(text)
         except ConfigError as exc:
             problems.append(str(exc))
-    for hostport in filter(None, (h.strip() for h in conf.kafka.bootstrap.split(","))):
+    for hostport in cfg.bootstrap_servers(conf.kafka.bootstrap):
         host, _, port = hostport.rpartition(":")
         if not host or not port.isdigit():
             problems.append(f"kafka.bootstrap entry {hostport!r} is not host:port")
@@ -261,6 +266,22 @@ def check_config(conf: cfg.Config) -> list[str]:
 
 
 _CODEC_MODULES = {"snappy": "snappy", "lz4": "lz4", "zstd": "zstandard"}
+
+
+def _s3_problems(location: str) -> list[str]:
+    """Reach the bucket: a missing one, denied access or an unreachable endpoint, in one line."""
+    from connectors.tier.s3 import S3Backend
+
+    try:
+        backend = S3Backend(location)
+        try:
+            backend.check()  # gives up after 10 s, where tiering would retry for minutes
+        finally:
+            backend.close()
+    except TierlogError as exc:
+        text = str(exc)
+        return [text if "tier.location" in text else f"tier.location {location!r}: {text}"]
+    return []
 
 
 def _kafka_problems(conf: cfg.Config) -> list[str]:
@@ -870,6 +891,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    for chatty in ("botocore", "boto3", "urllib3"):  # "Found credentials in environment variables" etc.
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     # kafka-python logs every connection, and every refused one with a traceback; the sinks report
     # what matters (waiting for the broker, in the log and in status) in one line each.
     logging.getLogger("kafka").setLevel(logging.DEBUG if args.log_level == "DEBUG" else logging.CRITICAL)

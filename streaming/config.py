@@ -306,6 +306,11 @@ def load(
     return Config(**{s: cls(**values.get(s, {})) for s, cls in sections().items()})
 
 
+def bootstrap_servers(text: str) -> list[str]:
+    """``kafka.bootstrap`` as a list of host:port entries (empty when the sinks are off)."""
+    return [h.strip() for h in text.split(",") if h.strip()]
+
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 

@@ -83,7 +83,7 @@ def kafka_settings(conf: cfg.Config) -> KafkaSettings | None:
     k = conf.kafka
     if not k.bootstrap.strip():
         return None
-    client = {"bootstrap_servers": [h.strip() for h in k.bootstrap.split(",") if h.strip()],
+    client = {"bootstrap_servers": cfg.bootstrap_servers(k.bootstrap),
               "client_id": k.client_id, "security_protocol": k.security_protocol}
     optional = {"sasl_mechanism": k.sasl_mechanism, "sasl_plain_username": k.sasl_username,
                 "sasl_plain_password": k.sasl_password, "ssl_cafile": k.ssl_cafile, "ssl_certfile": k.ssl_certfile,

@@ -174,3 +174,25 @@ def test_the_kafka_password_never_shows(tmp_path):
         assert "canary-5ecret" not in text
     r = tierlog("config", "show", cwd=tmp_path, env=env)
     assert r.returncode == 0 and "canary-5ecret" not in r.stdout + r.stderr and "****" in r.stdout
+
+
+@pytest.mark.parametrize("toml,code,setting", [
+    ('[commitlog]\nfile_size = "big"\n', 2, "commitlog.file_size"),  # a type error
+    ('[tier]\nsegment_mesages = 5\n', 2, "tier.segment_mesages"),  # an unknown key
+    ('[spark]\ntrigger_interval_s = "soon"\n', 2, "spark.trigger_interval_s"),
+    ('[state]\ndir = "afile/state"\n', 1, "state.dir"),  # a path that cannot be created
+    ('[checkpoint]\ndir = "afile/checkpoints"\n', 1, "checkpoint.dir"),
+    ('[tier]\nlocation = "s3://no-such-bucket-here/tier"\n', 1, "no-such-bucket-here"),  # a missing bucket
+    ('[kafka]\nbootstrap = "no-port-here"\n', 1, "kafka.bootstrap"),  # a malformed bootstrap
+    ('[kafka]\nbootstrap = "127.0.0.1:1"\n', 1, "kafka.bootstrap"),  # an unreachable one
+    ('[metrics]\nport = 70000\n', 1, "metrics.port"),
+])
+def test_config_check_names_each_invalid_setting_in_one_line(tmp_path, s3_endpoint, toml, code, setting):
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "commitlog").mkdir()
+    (tmp_path / "tierlog.toml").write_text(f'[commitlog]\ndir = "commitlog"\n{toml}'.replace(
+        '[commitlog]\ndir = "commitlog"\n[commitlog]\n', '[commitlog]\ndir = "commitlog"\n'))
+    r = tierlog("config", "check", cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == code and len(lines) == 1, (r.returncode, lines)
+    assert setting in lines[0], lines
