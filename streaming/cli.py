@@ -680,17 +680,30 @@ def cmd_demo(args, conf: cfg.Config) -> int:
     segments = f"{conf.tier.location}/topic=*/queue=*/*.parquet"
     duck = (f"select topic, queue_id, count(*) messages, min(queue_offset) first, max(queue_offset) last "
             f"from read_parquet('{segments}', hive_partitioning=false) group by all order by all")
-    print("Try next (in a checkout, `./dev tierlog` runs `tierlog`):")
-    print(f"  tierlog status --config {config_file}")
-    print(f"  tierlog inspect --config {config_file} --limit 5")
+    with open(config_file, "w") as fh:
+        fh.write(cfg.to_toml(written))
+    show_status(argparse.Namespace(format="table"), written)
+    key = _some_key(written, "topic-0")
+    print("\nTry next (in a checkout, `./dev tierlog` runs `tierlog`):")
+    print(f"  tierlog status --watch --config {config_file}")
+    print(f"  tierlog get topic-0 0 0 --max 5 --config {config_file}")
+    print(f"  tierlog kv get topic-0 {key} --config {config_file}")
+    print(f"  tierlog key topic-0 {key} --latest --config {config_file}")
     print(f"  tierlog kv scan topic-0 --prefix key-0000001 --config {config_file}")
     print(f"  tierlog kv snapshot --config {config_file}    # then: {conf.tier.location}/_compacted/")
     print(f"  python -c \"import duckdb; duckdb.sql(\\\"{duck}\\\").show()\"")
     print(f"  python -c \"import pyarrow.dataset as ds; print(ds.dataset('{conf.tier.location}', "
           f"partitioning='hive').to_table(columns=['topic', 'queue_offset']).num_rows)\"")
-    with open(os.path.join(root, "tierlog.toml"), "w") as fh:
-        fh.write(cfg.to_toml(written))
     return 0
+
+
+def _some_key(conf: cfg.Config, topic: str) -> str:
+    """A key the KV view holds a live value for, to show `kv get` with."""
+    from state.kv import KVView
+    from streaming.service import kv_path
+
+    with KVView(kv_path(conf), read_only=True) as view:
+        return next((e.key for e in view.scan(topic)), "key-00000001")  # scan yields live keys only
 
 
 def _kafka_summary(service) -> str:
