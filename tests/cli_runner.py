@@ -51,3 +51,22 @@ def sink_offsets(conf) -> dict[str, int]:
         return store.sinks()
     finally:
         store.close()
+
+
+def write_config(tmp_path: Path, **sections: dict) -> Path:
+    """``tmp_path/tierlog.toml``: a deployment under ``tmp_path`` (commitlog, tier, state,
+    checkpoints), plus ``sections`` (``tier={"segment_messages": 120}``) merged over it."""
+    import json
+
+    base = {"commitlog": {"dir": str(tmp_path / "commitlog")}, "tier": {"location": str(tmp_path / "tier")},
+            "state": {"dir": str(tmp_path / "state")}, "checkpoint": {"dir": str(tmp_path / "checkpoints")},
+            "metrics": {"port": 0}}
+    for section, values in sections.items():
+        base[section] = {**base.get(section, {}), **values}
+    lines = []
+    for section, values in base.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]  # JSON scalars are TOML scalars
+    path = tmp_path / "tierlog.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path

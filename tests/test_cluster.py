@@ -14,7 +14,7 @@ import pytest
 
 from connectors.kafka.embedded import free_port
 from streaming import config as cfg
-from tests.cli_runner import cli_env, tierlog
+from tests.cli_runner import cli_env, tierlog, write_config
 from tests.tiering_helpers import assert_tier_equals_commitlog, produce
 
 
@@ -78,27 +78,8 @@ def standalone_cluster(tmp_path):
 
 def test_tiering_on_a_standalone_cluster_equals_the_commitlog(tmp_path, standalone_cluster):
     master, ui = standalone_cluster
-    config = tmp_path / "tierlog.toml"
-    config.write_text(f"""
-[commitlog]
-dir = "{tmp_path / 'commitlog'}"
-[source]
-max_bytes_per_trigger = 200000
-partition_bytes = 65536
-[tier]
-location = "{tmp_path / 'tier'}"
-segment_messages = 300
-[state]
-dir = "{tmp_path / 'state'}"
-[checkpoint]
-dir = "{tmp_path / 'checkpoints'}"
-[compaction]
-enabled = false
-[spark]
-master = "{master}"
-[metrics]
-port = 0
-""")
+    config = write_config(tmp_path, source={"max_bytes_per_trigger": 200000, "partition_bytes": 65536},
+                          tier={"segment_messages": 300}, compaction={"enabled": False}, spark={"master": master})
     conf = cfg.load(str(config), env={})
     produce(conf, 2000)
     r = tierlog("run", "--until-caught-up", "--config", str(config), env={"SPARK_LOCAL_IP": "127.0.0.1"})

@@ -13,6 +13,7 @@ import pytest
 
 from streaming import config as cfg
 from tests.cli_runner import run_killed_at, sink_offsets, tierlog
+from tests.cli_runner import write_config as shared_config
 from tests.kv_helpers import append, assert_all_equal_oracle, kv_messages, view_contents
 from tests.oracle import latest_per_key
 from tests.tiering_helpers import assert_tier_equals_commitlog
@@ -22,24 +23,8 @@ FAULTS = [("collected", 2), ("kv_applied", 1), ("snapshotted", 2), ("kv_applied"
 
 
 def write_config(tmp_path: Path) -> Path:
-    path = tmp_path / "tierlog.toml"
-    path.write_text(f"""
-[commitlog]
-dir = "{tmp_path / 'commitlog'}"
-[source]
-max_bytes_per_trigger = 40000
-[tier]
-location = "{tmp_path / 'tier'}"
-segment_messages = 300
-delete_grace_s = 0
-[state]
-dir = "{tmp_path / 'state'}"
-[checkpoint]
-dir = "{tmp_path / 'checkpoints'}"
-[compaction]
-snapshot_interval_s = 0.001
-""")
-    return path
+    return shared_config(tmp_path, source={"max_bytes_per_trigger": 40000},
+                         tier={"segment_messages": 300, "delete_grace_s": 0}, compaction={"snapshot_interval_s": 0.001})
 
 
 @pytest.mark.timeout(1200)

@@ -18,6 +18,7 @@ from state.metadata import MetadataStore
 from streaming import config as cfg
 from streaming.service import metadata_path
 from tests.cli_runner import tierlog
+from tests.cli_runner import write_config as shared_config
 from tests.tiering_helpers import assert_tier_equals_commitlog, produce
 
 # (crash point, on which pass): 12 kills, covering every point at least once.
@@ -28,27 +29,9 @@ FAULTS = [
 
 
 def write_config(tmp_path: Path) -> Path:
-    text = f"""
-[commitlog]
-dir = "{tmp_path / 'commitlog'}"
-[source]
-max_bytes_per_trigger = 60000
-partition_bytes = 30000
-[tier]
-location = "{tmp_path / 'tier'}"
-segment_messages = 120
-delete_grace_s = 0
-compact_every = 5
-[state]
-dir = "{tmp_path / 'state'}"
-[checkpoint]
-dir = "{tmp_path / 'checkpoints'}"
-[compaction]
-enabled = false
-"""
-    path = tmp_path / "tierlog.toml"
-    path.write_text(text)
-    return path
+    return shared_config(tmp_path, source={"max_bytes_per_trigger": 60000, "partition_bytes": 30000},
+                         tier={"segment_messages": 120, "delete_grace_s": 0, "compact_every": 5},
+                         compaction={"enabled": False})
 
 
 def run_service(config: Path, fault: str | None, fault_dir: Path) -> subprocess.CompletedProcess:

@@ -16,6 +16,7 @@ import pytest
 
 from streaming import config as cfg
 from tests.cli_runner import run_killed_at, sink_offsets, tierlog
+from tests.cli_runner import write_config as shared_config
 from tests.kafka_helpers import assert_mirror_equals_oracle, changelog_oracle, changelog_records, compacted, mirror_contents
 from tests.kv_helpers import append, kv_messages
 
@@ -25,29 +26,10 @@ TOPICS = ["t0", "t1"]
 
 
 def write_config(tmp_path: Path, bootstrap: str, prefix: str) -> Path:
-    path = tmp_path / "tierlog.toml"
-    path.write_text(f"""
-[commitlog]
-dir = "{tmp_path / 'commitlog'}"
-[source]
-max_bytes_per_trigger = 60000
-[tier]
-location = "{tmp_path / 'tier'}"
-delete_grace_s = 0
-[state]
-dir = "{tmp_path / 'state'}"
-[checkpoint]
-dir = "{tmp_path / 'checkpoints'}"
-[compaction]
-snapshot_interval_s = 0
-[kafka]
-bootstrap = "{bootstrap}"
-mirror_topic = "{prefix}.{{topic}}"
-changelog_topic = "{prefix}.{{topic}}.changelog"
-partitions = 4
-linger_ms = 2
-""")
-    return path
+    return shared_config(tmp_path, source={"max_bytes_per_trigger": 60000}, tier={"delete_grace_s": 0},
+                         compaction={"snapshot_interval_s": 0},
+                         kafka={"bootstrap": bootstrap, "mirror_topic": f"{prefix}.{{topic}}",
+                                "changelog_topic": f"{prefix}.{{topic}}.changelog", "partitions": 4, "linger_ms": 2})
 
 
 def assert_no_duplicates(conf: cfg.Config) -> None:

@@ -16,11 +16,10 @@ from connectors.tier.reader import TierReader
 from state.metadata import MetadataStore
 from streaming import config as cfg
 from streaming.service import metadata_path
-from tests.cli_runner import cli_command, cli_env, tierlog
+from tests.cli_runner import cli_command, cli_env, tierlog, write_config
 from tests.kafka_helpers import changelog_records
 from tests.kv_helpers import append, kv_messages
 from tests.oracle import replay
-from tests.test_kafka_crash import write_config
 
 MESSAGES = 3000
 
@@ -52,12 +51,14 @@ def wait_for(condition, timeout_s: float, what: str):
 
 def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafka_prefix):
     port = free_port()
-    config = write_config(tmp_path, kafka_bootstrap, kafka_prefix)
-    config.write_text(config.read_text() + f"[metrics]\nport = {port}\n[spark]\ntrigger_interval_s = 0.5\n")
+    config = write_config(tmp_path, source={"max_bytes_per_trigger": 60000}, tier={"segment_messages": 200},
+                          compaction={"snapshot_interval_s": 0}, metrics={"port": port},
+                          spark={"trigger_interval_s": 0.5},
+                          kafka={"bootstrap": kafka_bootstrap, "mirror_topic": f"{kafka_prefix}.{{topic}}",
+                                 "changelog_topic": f"{kafka_prefix}.{{topic}}.changelog", "partitions": 4})
     conf = cfg.load(str(config), env={})
     append(conf, kv_messages(MESSAGES, topics=2, keys=40, seed=11))
-    env = cli_env({"TIERLOG_TIER_SEGMENT_MESSAGES": "200"})
-    proc = subprocess.Popen(cli_command("run", "--config", str(config)), env=env,
+    proc = subprocess.Popen(cli_command("run", "--config", str(config)), env=cli_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         rows = replay(conf.commitlog.dir)

@@ -13,22 +13,14 @@ from connectors.commitlog.reader import list_files
 from connectors.tier.reader import TierReader
 from streaming import config as cfg
 from tests.cli_runner import cli_command, cli_env, tierlog
+from tests.cli_runner import write_config as shared_config
 from tests.kv_helpers import view_contents
 from tests.oracle import latest_per_key
 from tests.tiering_helpers import assert_tier_equals_commitlog, produce
 
-def write_config(tmp_path: Path, **extra) -> Path:
-    lines = [
-        "[commitlog]", f'dir = "{tmp_path / "commitlog"}"', 'local_retention = "0s"',
-        "[source]", "max_bytes_per_trigger = 100000",
-        "[tier]", f'location = "{tmp_path / "tier"}"', "segment_messages = 100", "delete_grace_s = 0",
-        "[state]", f'dir = "{tmp_path / "state"}"',
-        "[checkpoint]", f'dir = "{tmp_path / "checkpoints"}"',
-        "[spark]", "trigger_interval_s = 0.3",
-    ]
-    path = tmp_path / "tierlog.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+def write_config(tmp_path: Path) -> Path:
+    return shared_config(tmp_path, commitlog={"local_retention": "0s"}, source={"max_bytes_per_trigger": 100000},
+                         tier={"segment_messages": 100, "delete_grace_s": 0}, spark={"trigger_interval_s": 0.3})
 
 
 def test_run_status_rebuild_and_gc(tmp_path):

@@ -10,7 +10,7 @@ a queue read sequentially by several groups reads ahead far, and a queue read
 at random soon reads only what is asked for.  A window from a sealed segment
 also keeps the rest of the Parquet row group it was decoded from (up to a
 quarter of the memory bound): that work is done anyway, and without it a
-consumer pulling 32 messages would decode a 64k-row group 2,000 times.
+consumer pulling 32 messages would decode a whole row group for every pull.
 
 Memory is bounded (``max_bytes``, least recently used out first).  Unlike
 RocketMQ, which keeps an entry until every consumer group has passed it, an

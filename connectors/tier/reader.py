@@ -9,7 +9,10 @@ offset are never returned.
 from __future__ import annotations
 
 import enum
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +23,9 @@ from connectors.commitlog.arrow import MESSAGE_SCHEMA, epoch_ms_array
 from connectors.tier import layout
 from connectors.tier.backend import Backend, open_backend
 from connectors.tier.log import QueueKey, TierLog, TierState
+
+
+READ_THREADS = 8  # objects read at once by one query (by_key, a range across segments and staging)
 
 
 class GetStatus(enum.Enum):
@@ -59,6 +65,7 @@ class TierReader:
     def __init__(self, location: str | Backend):
         self.backend = open_backend(location) if isinstance(location, str) else location
         self.log = TierLog(self.backend)
+        self._pool: ThreadPoolExecutor | None = None  # made on the first read of several objects
 
     def state(self) -> TierState:
         return self.log.read_state()
@@ -120,20 +127,17 @@ class TierReader:
         key = (topic, queue_id)
         q = state.queues[key]
         start, end = max(start, q.low), min(end, q.commit)
-        parts = [self._segment_range(seg, start, end, columns)
+        reads = [partial(self._segment_range, seg, start, end, columns)
                  for seg in state.segments_for(key) if seg.base < end and seg.end >= start]
         # Staging rows below the sealed offset are also in a segment: read them from there only.
         unsealed_from = max(start, state.queues[key].sealed)
+        filters = [("topic", "=", topic), ("queue_id", "=", queue_id), ("queue_offset", ">=", unsealed_from),
+                   ("queue_offset", "<", end)]
         for obj in state.staging_for(key):
             info = obj.queues[key]
             if info["first"] < end and info["last"] >= unsealed_from:
-                filters = [("topic", "=", topic), ("queue_id", "=", queue_id), ("queue_offset", ">=", unsealed_from),
-                           ("queue_offset", "<", end)]
-                if cache is None:
-                    parts.append(layout.read_object_rows(self.backend, obj.name, filters, columns, size=obj.size))
-                else:
-                    rows = self._object(obj.name, cache).filter(pq.filters_to_expression(filters))
-                    parts.append(rows if columns is None else rows.select(columns))
+                reads.append(partial(self._staging_range, obj, filters, columns, cache))
+        parts = self._parallel(reads)
         schema = MESSAGE_SCHEMA if columns is None else pa.schema([MESSAGE_SCHEMA.field(c) for c in columns])
         table = pa.concat_tables(parts) if parts else schema.empty_table()
         offsets = table["queue_offset"].to_numpy()
@@ -142,6 +146,21 @@ class TierReader:
             offsets = table["queue_offset"].to_numpy()
         lo, hi = np.searchsorted(offsets, [start, end])
         return table.slice(lo, hi - lo)  # a slice, not a filter: no copy
+
+    def _staging_range(self, obj, filters, columns: list[str] | None, cache: dict | None) -> pa.Table:
+        if cache is None:
+            return layout.read_object_rows(self.backend, obj.name, filters, columns, size=obj.size)
+        rows = self._object(obj.name, cache).filter(pq.filters_to_expression(filters))
+        return rows if columns is None else rows.select(columns)
+
+    def _parallel(self, reads: list[Callable[[], pa.Table]]) -> list[pa.Table]:
+        """Run ``reads`` (one per object) at once, results in their order: Arrow decodes without the
+        GIL, and an S3 request mostly waits."""
+        if len(reads) <= 1:
+            return [read() for read in reads]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="tier-read")
+        return list(self._pool.map(lambda read: read(), reads))
 
     def _segment_range(self, seg, start: int, end: int, columns: list[str] | None) -> pa.Table:
         if seg.rows == seg.end - seg.base + 1:  # dense, as sealed: row i holds offset base + i
@@ -153,7 +172,8 @@ class TierReader:
 
     def decoded_end(self, topic: str, queue_id: int, offset: int, state: TierState) -> int:
         """One past the last offset of the Parquet row group holding ``offset`` when that is in a
-        sealed segment: a read of ``offset`` decodes the whole group anyway.  Else ``offset + 1``."""
+        sealed segment: a read of ``offset`` decodes the whole group anyway.  Else ``offset + 1``.
+        A hint for how much to keep (segments written with another group size are read right)."""
         for seg in state.segments_for((topic, queue_id)):
             if seg.base <= offset <= seg.end and seg.rows == seg.end - seg.base + 1:  # dense: row i is base + i
                 group = (offset - seg.base) // layout.ROW_GROUP_ROWS + 1
@@ -217,13 +237,14 @@ class TierReader:
                 continue
             for seg in state.segments_for((t, queue_id)):
                 if seg.max_ts >= lo and seg.min_ts <= hi and seg.end >= q.low:
-                    parts.append(self._segment_rows_for_key(seg, key))
+                    parts.append(partial(self._segment_rows_for_key, seg, key))
             for obj in state.staging_for((t, queue_id)):
                 info = obj.queues[(t, queue_id)]
                 if info["last"] >= q.sealed and info["max_ts"] >= lo and info["min_ts"] <= hi:
                     staged.setdefault(obj.name, (obj, {}))[1][queue_id] = q.sealed
         for obj, sealed in staged.values():  # each staging object read once, for all its queues
-            parts.append(self._staging_rows_for_key(obj, topic, key, sealed))
+            parts.append(partial(self._staging_rows_for_key, obj, topic, key, sealed))
+        parts = self._parallel(parts)
         table = pa.concat_tables(parts) if parts else MESSAGE_SCHEMA.empty_table()
         ts = epoch_ms_array(table["store_ts"])
         keep = pc.and_(pc.equal(table["key"], key), pc.and_(pc.greater_equal(ts, lo), pc.less_equal(ts, hi)))
@@ -233,8 +254,7 @@ class TierReader:
     def _segment_rows_for_key(self, seg, key: str) -> pa.Table:
         if seg.keys is None:  # sealed before key indexes existed: filter the segment itself
             return layout.read_object_rows(self.backend, seg.name, [("key", "=", key)], size=seg.size)
-        index = layout.read_object_rows(self.backend, seg.keys, [("key", "=", key)], ["queue_offset"],
-                                        schema=layout.KEY_INDEX_SCHEMA)
+        index = layout.read_where_equal(self.backend, seg.keys, {"key": key}, ["queue_offset"])
         if index.num_rows == 0:
             return MESSAGE_SCHEMA.empty_table()
         offsets = index["queue_offset"].to_pylist()
@@ -243,7 +263,7 @@ class TierReader:
     def _staging_rows_for_key(self, obj, topic: str, key: str, sealed: dict[int, int]) -> pa.Table:
         """The key's unsealed rows in one staging object (``sealed``: queue id -> its sealed offset).
         Their offsets are found from three small columns before whole rows are read."""
-        found = layout.read_object_rows(self.backend, obj.name, [("topic", "=", topic), ("key", "=", key)],
+        found = layout.read_where_equal(self.backend, obj.name, {"topic": topic, "key": key},
                                         ["queue_id", "queue_offset"], size=obj.size)
         mine = [(qid, off) for qid, off in zip(found["queue_id"].to_pylist(), found["queue_offset"].to_pylist())
                 if qid in sealed and off >= sealed[qid]]
