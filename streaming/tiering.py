@@ -116,7 +116,7 @@ def make_stager(settings: TieringSettings, floor: int):
         table = dispatched_only(pa.Table.from_batches(batches_, schema=batches_[0].schema if batches_ else None))
         table = layout.sort_rows(table)
         stats = queue_stats(table)
-        data = layout.to_parquet(table, layout.staging_row_group_rows(table.num_rows, len(stats)))
+        data = layout.to_staging_parquet(table)
         name = layout.staging_name(lo)
         backend = open_backend(settings.location)
         started = time.monotonic()

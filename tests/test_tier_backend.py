@@ -158,3 +158,24 @@ def test_s3_access_denied_is_named(s3_location):
     with pytest.raises(AccessDenied, match=bucket):
         b.put("x", b"1")
     assert client.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+def test_staging_row_groups_are_cut_at_queue_boundaries():
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from connectors.commitlog.arrow import MESSAGE_SCHEMA
+    from connectors.tier import layout
+
+    runs = [("a", 0, 3000), ("a", 1, 10), ("a", 2, 20), ("b", 0, 1500), ("b", 1, 40_000), ("c", 0, 5)]
+    rows = [{"topic": t, "queue_id": q, "queue_offset": i, "phy_offset": n, "body": b"x"}
+            for n, (t, q, i) in enumerate((t, q, i) for t, q, count in runs for i in range(count))]
+    table = pa.Table.from_pylist(rows, schema=MESSAGE_SCHEMA)
+    source = pq.ParquetFile(pa.BufferReader(layout.to_staging_parquet(table)))
+    assert source.read().equals(table)
+    groups = [source.read_row_group(i, columns=["topic", "queue_id"]) for i in range(source.num_row_groups)]
+    queues_per_group = [sorted(set(zip(g["topic"].to_pylist(), g["queue_id"].to_pylist()))) for g in groups]
+    assert queues_per_group[0] == [("a", 0)]  # a long run has groups of its own
+    assert [("a", 1), ("a", 2), ("b", 0)] in queues_per_group  # short runs share one
+    assert all(q == [("b", 1)] for q in queues_per_group[2:-1]) and queues_per_group[-1] == [("c", 0)]
+    assert max(g.num_rows for g in groups) <= layout.ROW_GROUP_ROWS

@@ -33,14 +33,9 @@ SORT_KEYS = [("topic", "ascending"), ("queue_id", "ascending"), ("queue_offset",
 # Sealed segments: a point read (get, by_key) decodes one whole row group of every column, so
 # groups are kept small enough for that (16k rows: 5-15 ms) while scans still read long runs.
 ROW_GROUP_ROWS = 16 * 1024
-
-
-def staging_row_group_rows(rows: int, queues: int) -> int:
-    """Row group size of a staging object: it holds every queue of a batch part, sorted by queue,
-    so about one queue's run per row group lets a reader of one queue skip the others' rows by
-    their statistics instead of decoding them (between 1k and ``ROW_GROUP_ROWS`` rows)."""
-    return max(1024, min(ROW_GROUP_ROWS, rows // max(1, queues)))
+STAGING_MIN_GROUP_ROWS = 1024  # smaller queue runs share a row group, so the footer stays small
 COMPRESSION = "zstd"
+DICTIONARY_COLUMNS = ["topic", "key", "tags", "born_host", "store_host", "op"]
 
 # Hive's escapePathName set, plus space and control characters.
 _ESCAPE = set('"#%\'*/:=?\\{[]^ ') | {chr(c) for c in range(0x20)} | {"\x7f"}
@@ -201,17 +196,39 @@ def parse_log_name(name: str) -> tuple[int, bool] | None:
     return int(stem), rest == "checkpoint.json"
 
 
-def to_parquet(table: pa.Table, row_group_rows: int = ROW_GROUP_ROWS) -> bytes:
-    """Serialize rows of the message schema, zstd, in row groups of ``row_group_rows``."""
+def to_parquet(table: pa.Table) -> bytes:
+    """Serialize rows of the message schema, zstd, in row groups of ``ROW_GROUP_ROWS``."""
     sink = io.BytesIO()
     pq.write_table(
         table.cast(MESSAGE_SCHEMA),
         sink,
         compression=COMPRESSION,
-        row_group_size=row_group_rows,
+        row_group_size=ROW_GROUP_ROWS,
         write_statistics=True,
-        use_dictionary=["topic", "key", "tags", "born_host", "store_host", "op"],
+        use_dictionary=DICTIONARY_COLUMNS,
     )
+    return sink.getvalue()
+
+
+def to_staging_parquet(table: pa.Table) -> bytes:
+    """A staging object: rows sorted by (topic, queue, offset), every row group cut at a queue's
+    boundary, so a reader of one queue decodes only that queue's rows (row groups are skipped by
+    their statistics).  Runs shorter than ``STAGING_MIN_GROUP_ROWS`` share a group; longer than
+    ``ROW_GROUP_ROWS`` are split."""
+    import numpy as np
+
+    table = table.cast(MESSAGE_SCHEMA)
+    topics = table["topic"].to_numpy(zero_copy_only=False)
+    queues = table["queue_id"].to_numpy()
+    changes = np.nonzero((topics[1:] != topics[:-1]) | (queues[1:] != queues[:-1]))[0] + 1
+    sink = io.BytesIO()
+    with pq.ParquetWriter(sink, MESSAGE_SCHEMA, compression=COMPRESSION, write_statistics=True,
+                          use_dictionary=DICTIONARY_COLUMNS) as writer:
+        start = 0
+        for end in [*changes.tolist(), table.num_rows]:
+            if end - start >= STAGING_MIN_GROUP_ROWS or end == table.num_rows:
+                writer.write_table(table.slice(start, end - start), row_group_size=ROW_GROUP_ROWS)
+                start = end
     return sink.getvalue()
 
 
