@@ -272,6 +272,9 @@ def _s3_problems(location: str) -> list[str]:
     """Reach the bucket: a missing one, denied access or an unreachable endpoint, in one line."""
     from connectors.tier.s3 import S3Backend
 
+    s3_log = logging.getLogger("connectors.tier.s3")
+    level = s3_log.level
+    s3_log.setLevel(logging.ERROR)  # the outcome is the one line below, not a warning per retry
     try:
         backend = S3Backend(location)
         try:
@@ -281,6 +284,8 @@ def _s3_problems(location: str) -> list[str]:
     except TierlogError as exc:
         text = str(exc)
         return [text if "tier.location" in text else f"tier.location {location!r}: {text}"]
+    finally:
+        s3_log.setLevel(level)
     return []
 
 
