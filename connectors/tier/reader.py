@@ -17,7 +17,6 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from connectors.commitlog.arrow import MESSAGE_SCHEMA, epoch_ms_array
 from connectors.tier import layout
@@ -73,33 +72,19 @@ class TierReader:
     def queues(self, state: TierState | None = None) -> list[QueueKey]:
         return sorted((state or self.state()).queues)
 
-    def _object(self, name: str, cache: dict | None) -> pa.Table:
-        if cache is not None and name in cache:
-            return cache[name]
-        table = layout.from_parquet(self.backend.read(name))
-        if cache is not None:
-            cache[name] = table
-        return table
-
-    def read_queue(
-        self, topic: str, queue_id: int, state: TierState | None = None, cache: dict | None = None
-    ) -> pa.Table:
-        """Every committed message of one queue, in queue-offset order.
-
-        ``cache`` (a dict) keeps whole staging objects, which hold many queues, so a
-        caller reading every queue reads each of them once.
-        """
+    def read_queue(self, topic: str, queue_id: int, state: TierState | None = None) -> pa.Table:
+        """Every committed message of one queue, in queue-offset order."""
         state = state or self.state()
         q = state.queues.get((topic, queue_id))
         if q is None:
             return MESSAGE_SCHEMA.empty_table()
-        return self._range(topic, queue_id, q.low, q.commit, state, cache=cache)
+        return self._range(topic, queue_id, q.low, q.commit, state)
 
     def read_all(self, state: TierState | None = None) -> pa.Table:
-        """Every committed message, queue by queue."""
+        """Every committed message, queue by queue (a staging object's row groups are cut at queue
+        boundaries, so reading it once per queue decodes each row once)."""
         state = state or self.state()
-        cache: dict = {}  # staging objects hold many queues: read each once
-        tables = [self.read_queue(t, q, state, cache) for t, q in self.queues(state)]
+        tables = [self.read_queue(t, q, state) for t, q in self.queues(state)]
         return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
 
     # ------------------------------------------------------------ queries
@@ -122,7 +107,7 @@ class TierReader:
         return GetResult(GetStatus.FOUND, table, end, q.low, q.commit)
 
     def _range(self, topic: str, queue_id: int, start: int, end: int, state: TierState,
-               columns: list[str] | None = None, cache: dict | None = None) -> pa.Table:
+               columns: list[str] | None = None) -> pa.Table:
         """Committed rows of one queue with ``start <= queue_offset < end``, in offset order."""
         key = (topic, queue_id)
         q = state.queues[key]
@@ -136,7 +121,8 @@ class TierReader:
         for obj in state.staging_for(key):
             info = obj.queues[key]
             if info["first"] < end and info["last"] >= unsealed_from:
-                reads.append(partial(self._staging_range, obj, filters, columns, cache))
+                reads.append(partial(layout.read_object_rows, self.backend, obj.name, filters, columns,
+                                     size=obj.size))
         parts = self._parallel(reads)
         schema = MESSAGE_SCHEMA if columns is None else pa.schema([MESSAGE_SCHEMA.field(c) for c in columns])
         table = pa.concat_tables(parts) if parts else schema.empty_table()
@@ -146,12 +132,6 @@ class TierReader:
             offsets = table["queue_offset"].to_numpy()
         lo, hi = np.searchsorted(offsets, [start, end])
         return table.slice(lo, hi - lo)  # a slice, not a filter: no copy
-
-    def _staging_range(self, obj, filters, columns: list[str] | None, cache: dict | None) -> pa.Table:
-        if cache is None:
-            return layout.read_object_rows(self.backend, obj.name, filters, columns, size=obj.size)
-        rows = self._object(obj.name, cache).filter(pq.filters_to_expression(filters))
-        return rows if columns is None else rows.select(columns)
 
     def _parallel(self, reads: list[Callable[[], pa.Table]]) -> list[pa.Table]:
         """Run ``reads`` (one per object) at once, results in their order: Arrow decodes without the
