@@ -116,11 +116,10 @@ def _from_tier(kv: KVView, tier_location: str, cursor: int, report: RebuildRepor
     state = reader.state()
     if state.source_end is None or state.source_end <= cursor:
         return cursor
-    cache: dict = {}
     queues = reader.queues(state)
     next_report = time.monotonic() + 5
     for i, (topic, queue_id) in enumerate(queues):
-        table = reader.read_queue(topic, queue_id, state, cache)
+        table = reader.read_queue(topic, queue_id, state)
         table = table.filter(pc.greater_equal(table["phy_offset"], cursor))
         if table.num_rows:
             kv.apply_table(keyed_rows(table))
