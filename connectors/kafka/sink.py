@@ -394,14 +394,35 @@ def ensure_topic(settings: KafkaSettings, topic: str, *, compacted: bool, wait_s
     return len(found)
 
 
-def read_back(settings: KafkaSettings, topic: str, partitions: list[int],
-              timeout_s: float = 60.0) -> dict[tuple[str, int], int]:
+READ_BACK_SETTLE_S = 2.0
+
+
+def read_back(settings: KafkaSettings, topic: str, partitions: list[int], timeout_s: float = 60.0,
+              settle_s: float = READ_BACK_SETTLE_S) -> dict[tuple[str, int], int]:
     """The position in the last record of each of ``partitions`` of ``topic`` (-1 for an empty one).
 
-    It reads each partition up to the high watermark its fetch responses report, and
-    seeks straight to the record before it.  The end offsets a broker lists are only a
-    first guess: tansu's lag behind the real end (measured: 1 for 1,000 records).
+    A record a broker took just before a failure (a killed or discarded producer's last
+    request, a restart) can become visible a moment later: the outage test caught records
+    appearing after the read-back and being sent again.  So the positions are read again
+    ``settle_s`` later, until two reads agree (at most five times).
     """
+    positions = _read_back_once(settings, topic, partitions, timeout_s)
+    for _ in range(5 if partitions else 0):
+        time.sleep(settle_s)
+        again = _read_back_once(settings, topic, partitions, timeout_s)
+        if again == positions:
+            break
+        log.warning("Kafka topic %r: positions moved while being read back (%s); reading them again", topic,
+                    {k: (positions[k], v) for k, v in again.items() if positions.get(k) != v})
+        positions = again
+    return positions
+
+
+def _read_back_once(settings: KafkaSettings, topic: str, partitions: list[int],
+                    timeout_s: float) -> dict[tuple[str, int], int]:
+    """Each partition read up to the high watermark its fetch responses report, seeking straight
+    to the record before it.  The end offsets a broker lists are only a first guess: tansu's
+    lag behind the real end (measured: 1 for 1,000 records)."""
     consumer = _consumer(settings, fetch_max_wait_ms=100)
     try:
         if not partitions:
