@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bench.bench_tiering import make_conf, run_service
+from bench.bench_tiering import make_conf, produce, run_service
 from bench.common import report
 from connectors.commitlog.arrow import epoch_ms_array
 from connectors.tier.cache import ReadAheadCache
@@ -59,13 +59,7 @@ def build(root: str, messages: int, topics: int, queues: int, keys: int, body: i
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
     t = time.perf_counter()
-    produce_conf = conf
-    from connectors.commitlog.workload import Workload, append_in_chunks
-    from connectors.commitlog.writer import CommitLogWriter
-
-    w = Workload(messages=messages, topics=topics, queues=queues, keys=keys, body_size=body, seed=6)
-    with CommitLogWriter(produce_conf.commitlog.dir, file_size=produce_conf.commitlog.file_size, fsync="never") as wr:
-        append_in_chunks(wr, w.generate())
+    produce(conf, messages, queues, body, topics, keys=keys, seed=6)
     produced = time.perf_counter() - t
     t = time.perf_counter()
     run_service(conf)

@@ -53,8 +53,9 @@ def make_conf(root: str, **overrides) -> cfg.Config:
     )
 
 
-def produce(conf: cfg.Config, messages: int, queues: int, body: int = 1024, topics: int = 1) -> None:
-    w = Workload(messages=messages, topics=topics, queues=queues, keys=100_000, body_size=body, seed=3)
+def produce(conf: cfg.Config, messages: int, queues: int, body: int = 1024, topics: int = 1, keys: int = 100_000,
+            seed: int = 3) -> None:
+    w = Workload(messages=messages, topics=topics, queues=queues, keys=keys, body_size=body, seed=seed)
     with CommitLogWriter(conf.commitlog.dir, file_size=conf.commitlog.file_size, fsync="never") as writer:
         append_in_chunks(writer, w.generate())
 

@@ -22,7 +22,7 @@ import io
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from connectors.commitlog.arrow import MESSAGE_SCHEMA
+from connectors.commitlog.arrow import MESSAGE_SCHEMA, project_schema
 
 LOG_PREFIX = "_log/"
 STAGING_PREFIX = "_staging/"
@@ -109,15 +109,11 @@ class ObjectFile(io.RawIOBase):
         return len(data)
 
 
-def open_object(backend, name: str, size: int | None = None):
-    return backend.open_input(name, size)
-
-
 def read_object_rows(backend, name: str, filters, columns: list[str] | None = None, schema: pa.Schema = None,
                      size: int | None = None) -> pa.Table:
     """Rows of one tier object that pass ``filters``, by ranged reads: only the footer and the row
     groups whose statistics may match are fetched."""
-    return pq.read_table(open_object(backend, name, size), schema=schema or MESSAGE_SCHEMA, filters=filters,
+    return pq.read_table(backend.open_input(name, size), schema=schema or MESSAGE_SCHEMA, filters=filters,
                          columns=columns)
 
 
@@ -132,7 +128,7 @@ def read_where_equal(backend, name: str, where: dict, columns: list[str], size: 
     import numpy as np
     import pyarrow.compute as pc
 
-    source = pq.ParquetFile(open_object(backend, name, size))
+    source = pq.ParquetFile(backend.open_input(name, size))
     meta = source.metadata
     paths = [meta.schema.column(c).path for c in range(meta.num_columns)]  # leaf paths: a map's "key" differs
     checks = [(paths.index(column), value) for column, value in where.items()]
@@ -160,7 +156,7 @@ def read_segment_slice(backend, name: str, first: int, stop: int, columns: list[
                        size: int | None = None) -> pa.Table:
     """Rows ``first`` .. ``stop - 1`` (by position) of a sealed segment, by ranged reads of just the
     row groups holding them: no filter is evaluated and nothing is copied but what is decoded."""
-    segment = pq.ParquetFile(open_object(backend, name, size))
+    segment = pq.ParquetFile(backend.open_input(name, size))
     groups, at, skip = [], 0, 0
     for i in range(segment.num_row_groups):
         rows = segment.metadata.row_group(i).num_rows
@@ -169,7 +165,7 @@ def read_segment_slice(backend, name: str, first: int, stop: int, columns: list[
                 skip = first - at
             groups.append(i)
         at += rows
-    schema = MESSAGE_SCHEMA if columns is None else pa.schema([MESSAGE_SCHEMA.field(c) for c in columns])
+    schema = MESSAGE_SCHEMA if columns is None else project_schema(columns)
     if not groups:
         return schema.empty_table()
     return segment.read_row_groups(groups, columns=columns).cast(schema).slice(max(0, skip), stop - first)

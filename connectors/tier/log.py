@@ -63,6 +63,11 @@ class Segment:
     max_ts: int
     keys: str | None = None  # its key index object; None for segments sealed before there were any
 
+    @property
+    def dense(self) -> bool:
+        """Every offset from base to end is present, as sealing writes them: row i holds base + i."""
+        return self.rows == self.end - self.base + 1
+
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None or k != "keys"}
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.commitlog.arrow import MESSAGE_SCHEMA, epoch_ms_array
+from connectors.commitlog.arrow import MESSAGE_SCHEMA, epoch_ms_array, project_schema
 from connectors.tier import layout
 from connectors.tier.backend import Backend, open_backend
 from connectors.tier.log import QueueKey, TierLog, TierState
@@ -115,7 +115,7 @@ class TierReader:
         reads = [partial(self._segment_range, seg, start, end, columns)
                  for seg in state.segments_for(key) if seg.base < end and seg.end >= start]
         # Staging rows below the sealed offset are also in a segment: read them from there only.
-        unsealed_from = max(start, state.queues[key].sealed)
+        unsealed_from = max(start, q.sealed)
         filters = [("topic", "=", topic), ("queue_id", "=", queue_id), ("queue_offset", ">=", unsealed_from),
                    ("queue_offset", "<", end)]
         for obj in state.staging_for(key):
@@ -124,7 +124,7 @@ class TierReader:
                 reads.append(partial(layout.read_object_rows, self.backend, obj.name, filters, columns,
                                      size=obj.size))
         parts = self._parallel(reads)
-        schema = MESSAGE_SCHEMA if columns is None else pa.schema([MESSAGE_SCHEMA.field(c) for c in columns])
+        schema = MESSAGE_SCHEMA if columns is None else project_schema(columns)
         table = pa.concat_tables(parts) if parts else schema.empty_table()
         offsets = table["queue_offset"].to_numpy()
         if len(offsets) > 1 and not (offsets[1:] > offsets[:-1]).all():  # segments, then staging: sorted already
@@ -143,7 +143,7 @@ class TierReader:
         return list(self._pool.map(lambda read: read(), reads))
 
     def _segment_range(self, seg, start: int, end: int, columns: list[str] | None) -> pa.Table:
-        if seg.rows == seg.end - seg.base + 1:  # dense, as sealed: row i holds offset base + i
+        if seg.dense:
             first = max(start, seg.base) - seg.base
             stop = min(end, seg.end + 1) - seg.base
             return layout.read_segment_slice(self.backend, seg.name, first, stop, columns, size=seg.size)
@@ -155,7 +155,7 @@ class TierReader:
         sealed segment: a read of ``offset`` decodes the whole group anyway.  Else ``offset + 1``.
         A hint for how much to keep (segments written with another group size are read right)."""
         for seg in state.segments_for((topic, queue_id)):
-            if seg.base <= offset <= seg.end and seg.rows == seg.end - seg.base + 1:  # dense: row i is base + i
+            if seg.base <= offset <= seg.end and seg.dense:
                 group = (offset - seg.base) // layout.ROW_GROUP_ROWS + 1
                 return min(seg.end + 1, seg.base + group * layout.ROW_GROUP_ROWS)
         return offset + 1
