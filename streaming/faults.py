@@ -4,10 +4,15 @@
 across processes in ``TIERLOG_FAULT_DIR``) SIGKILL the service's driver
 process, as an operator's ``kill -9`` or a power cut would.  Unset, a crash
 point costs one dictionary lookup.
+
+``TIERLOG_FAULT_DISK_FULL=<file>`` makes every write to a posix tier fail
+with ENOSPC while ``<file>`` exists: a full disk the chaos harness can fill
+and free without root (a size-limited mount needs it).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
@@ -25,6 +30,7 @@ POINTS = (
     "mirrored",  # driver: a mirror batch is in Kafka, the mirror sink offset not yet recorded
     "changelogged",  # apply thread: a batch's changes are in Kafka, the KV view not yet updated
     "kafka_sending",  # a Kafka sink (driver, apply thread or mirror task): every 100th record sent, not flushed
+    "torn_append",  # the commitlog writer: a batch's bytes written except its first TOTALSIZE (a torn tail)
 )
 
 
@@ -45,3 +51,10 @@ def crash_point(name: str, driver_pid: int | None = None) -> None:
         os.close(fd)
     if passes == int(nth or 1):
         os.kill(driver_pid or os.getpid(), signal.SIGKILL)
+
+
+def disk_full_fault() -> None:
+    """Raise ENOSPC while the file named by ``TIERLOG_FAULT_DISK_FULL`` exists."""
+    flag = os.environ.get("TIERLOG_FAULT_DISK_FULL")
+    if flag and os.path.exists(flag):
+        raise OSError(errno.ENOSPC, "No space left on device (injected)")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pyarrow as pa
 import pytest
@@ -23,6 +25,7 @@ from connectors.commitlog import (
 )
 from connectors.commitlog import format as fmt
 from connectors.commitlog.arrow import MESSAGE_SCHEMA
+from connectors.commitlog.reader import SETTLE_S
 from tests.oracle import message_row, normalize_arrow_row, replay
 
 FILE = 16 * 1024
@@ -287,3 +290,72 @@ def test_a_long_lived_reader_tracks_the_frontier_as_the_log_grows(log_dir):
             assert r.end_offset() == more[-1].phy_offset + more[-1].size > first
             with CommitLogReader(log_dir) as fresh:
                 assert fresh.end_offset() == r.end_offset()
+
+
+def test_producer_killed_between_its_two_writes_leaves_a_pending_tail(log_dir, tmp_path):
+    """The writer's torn_append crash point: a batch written with its first TOTALSIZE still pending.
+
+    Readers wait at it (no corruption error, nothing read past it), and the
+    restarted writer zeroes it and appends there, with the queue offsets the
+    lost batch would have taken.
+    """
+    script = textwrap.dedent(
+        f"""
+        from connectors.commitlog import CommitLogWriter, Message
+        w = CommitLogWriter({log_dir!r}, file_size={FILE}, fsync="never")
+        for i in range(40):
+            w.append_many([Message(topic="t", queue_id=0, body=b"b%d" % i), Message(topic="t", queue_id=1, body=b"c")])
+        """
+    )
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    env = {**os.environ, "TIERLOG_FAULT": "torn_append:25", "TIERLOG_FAULT_DIR": str(faults)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=os.path.dirname(os.path.dirname(__file__)), env=env)
+    assert done.returncode == -signal.SIGKILL
+    rows = replay(log_dir)
+    assert [r["body"] for r in rows if r["queue_id"] == 0] == [b"b%d" % i for i in range(24)]
+    with CommitLogReader(log_dir) as r:
+        end = r.scan(0).end
+        time.sleep(SETTLE_S * 1.5)
+        assert r.scan(0).end == end  # still waiting there, never an error
+    with CommitLogWriter(log_dir, file_size=FILE) as w:
+        assert w.offset == end
+        assert w.append(Message(topic="t", queue_id=0, body=b"again")).queue_offset == 24
+    assert [r["body"] for r in replay(log_dir)][-1] == b"again"
+
+
+def test_a_pending_size_that_does_not_match_its_record_is_corruption(log_dir):
+    target = _corrupt(log_dir, 7, 0, b"\xff\xff\xff\xf0")  # -16: negative, but not this record's size
+    with pytest.raises(CorruptRecordError) as exc:
+        replay(log_dir)
+    assert exc.value.offset == target.phy_offset
+
+
+# ------------------------------------------------------------------ malformed properties and keys
+
+
+def test_malformed_properties_and_keys_read_the_same_on_both_paths(log_dir):
+    """Non-UTF-8 bytes in a property (a broker stores whatever a client sent), a value holding what
+    looks like separators, and a KEYS property of 5,000 keys: the Arrow fast path and the one-record
+    decoder agree, the key is the first word, and nothing is skipped."""
+    huge_keys = " ".join(f"k{i}" for i in range(5000))  # 28 KB, under the 32 KB properties limit
+    msgs = [
+        Message(topic="t", body=b"a", properties={"KEYS": "PLACEHOLDER", "X": "v"}),
+        Message(topic="t", body=b"b", properties={"KEYS": huge_keys}),
+        Message(topic="t", body=b"c", properties={"KEYS": "k=1;a:b", "Y": "\u00e9\u4e2d"}),
+    ]
+    with CommitLogWriter(log_dir, file_size=1 << 20, fsync="never") as w:
+        written = w.append_many(msgs)
+    path = os.path.join(log_dir, fmt.file_name(0))
+    with open(path, "r+b") as fh:
+        data = bytearray(fh.read())
+        at = data.index(b"PLACEHOLDER")
+        data[at : at + 11] = b"\xff\xfeBAD\xc3(\x80\x00ok"  # invalid UTF-8, and a NUL, in place
+        fh.seek(0)
+        fh.write(data)
+    oracle = replay(log_dir)
+    assert [r["phy_offset"] for r in oracle] == [m.phy_offset for m in written]
+    assert arrow_rows(log_dir) == oracle
+    assert oracle[0]["key"] == "\ufffd\ufffdBAD\ufffd(\ufffd\x00ok"  # replaced, never dropped
+    assert oracle[1]["key"] == "k0" and len(oracle[1]["properties"]["KEYS"]) == len(huge_keys)
+    assert oracle[2]["key"] == "k=1;a:b" and oracle[2]["properties"]["Y"] == "\u00e9\u4e2d"

@@ -58,6 +58,7 @@ _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")
 _I16 = struct.Struct(">h")
 _SIZE_MAGIC = struct.Struct(">iI")
+_UNSIZED_HEAD = struct.Struct(">Iiiiqqi")  # magic .. sysflag, for a record whose TOTALSIZE is not written
 
 
 def body_crc(body: bytes) -> int:
@@ -255,6 +256,36 @@ class RecordError(ValueError):
 def read_size_magic(buf, pos: int) -> tuple[int, int]:
     """TOTALSIZE (signed) and MAGICCODE (unsigned) at ``pos``."""
     return _SIZE_MAGIC.unpack_from(buf, pos)
+
+
+def stored_phy_offset(buf, pos: int) -> int:
+    """The PHYSICALOFFSET field of the record at ``pos``: where the writer put it."""
+    return _I64.unpack_from(buf, pos + POS_PHY_OFFSET)[0]
+
+
+def implied_size(buf, pos: int) -> int | None:
+    """The TOTALSIZE a record's own fields imply, read without its TOTALSIZE; None if they cannot be read.
+
+    A writer publishes a record by writing TOTALSIZE last, so an append cut
+    short (a producer killed between its two writes) leaves a zero TOTALSIZE
+    in front of a complete record: this is how a reader measures it.
+    """
+    try:
+        magic, _crc, _qid, _flag, _qoff, _phy, sysflag = _UNSIZED_HEAD.unpack_from(buf, pos + POS_MAGIC)
+        if magic not in (MAGIC_V1, MAGIC_V2):
+            return None
+        p = pos + POS_BORN_HOST + host_width(sysflag, BORNHOST_V6_FLAG) + 8 + host_width(sysflag, STOREHOST_V6_FLAG)
+        (body_len,) = _I32.unpack_from(buf, p + 12)
+        p += 16 + max(body_len, 0)
+        v2 = magic == MAGIC_V2
+        topic_len = _I16.unpack_from(buf, p)[0] if v2 else buf[p]
+        p += (2 if v2 else 1) + topic_len
+        (props_len,) = _I16.unpack_from(buf, p)
+    except (struct.error, IndexError):
+        return None
+    if body_len < 0 or topic_len < 0 or props_len < 0:
+        return None
+    return record_size(body_len, topic_len, props_len, sysflag, v2)
 
 
 def decode(buf, pos: int = 0, *, check_crc: bool = False, expect_phy: int | None = None) -> Message:

@@ -330,6 +330,10 @@ class CommitLogReader:
             if known_complete or not self._is_tail(files, idx, pos):
                 raise self._fail(f, pos, "zero bytes where a record should be, and data follows later")
             return "tail"
+        if self._pending_append(f, pos, size, magic):
+            if known_complete:
+                raise self._fail(f, pos, "an append its writer never finished, inside a range read as complete", size)
+            return "tail"  # its writer publishes it next, or zeroes it when it restarts
         plausible = fmt.MIN_RECORD_SIZE <= size <= f.length - pos
         if magic in (fmt.MAGIC_V1, fmt.MAGIC_V2) and size <= f.length - pos - fmt.END_FILE_MIN_BLANK_LENGTH and plausible:
             return "tail"  # published since the walk looked: the next call reads it
@@ -338,6 +342,20 @@ class CommitLogReader:
         if magic in (fmt.MAGIC_V1, fmt.MAGIC_V2):
             raise self._fail(f, pos, f"impossible TOTALSIZE {size} ({f.length - pos} bytes left in the file)", size)
         raise self._fail(f, pos, f"unknown magic code 0x{magic:08X}", size)
+
+    def _pending_append(self, f: MappedFile, pos: int, size: int, magic: int) -> bool:
+        """Is the record at ``pos`` an append its writer has not published yet?
+
+        tierlog's writer first writes a batch with its first TOTALSIZE negated,
+        then the real TOTALSIZE.  A producer killed in between leaves that
+        pending record (its next start zeroes it).  The negated size must match
+        the record's own fields and its stored offset its position, so
+        corruption is never mistaken for it.
+        """
+        if size >= 0 or magic not in (fmt.MAGIC_V1, fmt.MAGIC_V2) or -size > f.length - pos:
+            return False
+        buf = self._map(f)
+        return fmt.implied_size(buf, pos) == -size and fmt.stored_phy_offset(buf, pos) == f.base + pos
 
     def scan(
         self,

@@ -6,8 +6,9 @@ two files, a blank marker at the end of each full file, and per-(topic, queue)
 queue offsets.
 
 Readers in other processes may read while it appends.  Each append writes a
-record's bytes after its first four first, and the four TOTALSIZE bytes last,
-so a reader sees either nothing or the whole record.
+batch with its first TOTALSIZE negated (pending), then the real TOTALSIZE, so a
+reader sees either nothing or the whole batch; a writer killed in between
+leaves a pending record that readers wait at and the next writer zeroes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 from connectors.commitlog import format as fmt
 from connectors.commitlog.errors import WriterLockedError
 from connectors.commitlog.reader import CommitLogReader, list_files
+from streaming.faults import crash_point
 
 log = logging.getLogger(__name__)
 
@@ -237,9 +239,14 @@ class CommitLogWriter:
     def _write(self, start: int, records: list[bytes]) -> None:
         if not records:
             return
-        data = b"".join(records)
-        os.pwrite(self._fd, data[4:], start + 4)
-        os.pwrite(self._fd, data[:4], start)  # publishes the first record, and so the batch
+        data = bytearray(b"".join(records))
+        published = bytes(data[:4])
+        # Pending: the first TOTALSIZE negated, so a reader (and the next writer) can tell an append cut
+        # short by a crash from corruption: nothing else writes a negative size that matches its record.
+        struct.pack_into(">i", data, 0, -len(records[0]))
+        os.pwrite(self._fd, data, start)
+        crash_point("torn_append")
+        os.pwrite(self._fd, published, start)  # publishes the first record, and so the batch
         self._dirty = True
 
     def _roll(self) -> None:
