@@ -179,3 +179,22 @@ def test_staging_row_groups_are_cut_at_queue_boundaries():
     assert [("a", 1), ("a", 2), ("b", 0)] in queues_per_group  # short runs share one
     assert all(q == [("b", 1)] for q in queues_per_group[2:-1]) and queues_per_group[-1] == [("c", 0)]
     assert max(g.num_rows for g in groups) <= layout.ROW_GROUP_ROWS
+
+
+def test_posix_waits_out_a_full_disk_and_loses_nothing(tmp_path, monkeypatch, caplog):
+    """ENOSPC (injected: a size-limited mount needs root) is retried until space comes back."""
+    from connectors.tier.posix import PosixBackend
+
+    flag = tmp_path / "disk-full"
+    flag.touch()
+    monkeypatch.setenv("TIERLOG_FAULT_DISK_FULL", str(flag))
+    backend = PosixBackend(str(tmp_path / "tier"), retry_deadline_s=60)
+    threading.Timer(1.5, flag.unlink).start()
+    backend.put("a/b.parquet", b"x" * 1000)
+    assert backend.read("a/b.parquet") == b"x" * 1000
+    assert any("is full" in r.getMessage() for r in caplog.records)
+    assert [n for n in os.listdir(tmp_path / "tier" / "a")] == ["b.parquet"]  # no temporary file left behind
+    flag.touch()
+    with pytest.raises(Exception, match="is full") as exc:
+        PosixBackend(str(tmp_path / "tier"), retry_deadline_s=0.5).put("a/c.parquet", b"y")
+    assert exc.value.retriable

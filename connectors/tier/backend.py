@@ -8,14 +8,21 @@ new object or none of it, never a part.
 
 from __future__ import annotations
 
+import logging
+import random
 import re
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from connectors.tier.errors import InvalidObjectName
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9._=%+-]+$")
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+RETRY_DEADLINE_S = 600.0  # how long a backend keeps retrying a transient failure before it gives up
+
+_SEGMENT = re.compile("^[A-Za-z0-9._=%+\\-\u00a0-\U0010ffff]+$")  # escaped topics keep characters above U+009F
 
 
 def check_name(name: str) -> str:
@@ -24,6 +31,29 @@ def check_name(name: str) -> str:
     if not name or name.startswith("/") or any(p in ("", ".", "..") or not _SEGMENT.match(p) for p in parts):
         raise InvalidObjectName(f"object name {name!r} is not a plain relative path inside the tier")
     return name
+
+
+def retry_transient(call: Callable[[], T], deadline_s: float = RETRY_DEADLINE_S) -> T:
+    """``call()``, again after each retriable ``TierError`` (S3 throttling, a 5xx, a timeout, a full
+    disk) with jittered exponential backoff, until ``deadline_s`` has passed.
+
+    Each retry is a warning in the log, so an operator sees why tiering waits.
+    A store that is down for a while delays tiering instead of failing it.
+    """
+    deadline = time.monotonic() + deadline_s
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except InvalidObjectName:
+            raise
+        except Exception as exc:
+            attempt += 1
+            if not getattr(exc, "retriable", False) or time.monotonic() >= deadline:
+                raise
+            delay = min(30.0, 0.1 * 2**attempt) * (0.5 + random.random() / 2)
+            log.warning("%s; retrying in %.1fs (attempt %d)", exc, delay, attempt)
+            time.sleep(delay)
 
 
 @dataclass(frozen=True)

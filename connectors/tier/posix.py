@@ -7,8 +7,9 @@ import os
 import uuid
 from typing import Iterator
 
-from connectors.tier.backend import Backend, ObjectInfo, check_name
+from connectors.tier.backend import RETRY_DEADLINE_S, Backend, ObjectInfo, check_name, retry_transient
 from connectors.tier.errors import ObjectNotFound, TierError, TransientTierError
+from streaming.faults import disk_full_fault
 
 _TMP_PREFIX = ".tmp-"
 
@@ -18,11 +19,14 @@ class PosixBackend(Backend):
 
     ``put`` writes a temporary file in the target directory, fsyncs it,
     renames it over the name and fsyncs the directory: a reader or a crash
-    sees the old object or the new one, never a partial file.
+    sees the old object or the new one, never a partial file.  A full disk
+    (or quota) is retried with backoff for ``retry_deadline_s``, like S3
+    throttling: tiering waits for space instead of failing.
     """
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, *, retry_deadline_s: float = RETRY_DEADLINE_S):
         self.location = root
+        self.retry_deadline_s = retry_deadline_s
         self.root = os.path.abspath(root)
         try:
             os.makedirs(self.root, exist_ok=True)
@@ -36,10 +40,14 @@ class PosixBackend(Backend):
         return path
 
     def put(self, name: str, data: bytes) -> None:
+        retry_transient(lambda: self._put_once(name, data), self.retry_deadline_s)
+
+    def _put_once(self, name: str, data: bytes) -> None:
         path = self._path(name)
         directory = os.path.dirname(path)
         tmp = os.path.join(directory, f"{_TMP_PREFIX}{uuid.uuid4().hex}")
         try:
+            disk_full_fault()
             os.makedirs(directory, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
@@ -63,7 +71,7 @@ class PosixBackend(Backend):
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise TransientTierError(
                     f"tier {self.root} is full writing {name!r}: free space or raise the quota; "
-                    "tiering retries and loses nothing"
+                    "tiering waits and retries, and loses nothing"
                 ) from None
             raise TierError(f"cannot write {name!r} under tier {self.root}: {exc.strerror}") from None
 

@@ -15,10 +15,7 @@ delays tiering instead of failing it.
 from __future__ import annotations
 
 import io
-import logging
 import os
-import random
-import time
 from typing import Iterator
 
 import boto3
@@ -26,10 +23,8 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as BotoConnectionError
 
-from connectors.tier.backend import Backend, ObjectInfo, check_name
+from connectors.tier.backend import RETRY_DEADLINE_S, Backend, ObjectInfo, check_name, retry_transient
 from connectors.tier.errors import AccessDenied, BucketNotFound, ObjectNotFound, TierError, TransientTierError
-
-log = logging.getLogger(__name__)
 
 _TRANSIENT_CODES = {"500", "502", "503", "504", "SlowDown", "Throttling", "ThrottlingException",
                     "RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable"}
@@ -52,7 +47,7 @@ class S3Backend(Backend):
         *,
         multipart_threshold: int = 64 << 20,
         multipart_chunksize: int = 16 << 20,
-        retry_deadline_s: float = 600.0,
+        retry_deadline_s: float = RETRY_DEADLINE_S,
         botocore_attempts: int = 8,
         retry_mode: str = "adaptive",
         client=None,
@@ -78,19 +73,13 @@ class S3Backend(Backend):
 
     def _call(self, what: str, name: str, fn, *args, deadline_s: float | None = None, **kwargs):
         """Run one S3 call, retrying transient failures with backoff until the deadline."""
-        deadline = time.monotonic() + (self.retry_deadline_s if deadline_s is None else deadline_s)
-        attempt = 0
-        while True:
+        def once():
             try:
                 return fn(*args, **kwargs)
             except (ClientError, BotoCoreError) as exc:
-                error = self._translate(exc, what, name)
-                attempt += 1
-                if not error.retriable or time.monotonic() >= deadline:
-                    raise error from None
-                delay = min(30.0, 0.1 * 2**attempt) * (0.5 + random.random() / 2)
-                log.warning("%s; retrying in %.1fs (attempt %d)", error, delay, attempt)
-                time.sleep(delay)
+                raise self._translate(exc, what, name) from None
+
+        return retry_transient(once, self.retry_deadline_s if deadline_s is None else deadline_s)
 
     def _translate(self, exc: Exception, what: str, name: str) -> TierError:
         where = f"s3://{self.bucket}/{self.prefix}{name}"
