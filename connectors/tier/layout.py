@@ -37,12 +37,15 @@ STAGING_MIN_GROUP_ROWS = 1024  # smaller queue runs share a row group, so the fo
 COMPRESSION = "zstd"
 DICTIONARY_COLUMNS = ["topic", "key", "tags", "born_host", "store_host", "op"]
 
-# Hive's escapePathName set, plus space and control characters.
-_ESCAPE = set('"#%\'*/:=?\\{[]^ ') | {chr(c) for c in range(0x20)} | {"\x7f"}
+# Kept as they are: ASCII letters, digits and ._+- (Hive's escapePathName keeps them too), and
+# every character above U+009F, so Spark, DuckDB and pyarrow read a UTF-8 topic back as it is.
+_SAFE_ASCII = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-")
 
 
 def escape_topic(topic: str) -> str:
-    return "".join(f"%{ord(c):02X}" if c in _ESCAPE else c for c in topic)
+    """A topic as one path segment: every other character below U+00A0 as %XX (Hive's escaping:
+    ``/`` ``..`` ``%`` ``=`` and control characters can never form another path or partition)."""
+    return "".join(c if c in _SAFE_ASCII or ord(c) >= 0xA0 else f"%{ord(c):02X}" for c in topic)
 
 
 def unescape_topic(text: str) -> str:
