@@ -164,9 +164,14 @@ class KafkaSink:
         return dict(self._partitions), dict(self._positions)
 
     def seed(self, partitions: dict[str, int], positions: dict[tuple[str, int], int]) -> None:
-        """Take counts and positions known to be current, so they need not be read back."""
-        self._partitions.update(partitions)
+        """Take counts and positions known to be current, so they need not be read back.
+
+        A topic's count is taken only with the position of every partition this sink owns:
+        a count alone would skip the read-back, and the sink would send from -1."""
         self._positions.update(positions)
+        for topic, count in partitions.items():
+            if all((topic, p) in self._positions for p in range(count) if self.owns is None or self.owns(topic, p)):
+                self._partitions[topic] = count
 
     # ------------------------------------------------------------ sending
 
