@@ -1,0 +1,606 @@
+"""The chaos harness: the whole service under a seeded schedule of faults, then every invariant checked.
+
+One run:
+
+1. starts a real S3 server (moto, a process of its own) behind a faulty proxy
+   (:mod:`tests.chaos.s3proxy`), tansu keeping its topics in that S3 server
+   (so stopping the broker loses nothing it acknowledged), a producer process
+   appending at ``rate`` messages/s, and ``tierlog run`` (tiering, compaction,
+   both Kafka sinks) as a process of its own;
+2. injects the faults of :func:`schedule` (the seed makes it the same every
+   time), samples the metadata store meanwhile (commit offsets only move
+   forward, the safepoint only grows, ``commitlog gc`` never deletes above it)
+   and restarts what a fault killed;
+3. heals everything, stops the producer, waits until every sink has reached
+   the end of the commitlog, stops the service with SIGTERM;
+4. compares the tier, the metadata, the KV view and both Kafka topics with a
+   plain replay of the commitlog (hard links keep the files ``gc`` deleted).
+
+The seed fixes the fault schedule and the messages; the exact moments the
+processes reach are up to the machine, so a failure names the seed and the
+fault log to replay it with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import boto3
+
+from connectors.commitlog.reader import CommitLogReader, list_files
+from connectors.kafka.embedded import EmbeddedBroker, free_port
+from streaming import config as cfg
+from tests.chaos.s3proxy import S3FaultProxy
+from tests.cli_runner import ROOT, cli_command, cli_env, write_config
+
+TOPICS = ["t0", "t1", "t2"]
+S3_FAULTS = ("s3_errors", "s3_throttle", "s3_timeouts", "s3_down")
+PROCESS_FAULTS = ("kill_service", "kill_producer", "tear_producer")
+OTHER_FAULTS = ("kafka_down", "clock_skew")
+CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+         "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run does.  ``faults`` is how many the schedule injects, ``gap_s`` the pause before each."""
+
+    seed: int = 1
+    tier: str = "s3"  # or "posix" (which gets disk_full instead of the S3 faults)
+    faults: int = 20
+    gap_s: tuple[float, float] = (6.0, 12.0)
+    outage_s: float = 15.0  # how long the S3 endpoint or the broker stays down
+    rate: int = 300  # messages per second the producer appends
+    body_size: int = 200
+    keys: int = 2000
+    file_size: int = 4 << 20  # small commitlog files, so gc has something to delete
+    min_duration_s: float = 0.0  # keep scheduling faults until this long (the soak), even past ``faults``
+    settle_timeout_s: float = 600.0
+
+    def kinds(self) -> tuple[str, ...]:
+        storage = S3_FAULTS if self.tier == "s3" else ("disk_full",)
+        return PROCESS_FAULTS + OTHER_FAULTS + storage
+
+
+@dataclass(frozen=True, order=True)
+class Fault:
+    at: float  # seconds after the faults start
+    kind: str
+    duration: float = 0.0
+    arg: float = 0.0  # error share, skew in ms, or the batch a torn producer dies in
+
+
+def schedule(plan: Plan) -> list[Fault]:
+    """``plan.faults`` faults, each kind at most once at a time, from ``plan.seed`` alone."""
+    rng = random.Random(plan.seed)
+    kinds = plan.kinds()
+    busy_until: dict[str, float] = {}
+    out, t = [], 0.0
+    while len(out) < plan.faults or t < plan.min_duration_s:
+        t += rng.uniform(*plan.gap_s)
+        free = [k for k in kinds if busy_until.get(k, 0) <= t]
+        kind = rng.choice(free)
+        # Each kind turns up once before any turns up twice, so even a short run covers them all.
+        unused = [k for k in free if k not in {f.kind for f in out}]
+        if unused:
+            kind = rng.choice(unused)
+        duration, arg = 0.0, 0.0
+        if kind in ("s3_down", "kafka_down"):
+            duration = plan.outage_s
+        elif kind in ("s3_errors", "s3_throttle", "disk_full", "clock_skew"):
+            duration = rng.uniform(5, 15)
+            arg = rng.uniform(0.2, 0.6)
+            if kind == "clock_skew":
+                arg = rng.choice([-1, 1]) * rng.uniform(3600e3, 2 * 86400e3)  # hours to days, either way
+        elif kind == "s3_timeouts":
+            duration, arg = rng.uniform(5, 10), 0.05
+        elif kind == "tear_producer":
+            arg = rng.randint(1, 20)
+        busy_until[kind] = t + duration
+        out.append(Fault(round(t, 2), kind, round(duration, 2), arg))
+    return out
+
+
+@dataclass
+class Report:
+    seed: int
+    tier: str
+    faults: dict[str, int] = field(default_factory=dict)
+    produced: int = 0
+    tiered: int = 0
+    replicated: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    max_dispatch_behind_messages: float = 0.0
+    max_dispatch_behind_bytes: int = 0
+    service_starts: int = 0
+    producer_starts: int = 0
+    gc_files_deleted: int = 0
+    s3_injected: dict[str, int] = field(default_factory=dict)
+    rss_mb_start: float | None = None
+    rss_mb_end: float | None = None
+    wall_s: float = 0.0
+    problems: list[str] = field(default_factory=list)  # invariant violations seen while running
+
+    def as_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+class ChaosRun:
+    """One run of ``plan`` under ``workdir``; ``run()`` returns the :class:`Report`, ``check()`` asserts on it."""
+
+    def __init__(self, plan: Plan, workdir: Path, *, log=print):
+        self.plan, self.dir, self.log = plan, Path(workdir), log
+        self.report = Report(plan.seed, plan.tier)
+        self.archive = self.dir / "archive"  # hard links to every commitlog file: the oracle's copy
+        self.skew_file = self.dir / "skew_ms"
+        self.disk_full_flag = self.dir / "disk-full"
+        self.metrics_port = free_port()
+        self.service: subprocess.Popen | None = None
+        self.producer: subprocess.Popen | None = None
+        self._expect_service_exit = False
+        self._last_commits: dict[tuple[str, int], int] = {}
+        self._last_sinks: dict[str, int] = {}
+        self._started_at = 0.0
+
+    # ------------------------------------------------------------ the run
+
+    def run(self) -> Report:
+        started = time.monotonic()
+        with self._infrastructure():
+            self._start_producer()
+            self._start_service()
+            self._wait(lambda: self._sinks().get("mirror") is not None, 180, "the service's first mirror batch")
+            self._inject_all()
+            self._heal_and_drain()
+            self._verify()
+        self.report.wall_s = round(time.monotonic() - started, 1)
+        return self.report
+
+    @contextmanager
+    def _infrastructure(self):
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.archive.mkdir(exist_ok=True)
+        moto_port = free_port()
+        moto = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.moto_endpoint = f"http://127.0.0.1:{moto_port}"
+        self.proxy = S3FaultProxy(self.moto_endpoint, seed=self.plan.seed).start()
+        broker = None
+        try:
+            self._wait(lambda: self._try(lambda: self._s3().create_bucket(Bucket="tansu")), 30, "moto to start")
+            self._s3().create_bucket(Bucket="tier")
+            broker_env = {**CREDS, "AWS_ENDPOINT": self.moto_endpoint, "AWS_ENDPOINT_URL": self.moto_endpoint,
+                          "AWS_ENDPOINT_URL_S3": self.moto_endpoint, "AWS_ALLOW_HTTP": "true"}
+            broker = self.broker = EmbeddedBroker("s3://tansu/", env=broker_env,
+                                                  log_path=str(self.dir / "tansu.log")).start()
+            self.config_path = self._write_config()
+            self.conf = cfg.load(str(self.config_path), env={})
+            yield
+        finally:
+            for proc in (self.producer, self.service):
+                if proc is not None and proc.poll() is None:
+                    _kill_group(proc)
+            if broker is not None:
+                broker.stop()
+            self.proxy.stop()
+            moto.kill()
+            moto.wait()
+
+    def _write_config(self) -> Path:
+        tier = "s3://tier/chaos" if self.plan.tier == "s3" else str(self.dir / "tier")
+        return write_config(
+            self.dir,
+            commitlog={"local_retention": "0s"},
+            source={"max_bytes_per_trigger": 4 << 20},
+            tier={"location": tier, "segment_messages": 20000, "segment_age_s": 20, "delete_grace_s": 5,
+                  "compact_every": 50},
+            compaction={"snapshot_interval_s": 30},
+            kafka={"bootstrap": self.broker.bootstrap, "partitions": 4, "linger_ms": 5, "delivery_timeout_s": 10},
+            spark={"trigger_interval_s": 0.5},
+            metrics={"port": self.metrics_port},
+        )
+
+    def _inject_all(self) -> None:
+        events: list[tuple[float, int, str, Fault]] = []
+        for i, fault in enumerate(schedule(self.plan)):
+            heapq.heappush(events, (fault.at, i, "inject", fault))
+            if fault.duration:
+                heapq.heappush(events, (fault.at + fault.duration, i, "heal", fault))
+        t0 = time.monotonic()
+        next_sample = next_gc = 0.0
+        next_progress = 60.0
+        while events:
+            now = time.monotonic() - t0
+            if events[0][0] <= now:
+                _at, _i, action, fault = heapq.heappop(events)
+                getattr(self, f"_{action}_{fault.kind}")(fault)
+                if action == "inject":
+                    self.report.faults[fault.kind] = self.report.faults.get(fault.kind, 0) + 1
+                    self.log(f"[chaos seed={self.plan.seed} t={now:.1f}s] {fault.kind} {fault.duration or ''} "
+                             f"{fault.arg or ''}".rstrip())
+                continue
+            self._supervise()
+            if now >= next_sample:
+                self._sample()
+                next_sample = now + 2
+            if now >= next_gc:
+                self._gc()
+                next_gc = now + 10
+            if now >= next_progress:
+                self.log(f"[chaos seed={self.plan.seed} t={now:.0f}s] {sum(self.report.faults.values())} faults, "
+                         f"commitlog at {self._frontier() / 2**20:.0f} MiB, max dispatch-behind "
+                         f"{self.report.max_dispatch_behind_messages:.0f} messages, service RSS {self._rss_mb()} MiB")
+                next_progress = now + 60
+            time.sleep(min(0.2, max(0.0, events[0][0] - now)))
+
+    def _heal_and_drain(self) -> None:
+        self.report.s3_injected = dict(self.proxy.injected)
+        self.proxy.set_mode("ok")
+        self.disk_full_flag.unlink(missing_ok=True)
+        self.skew_file.write_text("0")
+        if self.broker.process is None:
+            self.broker.start()
+        self.producer.send_signal(signal.SIGTERM)
+        self.producer.wait(timeout=60)
+        self._supervise()
+        end = self._frontier()
+        deadline = time.monotonic() + self.plan.settle_timeout_s
+        while True:
+            self._supervise()
+            self._sample()
+            sinks = self._sinks()
+            if sinks and all(sinks.get(s) == end for s in ("tier", "kv", "mirror", "changelog")):
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"seed {self.plan.seed}: the sinks did not reach the end of the commitlog "
+                                     f"({end}) in {self.plan.settle_timeout_s:.0f} s: {sinks}; see {self.dir}")
+            time.sleep(2)
+        self._link_archive()
+        self.report.rss_mb_end = self._rss_mb()
+        self._expect_service_exit = True
+        self.service.send_signal(signal.SIGTERM)
+        code = self.service.wait(timeout=180)
+        if code != 0:
+            self.report.problems.append(f"the service exited {code} on SIGTERM; see {self.dir / 'service.log'}")
+
+    def check(self) -> None:
+        """Fail with the report, the seed and the work directory when anything was lost, doubled or broken."""
+        r = self.report
+        if r.problems or r.lost or r.duplicates or r.produced == 0:
+            raise AssertionError(f"chaos run failed (replay with seed {r.seed}, files in {self.dir}):\n"
+                                 + "\n".join(r.problems) + f"\nreport: {r.as_json()}")
+
+    # ------------------------------------------------------------ the oracle
+
+    def _verify(self) -> None:
+        """Tier, metadata, KV view and both Kafka topics against a plain replay of every byte produced."""
+        from tests.kafka_helpers import (changelog_oracle, changelog_records, compacted, mirror_contents,
+                                         mirror_oracle)
+        from tests.kv_helpers import view_contents
+        from tests.oracle import latest_per_key, replay
+        from tests.tiering_helpers import tier_rows
+
+        r = self.report
+        oracle_conf = dataclasses.replace(self.conf, commitlog=dataclasses.replace(self.conf.commitlog,
+                                                                                   dir=str(self.archive)))
+        expected = replay(str(self.archive))
+        r.produced = len(expected)
+        with self.direct_s3():
+            got = tier_rows(self.conf.tier.location)
+        self._compare("tier", [m["phy_offset"] for m in got], [m["phy_offset"] for m in expected])
+        r.tiered = len(got)
+        if got != expected and not r.problems:
+            r.problems.append("the tier holds every position once, but some message differs from the commitlog")
+        self._verify_metadata(expected)
+        if view_contents(self.conf) != latest_per_key(str(self.archive)):
+            r.problems.append("the KV view differs from the latest value per key of the commitlog")
+        mirror, want = mirror_contents(self.conf, TOPICS), mirror_oracle(oracle_conf)
+        r.replicated = sum(len(v) for v in mirror.values())
+        for part in sorted(set(mirror) | set(want)):
+            self._compare(f"mirror {part}", [int(dict(h)["tierlog.phy"]) for _k, _v, h in mirror.get(part, [])],
+                          [int(dict(h)["tierlog.phy"]) for _k, _v, h in want.get(part, [])])
+        if mirror != want and not r.problems:
+            r.problems.append("the mirror holds every position once, but some record differs from the commitlog")
+        changes = changelog_records(self.conf, TOPICS)
+        if len({(t, k, pos) for t, k, _v, pos, _p in changes}) != len(changes):
+            r.problems.append("a changelog record was sent twice")
+        if compacted(changes) != changelog_oracle(oracle_conf):
+            r.problems.append("the compacted changelog differs from the latest value per key")
+
+    def _compare(self, what: str, have: list[int], want: list[int]) -> None:
+        """Positions in ``have`` must be ``want``: count what is missing (lost) and repeated (duplicates)."""
+        missing = sorted(set(want) - set(have))
+        doubled = len(have) - len(set(have))
+        self.report.lost += len(missing)
+        self.report.duplicates += doubled
+        extra = sorted(set(have) - set(want))
+        if missing or doubled or extra or have != want:
+            seen, twice = set(), []
+            for p in have:
+                if p in seen:
+                    twice.append(p)
+                seen.add(p)
+            self.report.problems.append(f"{what}: {len(have)} messages, {len(want)} expected; missing "
+                                        f"{missing[:5]}, {doubled} twice (positions {twice[:1]}..{twice[-1:]}), "
+                                        f"extra {extra[:5]}")
+
+    def _verify_metadata(self, expected: list[dict]) -> None:
+        """Every queue's commit and dispatch offsets end at the queue's next offset; every sink at the end."""
+        want: dict[tuple[str, int], int] = {}
+        for m in expected:
+            if m["sysflag"] & 0xC not in (0x4, 0xC):
+                want[(m["topic"], m["queue_id"])] = m["queue_offset"] + 1
+        store = self._metadata()
+        try:
+            have = {(q.topic, q.queue_id): (q.dispatch, q.commit) for q in store.queues()}
+            sinks = store.sinks()
+        finally:
+            store.close()
+        for key, n in want.items():
+            if have.get(key) != (n, n):
+                self.report.problems.append(f"metadata: queue {key} dispatch/commit {have.get(key)}, expected {n}")
+        end = max((m["phy_offset"] + m["size"] for m in expected), default=0)
+        for name, phy in sinks.items():
+            if phy < end:
+                self.report.problems.append(f"metadata: sink {name} applied through {phy}, the log ends at {end}")
+
+    # ------------------------------------------------------------ processes
+
+    def _start_service(self) -> None:
+        env = {**CREDS, "AWS_ENDPOINT_URL_S3": self.proxy.endpoint,
+               "TIERLOG_FAULT_DISK_FULL": str(self.disk_full_flag)}
+        with open(self.dir / "service.log", "ab") as out:
+            out.write(f"\n===== start {self.report.service_starts + 1} =====\n".encode())
+            out.flush()
+            self.service = subprocess.Popen(cli_command("run", "--config", str(self.config_path)),
+                                            env=cli_env(env), stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        self.report.service_starts += 1
+        self._started_at = time.monotonic()
+
+    def _start_producer(self, torn_at: int = 0) -> None:
+        starts = self.report.producer_starts
+        env = cli_env()
+        if torn_at:
+            fault_dir = self.dir / f"producer-fault-{starts}"
+            fault_dir.mkdir()
+            env.update(TIERLOG_FAULT=f"torn_append:{torn_at}", TIERLOG_FAULT_DIR=str(fault_dir))
+        argv = [sys.executable, "-m", "tests.chaos.producer", "--dir", self.conf.commitlog.dir,
+                "--rate", str(self.plan.rate), "--seed", str(self.plan.seed * 1000 + starts),
+                "--keys", str(self.plan.keys), "--body-size", str(self.plan.body_size),
+                "--file-size", str(self.plan.file_size), "--skew-file", str(self.skew_file)]
+        with open(self.dir / "producer.log", "ab") as out:
+            self.producer = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
+        self.report.producer_starts += 1
+
+    def _supervise(self) -> None:
+        """Restart a producer a fault killed; a service that exits by itself is a finding."""
+        if self.producer.poll() is not None and self.producer.returncode == -signal.SIGKILL:
+            self._start_producer()
+        if self.service.poll() is not None and not self._expect_service_exit:
+            tail = (self.dir / "service.log").read_text(errors="replace")[-3000:]
+            raise AssertionError(f"seed {self.plan.seed}: the service exited {self.service.returncode} by itself:\n{tail}")
+
+    # ------------------------------------------------------------ faults (inject, heal)
+
+    def _inject_kill_service(self, _f: Fault) -> None:
+        self._expect_service_exit = True
+        _kill_group(self.service)
+        self._expect_service_exit = False
+        self._start_service()
+
+    def _inject_kill_producer(self, _f: Fault) -> None:
+        _kill_group(self.producer)
+        self._start_producer()
+
+    def _inject_tear_producer(self, f: Fault) -> None:
+        _kill_group(self.producer)
+        self._start_producer(torn_at=int(f.arg))  # it SIGKILLs itself half-way through that batch
+
+    def _inject_s3_errors(self, f: Fault) -> None:
+        self.proxy.set_mode("errors", f.arg)
+
+    def _inject_s3_throttle(self, f: Fault) -> None:
+        self.proxy.set_mode("throttle", f.arg)
+
+    def _inject_s3_timeouts(self, f: Fault) -> None:
+        self.proxy.set_mode("timeouts", f.arg)
+
+    def _inject_s3_down(self, _f: Fault) -> None:
+        self.proxy.set_mode("down")
+
+    def _heal_s3_errors(self, f: Fault) -> None:
+        if self.proxy.mode == "errors":
+            self.proxy.set_mode("ok")
+
+    def _heal_s3_throttle(self, f: Fault) -> None:
+        if self.proxy.mode == "throttle":
+            self.proxy.set_mode("ok")
+
+    def _heal_s3_timeouts(self, f: Fault) -> None:
+        if self.proxy.mode == "timeouts":
+            self.proxy.set_mode("ok")
+
+    def _heal_s3_down(self, _f: Fault) -> None:
+        if self.proxy.mode == "down":
+            self.proxy.set_mode("ok")
+
+    def _inject_kafka_down(self, _f: Fault) -> None:
+        self.broker.stop()
+
+    def _heal_kafka_down(self, _f: Fault) -> None:
+        self.broker.start()
+
+    def _inject_disk_full(self, _f: Fault) -> None:
+        self.disk_full_flag.touch()
+
+    def _heal_disk_full(self, _f: Fault) -> None:
+        self.disk_full_flag.unlink(missing_ok=True)
+
+    def _inject_clock_skew(self, f: Fault) -> None:
+        self.skew_file.write_text(str(int(f.arg)))
+
+    def _heal_clock_skew(self, _f: Fault) -> None:
+        self.skew_file.write_text("0")
+
+    # ------------------------------------------------------------ watching
+
+    def _sample(self) -> None:
+        """Commit offsets and sink positions only move forward; dispatch-behind; memory."""
+        store = self._metadata()
+        if store is None:
+            return
+        try:
+            queues, sinks, source_end = store.queues(), store.sinks(), store.source_end()
+        finally:
+            store.close()
+        for q in queues:
+            key = (q.topic, q.queue_id)
+            if q.commit < self._last_commits.get(key, 0):
+                self.report.problems.append(f"commit offset of {key} went back: {self._last_commits[key]} -> {q.commit}")
+            if q.commit > q.dispatch:
+                self.report.problems.append(f"commit offset of {key} passed its dispatch offset: {q.commit} > {q.dispatch}")
+            self._last_commits[key] = q.commit
+        for name, phy in sinks.items():
+            if phy < self._last_sinks.get(name, -1):
+                self.report.problems.append(f"sink {name} went back: {self._last_sinks[name]} -> {phy}")
+            self._last_sinks[name] = phy
+        if source_end is not None:
+            self.report.max_dispatch_behind_bytes = max(self.report.max_dispatch_behind_bytes,
+                                                        self._frontier() - source_end)
+        behind = self._scrape("tierlog_dispatch_behind_messages")
+        if behind is not None:
+            self.report.max_dispatch_behind_messages = max(self.report.max_dispatch_behind_messages, behind)
+        if self.report.rss_mb_start is None and time.monotonic() - self._started_at > 60:
+            self.report.rss_mb_start = self._rss_mb()
+
+    def _gc(self) -> None:
+        """``tierlog commitlog gc``, as an operator's cron would run it: never at or above the safepoint."""
+        self._link_archive()
+        before = {f.base for f in list_files(self.conf.commitlog.dir)}
+        result = subprocess.run(cli_command("commitlog", "gc", "--config", str(self.config_path)),
+                                env=cli_env(), capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            return  # before every sink has applied something there is no safepoint yet
+        after = list_files(self.conf.commitlog.dir)
+        deleted = before - {f.base for f in after}
+        self.report.gc_files_deleted += len(deleted)
+        point = min((self._sinks().get(s, -1) for s in ("tier", "kv", "mirror", "changelog")), default=-1)
+        if deleted and after and after[0].base > point:
+            self.report.problems.append(f"gc deleted up to {after[0].base}, above the safepoint {point}")
+
+    def _link_archive(self) -> None:
+        for f in list_files(self.conf.commitlog.dir):
+            target = self.archive / os.path.basename(f.path)
+            if not target.exists():
+                os.link(f.path, target)
+
+    def _metadata(self):
+        from state.metadata import MetadataStore
+        from streaming.service import metadata_path
+
+        if not os.path.exists(metadata_path(self.conf)):
+            return None
+        try:
+            return MetadataStore(metadata_path(self.conf), read_only=True)
+        except Exception:  # noqa: BLE001 - the service is creating it right now
+            return None
+
+    def _sinks(self) -> dict[str, int]:
+        store = self._metadata()
+        if store is None:
+            return {}
+        try:
+            return store.sinks()
+        finally:
+            store.close()
+
+    def _frontier(self) -> int:
+        with CommitLogReader(self.conf.commitlog.dir) as reader:
+            return reader.end_offset()
+
+    def _scrape(self, metric: str) -> float | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return None
+        values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(metric)]
+        return max(values) if values else None
+
+    def _rss_mb(self) -> float | None:
+        """Resident memory of the service's process group: the driver, its JVM and Python workers."""
+        if self.service is None or self.service.poll() is not None:
+            return None
+        total = 0
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                if os.getpgid(int(pid)) != self.service.pid:
+                    continue
+                with open(f"/proc/{pid}/statm") as fh:
+                    total += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, ValueError):
+                continue
+        return round(total / 2**20, 1)
+
+    # ------------------------------------------------------------ helpers
+
+    def _s3(self):
+        return boto3.client("s3", endpoint_url=self.moto_endpoint, aws_access_key_id="testing",
+                            aws_secret_access_key="testing", region_name="us-east-1")
+
+    @staticmethod
+    def _try(fn) -> bool:
+        try:
+            fn()
+            return True
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+
+    def _wait(self, condition, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if self.service is not None:
+                self._supervise()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"seed {self.plan.seed}: timed out waiting for {what}; see {self.dir}")
+            time.sleep(0.5)
+
+    @contextmanager
+    def direct_s3(self):
+        """The harness's own reads go straight to the S3 server, past the faulty proxy."""
+        saved = {k: os.environ.get(k) for k in (*CREDS, "AWS_ENDPOINT_URL_S3")}
+        os.environ.update(CREDS, AWS_ENDPOINT_URL_S3=self.moto_endpoint)
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a process and everything it started (the service's JVM and Python workers)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

@@ -1,0 +1,123 @@
+"""Bad input and secrets: hostile topic names stay inside the tier, a corrupt log stops the job with
+its file and offset, and canary credentials never leave the process in logs, status, errors or metrics."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+
+from connectors.commitlog.format import Message, file_name
+from connectors.kafka.embedded import free_port
+from connectors.tier.layout import escape_topic, unescape_topic
+from connectors.tier.reader import TierReader
+from streaming import config as cfg
+from tests.cli_runner import cli_command, cli_env, tierlog, write_config
+from tests.kv_helpers import append, kv_messages
+from tests.oracle import replay
+
+HOSTILE_TOPICS = ["../../escape", "/abs/olute", "..", "a/b\\c", "%2e%2e%2f", "sp ace:colon*star?", "\u65e5\u672c",
+                  "t" * 200]
+
+
+def _files_under(root) -> set[str]:
+    return {os.path.relpath(os.path.join(d, f), root) for d, _dirs, files in os.walk(root) for f in files}
+
+
+def test_hostile_topic_names_are_escaped_and_nothing_lands_outside_the_tier(tmp_path):
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    before_parent = set(os.listdir(tmp_path.parent))
+    (tmp_path / "deploy").mkdir()
+    config = write_config(tmp_path / "deploy", tier={"segment_messages": 3})
+    conf = cfg.load(str(config), env={})
+    append(conf, [Message(topic=t, queue_id=i % 2, body=b"%d" % i, properties={"KEYS": f"k{i}"})
+                  for i in range(40) for t in HOSTILE_TOPICS])
+    result = tierlog("run", "--until-caught-up", "--config", str(config))
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    assert set(os.listdir(tmp_path.parent)) == before_parent and not outside.exists()
+    assert set(os.listdir(tmp_path)) == {"deploy"}
+    assert set(os.listdir(tmp_path / "deploy")) == {"commitlog", "tier", "state", "checkpoints", "tierlog.toml"}
+    for name in _files_under(tmp_path / "deploy" / "tier"):
+        assert ".." not in name.split(os.sep) and "\\" not in name, name
+    reader = TierReader(conf.tier.location)
+    for topic in HOSTILE_TOPICS:
+        assert unescape_topic(escape_topic(topic)) == topic
+        got = reader.get(topic, 0, 0, 100)
+        assert [bytes(r["body"]) for r in got.messages.to_pylist()] == [b"%d" % i for i in range(0, 40, 2)]
+    assert len(reader.read_all()) == len(replay(conf.commitlog.dir))
+
+
+def test_a_corrupt_commitlog_stops_the_job_naming_the_file_and_offset(tmp_path):
+    config = write_config(tmp_path, source={"max_bytes_per_trigger": 20000})
+    conf = cfg.load(str(config), env={})
+    append(conf, kv_messages(400, keys=50, seed=3, delete_ratio=0))
+    rows = replay(conf.commitlog.dir)
+    victim = rows[250]
+    path = os.path.join(conf.commitlog.dir, file_name(0))
+    with open(path, "r+b") as fh:  # flip one byte of the body: only the CRC can tell
+        data = bytearray(fh.read())
+        body_at = data.index(victim["body"], victim["phy_offset"])
+        data[body_at] ^= 0xFF
+        fh.seek(0)
+        fh.write(data)
+    result = tierlog("run", "--until-caught-up", "--config", str(config))
+    assert result.returncode == 1
+    assert f"{path} at physical offset {victim['phy_offset']}" in result.stderr and "CRC" in result.stderr
+    tiered = sorted(TierReader(conf.tier.location).read_all()["phy_offset"].to_pylist())
+    assert tiered == [r["phy_offset"] for r in rows[: len(tiered)]] and len(tiered) <= 250  # nothing past it
+
+
+CANARIES = {"AWS_SECRET_ACCESS_KEY": "canary-aws-S3CR3T", "AWS_SESSION_TOKEN": "canary-aws-T0KEN",
+            "TIERLOG_KAFKA_SASL_PASSWORD": "canary-kafka-PA55"}
+
+
+def test_canary_credentials_never_show_in_logs_status_errors_or_metrics(tmp_path, s3_location, kafka_bootstrap,
+                                                                          kafka_prefix):
+    port = free_port()
+    config = write_config(tmp_path, tier={"location": s3_location}, metrics={"port": port},
+                          kafka={"bootstrap": kafka_bootstrap, "mirror_topic": f"{kafka_prefix}.{{topic}}",
+                                 "changelog_topic": f"{kafka_prefix}.{{topic}}.changelog", "partitions": 2})
+    conf = cfg.load(str(config), env={})
+    append(conf, kv_messages(500, keys=50, seed=4))
+    env = {"AWS_ACCESS_KEY_ID": "testing", **CANARIES}
+    out = tmp_path / "service.log"
+    with open(out, "w") as fh:
+        service = subprocess.Popen(cli_command("run", "--config", str(config)), env=cli_env(env),
+                                   stdout=fh, stderr=subprocess.STDOUT)
+    texts = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                    metrics = resp.read().decode()
+                if any(line.startswith("tierlog_rows_in_total{") and float(line.split()[-1]) > 0
+                       for line in metrics.splitlines()):  # a batch went through S3 and Kafka
+                    texts.append(metrics)
+                    break
+            except OSError:
+                pass
+            time.sleep(1)
+        assert texts, "the metrics endpoint never answered"
+        for argv in (["status"], ["status", "--format", "json"], ["config", "show"], ["config", "check"]):
+            r = tierlog(*argv, "--config", str(config), env=env)
+            texts += [r.stdout, r.stderr]
+    finally:
+        service.send_signal(signal.SIGTERM)
+        service.wait(timeout=120)
+    texts.append(out.read_text())
+    # An error path: a bucket that does not exist, and a broker that is not there.
+    for i, section in enumerate([{"tier": {"location": "s3://no-such-bucket-canary/x"}},
+                                 {"tier": {"location": s3_location}, "kafka": {"bootstrap": "127.0.0.1:1"}}]):
+        (tmp_path / f"bad{i}").mkdir()
+        bad = write_config(tmp_path / f"bad{i}", **section)
+        r = tierlog("run", "--until-caught-up", "--config", str(bad), env=env)
+        assert r.returncode != 0
+        texts += [r.stdout, r.stderr]
+    everything = "\n".join(texts)
+    assert "tierlog_rows_in" in everything and "safepoint" in everything
+    for name, secret in CANARIES.items():
+        assert secret not in everything, f"{name} leaked"
