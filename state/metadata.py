@@ -121,6 +121,10 @@ class MetadataStore:
         """Messages a sink skipped on purpose (``kafka.on_too_large = "skip"``), oldest first."""
         return [v for _, v in self._prefix("skip" + SEP)]
 
+    def quarantined(self) -> list[dict]:
+        """Corrupt commitlog ranges skipped under ``commitlog.on_corrupt = "quarantine"``, in offset order."""
+        return [v for _, v in self._prefix("quarantine" + SEP)]
+
     def pending_deletes(self) -> dict[str, float]:
         return {key.split(SEP, 1)[1]: v for key, v in self._prefix("del" + SEP)}
 
@@ -186,6 +190,10 @@ class MetadataStore:
     def record_skip(self, sink: str, phy_offset: int, reason: str) -> None:
         self._write({f"skip{SEP}{sink}{SEP}{phy_offset:020d}": {"sink": sink, "phy_offset": phy_offset,
                                                                  "reason": reason, "at": time.time()}})
+
+    def record_quarantine(self, ranges: list[dict]) -> None:
+        """Corrupt ranges a batch skipped (``file``, ``start_phy``, ``end_phy``, ``reason``); a replay rewrites them."""
+        self._write({f"quarantine{SEP}{r['start_phy']:020d}": {**r, "at": time.time()} for r in ranges})
 
     def forget_deletes(self, names: list[str]) -> None:
         self._write({}, ["del" + SEP + n for n in names])

@@ -332,7 +332,7 @@ def queue_lag(conf: cfg.Config, source_end: int | None, cap_bytes: int = 256 << 
     from connectors.commitlog.reader import CommitLogReader
 
     lag: dict = {}
-    with CommitLogReader(conf.commitlog.dir) as reader:
+    with CommitLogReader(conf.commitlog.dir, on_corrupt=conf.commitlog.on_corrupt) as reader:
         start = source_end if source_end is not None else reader.first_offset()
         frontier = reader.end_offset(start)
         end = reader.scan(start, max_bytes=cap_bytes).end
@@ -370,7 +370,7 @@ def show_status(args, conf: cfg.Config) -> int:
     store = MetadataStore(metadata_path(conf), read_only=True)
     try:
         queues, sinks, source_end = store.queues(), store.sinks(), store.source_end()
-        health, skipped = store.health(), store.skipped()
+        health, skipped, quarantined = store.health(), store.skipped(), store.quarantined()
     finally:
         store.close()
     try:
@@ -386,7 +386,8 @@ def show_status(args, conf: cfg.Config) -> int:
                      "segments": q.segments})
     summary = {"tiered_to_phy": source_end, "commitlog_end_phy": frontier,
                "lag_bytes": None if frontier is None or source_end is None else frontier - source_end,
-               "safepoint": safepoint(conf, sinks), "sinks": sinks, "queues": len(queues)}
+               "safepoint": safepoint(conf, sinks), "sinks": sinks, "queues": len(queues),
+               "quarantined": len(quarantined)}
     sink_rows = [{"sink": name, "applied_phy": sinks.get(name),
                   "state": health[name]["state"] if name in health else "ok",
                   "since": _iso(health[name]["since"]) if name in health else None,
@@ -394,12 +395,18 @@ def show_status(args, conf: cfg.Config) -> int:
                   "error": health.get(name, {}).get("error")} for name in enabled_sinks(conf)]
     if args.format == "json":
         emit([{"kind": "queue", **r} for r in rows] + [{"kind": "sink", **r} for r in sink_rows]
-             + [{"kind": "skipped", **x} for x in skipped] + [{"kind": "summary", **summary}], "json")
+             + [{"kind": "skipped", **x} for x in skipped]
+             + [{"kind": "quarantined", **{k: v for k, v in q.items() if k != "at"}} for q in quarantined]
+             + [{"kind": "summary", **summary}], "json")
     else:
         emit(rows, "table", STATUS_COLUMNS)
         print()
         emit(sink_rows, "table")
         print()
+        if quarantined:
+            print("quarantined (corrupt commitlog ranges skipped under commitlog.on_corrupt = quarantine):")
+            emit([{k: v for k, v in q.items() if k != "at"} for q in quarantined], "table")
+            print()
         emit([{k: v for k, v in summary.items() if k != "sinks"}], "table")
     return 0
 
@@ -442,8 +449,9 @@ def cmd_commitlog_gc(args, conf: cfg.Config) -> int:
     point = safepoint(conf, sinks)
     if point is None:
         raise ConfigError(
-            f"not every enabled sink ({', '.join(enabled_sinks(conf))}) has applied anything yet "
-            "(run `tierlog run` first): nothing is below the safepoint"
+            f"no safepoint yet: every enabled sink ({', '.join(enabled_sinks(conf))}) must have applied "
+            "something and every query committed a batch (run `tierlog run` first); with checkpoint.dir "
+            "outside the local file system gc cannot tell what a restart would read again, and deletes nothing"
         )
     now = time.time()
     files = list_files(conf.commitlog.dir)

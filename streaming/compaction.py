@@ -61,6 +61,7 @@ class CompactionSettings:
     ttl: dict[str, float] | None = None  # topic -> seconds; "*" for every other topic
     snapshot_interval_s: float = 600.0  # 0: only on demand
     snapshot_keep: int = 2
+    on_corrupt: str = "fail"
     driver_pid: int = 0
 
 
@@ -141,7 +142,7 @@ class CompactionSink:
         self.changelog = changelog  # a connectors.kafka.changelog.ChangelogSink, or None
         self.key_property = key_property
         self.lock = threading.Lock()  # held while a batch is handed over; a graceful stop waits on it
-        self._reader = CommitLogReader(settings.commitlog_dir)
+        self._reader = CommitLogReader(settings.commitlog_dir, on_corrupt=settings.on_corrupt)
         self._apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-apply")
         self._pending: Future | None = None
         self._last_snapshot = self._last_snapshot_time()

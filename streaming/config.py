@@ -47,6 +47,10 @@ class CommitlogConfig:
     )
     fsync_interval_s: float = setting(1.0, "Seconds between syncs under fsync = interval.")
     check_crc: bool = setting(True, "Verify every message body's CRC while reading.")
+    on_corrupt: str = setting(
+        "fail", "A corrupt record: fail (stop, naming the file and offset) or quarantine (skip it, record the "
+        "range in the metadata and `status`, go on).", choices=("fail", "quarantine"),
+    )
     key_property: str = setting("KEYS", "Property whose first space-separated word is a message's key.")
     local_retention: str = setting(
         "1h", "`tierlog commitlog gc` deletes files below the safepoint once they are this old (s, m, h, d)."

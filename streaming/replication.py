@@ -80,6 +80,7 @@ class SendTask:
     slots: int
     key_property: str
     check_crc: bool
+    on_corrupt: str
     driver_pid: int
     partitions: dict  # Kafka topic -> partition count, where known
     positions: dict  # "topic\x00partition" -> position, where known
@@ -94,7 +95,7 @@ def send_slot(task: SendTask, slot: int) -> dict:
     sink.seed(task.partitions, {tuple(_split(k)): v for k, v in task.positions.items()})
     error, retriable = None, False
     try:
-        with CommitLogReader(task.commitlog_dir, check_crc=task.check_crc) as reader:
+        with CommitLogReader(task.commitlog_dir, check_crc=task.check_crc, on_corrupt=task.on_corrupt) as reader:
             sink.publish(lambda: reader.record_batches(
                 task.start, task.end, key_property=task.key_property, columns=MIRROR_COLUMNS), once=True)
     except KafkaSinkError as exc:
@@ -133,7 +134,7 @@ class MirrorQuery:
     """The foreachBatch of the mirror query.  One instance per running query, on the driver."""
 
     def __init__(self, kafka: KafkaSettings, commitlog_dir: str, checkpoint: str, metadata=None, *,
-                 key_property: str = "KEYS", check_crc: bool = True, tasks: int = 0,
+                 key_property: str = "KEYS", check_crc: bool = True, on_corrupt: str = "fail", tasks: int = 0,
                  should_stop: Callable[[], bool] = lambda: False,
                  on_batch: Callable[[MirrorReport], None] | None = None, driver_pid: int = 0):
         self.kafka = kafka
@@ -142,6 +143,7 @@ class MirrorQuery:
         self.metadata = metadata
         self.key_property = key_property
         self.check_crc = check_crc
+        self.on_corrupt = on_corrupt
         self.tasks = tasks
         self.should_stop = should_stop
         self.on_batch = on_batch
@@ -188,7 +190,7 @@ class MirrorQuery:
         attempt = 0
         while pending:
             task = SendTask(self.kafka, self.commitlog_dir, start, end, slots_total, self.key_property,
-                            self.check_crc, self.driver_pid, dict(self._partitions), dict(self._positions))
+                            self.check_crc, self.on_corrupt, self.driver_pid, dict(self._partitions), dict(self._positions))
             outcomes = (spark.range(0, len(pending), 1, len(pending))
                         .mapInArrow(make_sender(task, pending), OUTCOME_DDL).toArrow().to_pylist())
             report.attempts += 1

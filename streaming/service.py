@@ -42,6 +42,7 @@ def tiering_settings(conf: cfg.Config) -> TieringSettings:
         commitlog_dir=conf.commitlog.dir,
         key_property=conf.commitlog.key_property,
         check_crc=conf.commitlog.check_crc,
+        on_corrupt=conf.commitlog.on_corrupt,
         segment_bytes=t.segment_bytes,
         segment_messages=t.segment_messages,
         segment_age_s=t.segment_age_s,
@@ -61,6 +62,7 @@ def source_options(conf: cfg.Config) -> dict:
         "partitionBytes": s.partition_bytes,
         "startingOffset": s.starting_offset,
         "checkCrc": str(conf.commitlog.check_crc).lower(),
+        "onCorrupt": conf.commitlog.on_corrupt,
         "keyProperty": conf.commitlog.key_property,
     }
 
@@ -74,6 +76,7 @@ def compaction_settings(conf: cfg.Config) -> CompactionSettings:
         ttl=cfg.parse_ttl(c.ttl),
         snapshot_interval_s=c.snapshot_interval_s,
         snapshot_keep=max(1, c.snapshot_keep),
+        on_corrupt=conf.commitlog.on_corrupt,
         driver_pid=os.getpid(),
     )
 
@@ -120,10 +123,42 @@ def enabled_sinks(conf: cfg.Config) -> list[str]:
     return ["tier"] + (["kv"] if conf.compaction.enabled else []) + kafka_sinks(conf)
 
 
+# The query whose checkpoint replays what each sink was fed.
+_SINK_QUERY = {"tier": "tiering", "kv": "compaction", "changelog": "compaction", "mirror": "mirror"}
+
+
 def safepoint(conf: cfg.Config, sinks: dict[str, int]) -> int | None:
-    """The lowest physical offset every enabled sink has applied; None until each has applied something."""
+    """Below it, no sink needs the commitlog any more: the lowest offset every enabled sink has applied,
+    and no lower than where each query's last committed batch ends.
+
+    A sink records a batch before Spark commits it; after a crash Spark runs that batch again from
+    the end of the last committed one, reading its bytes once more (the chaos harness found `gc`
+    deleting them).  None until each sink has applied something and each query committed a batch,
+    and for checkpoints outside the local file system, which this cannot read.
+    """
     enabled = enabled_sinks(conf)
-    return min(sinks[n] for n in enabled) if all(n in sinks for n in enabled) else None
+    if not all(n in sinks for n in enabled):
+        return None
+    points = [sinks[n] for n in enabled]
+    for query in sorted({_SINK_QUERY[n] for n in enabled}):
+        committed = _committed_end(checkpoint_path(conf, query))
+        if committed is None:
+            return None
+        points.append(committed)
+    return min(points)
+
+
+def _committed_end(checkpoint: str) -> int | None:
+    from streaming.compaction import last_committed_end
+
+    if "://" in checkpoint:
+        if not checkpoint.startswith("file://"):
+            return None
+        checkpoint = checkpoint[len("file://"):]
+    try:
+        return last_committed_end(checkpoint)
+    except TierlogError:
+        return None
 
 
 def metadata_path(conf: cfg.Config) -> str:
@@ -229,7 +264,7 @@ class Service:
     def _frontier(self, hint: int | None) -> int:
         """The commitlog's end, for the lag in the batch line; 0 when it cannot be read."""
         if self._log_reader is None:
-            self._log_reader = CommitLogReader(self.conf.commitlog.dir)
+            self._log_reader = CommitLogReader(self.conf.commitlog.dir, on_corrupt=self.conf.commitlog.on_corrupt)
         try:
             return self._log_reader.end_offset(hint)
         except TierlogError:
@@ -280,7 +315,7 @@ class Service:
                 self.sinks["mirror"] = MirrorQuery(
                     kafka, conf.commitlog.dir, checkpoint_path(conf, "mirror"), metadata,
                     key_property=conf.commitlog.key_property, check_crc=conf.commitlog.check_crc,
-                    tasks=conf.kafka.mirror_tasks, should_stop=self.stopping.is_set,
+                    on_corrupt=conf.commitlog.on_corrupt, tasks=conf.kafka.mirror_tasks, should_stop=self.stopping.is_set,
                     on_batch=self._on_mirror_batch, driver_pid=os.getpid(),
                 )
             return self._run_queries(spark, until_caught_up)

@@ -58,6 +58,7 @@ class SourceOptions:
     partition_bytes: int = DEFAULT_PARTITION_BYTES
     starting_offset: str = "earliest"
     check_crc: bool = True
+    on_corrupt: str = "fail"
     key_property: str = "KEYS"
     refs_only: bool = False
     columns: tuple[str, ...] | None = None
@@ -83,10 +84,17 @@ class SourceOptions:
             partition_bytes=_positive(opts, "partitionbytes", "partitionBytes") or DEFAULT_PARTITION_BYTES,
             starting_offset=start,
             check_crc=_bool(opts, "checkcrc", "checkCrc", True),
+            on_corrupt=_on_corrupt(opts.get("oncorrupt", "fail")),
             key_property=opts.get("keyproperty", "KEYS"),
             refs_only=_bool(opts, "refsonly", "refsOnly", False),
             columns=parse_columns(opts.get("columns")),
         )
+
+
+def _on_corrupt(value: str) -> str:
+    if value not in ("fail", "quarantine"):
+        raise ConfigError(f"option onCorrupt={value!r}: use fail or quarantine")
+    return value
 
 
 def parse_columns(raw: str | None) -> tuple[str, ...] | None:
@@ -145,7 +153,7 @@ REFS_SCHEMA = pa.schema([("phy_offset", pa.int64()), ("size", pa.int32())])
 
 def read_partition(opts: SourceOptions, partition: CommitLogPartition):
     """Decode one partition into Arrow batches; opens the files here, on the executor."""
-    with CommitLogReader(opts.path, check_crc=opts.check_crc) as reader:
+    with CommitLogReader(opts.path, check_crc=opts.check_crc, on_corrupt=opts.on_corrupt) as reader:
         if opts.refs_only:
             for span in reader.spans(partition.start, partition.end):
                 starts = np.asarray(span.starts, np.int64) + span.file.base
@@ -174,7 +182,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     @property
     def reader(self) -> CommitLogReader:
         if self._reader is None:
-            self._reader = CommitLogReader(self.opts.path)
+            self._reader = CommitLogReader(self.opts.path, on_corrupt=self.opts.on_corrupt)
         return self._reader
 
     def initialOffset(self) -> dict:
@@ -239,7 +247,7 @@ class CommitLogBatchReader(DataSourceReader):
         self.opts = opts
 
     def partitions(self) -> list[CommitLogPartition]:
-        with CommitLogReader(self.opts.path) as reader:
+        with CommitLogReader(self.opts.path, on_corrupt=self.opts.on_corrupt) as reader:
             start = reader.first_offset()
             return plan_partitions(reader, start, reader.end_offset(), self.opts.partition_bytes)
 

@@ -62,6 +62,7 @@ class TieringSettings:
     commitlog_dir: str
     key_property: str = "KEYS"
     check_crc: bool = True
+    on_corrupt: str = "fail"  # "quarantine": skip corrupt records, recorded with the batch that passes them
     segment_bytes: int = 128 << 20
     segment_messages: int = 1_000_000
     segment_age_s: float = 600.0
@@ -111,7 +112,8 @@ def make_stager(settings: TieringSettings, floor: int):
             hi = bhi if hi is None else max(hi, bhi)
         if lo is None:
             return
-        with CommitLogReader(settings.commitlog_dir, check_crc=settings.check_crc) as reader:
+        with CommitLogReader(settings.commitlog_dir, check_crc=settings.check_crc,
+                             on_corrupt=settings.on_corrupt) as reader:
             batches_ = list(reader.record_batches(lo, hi, key_property=settings.key_property))
         table = dispatched_only(pa.Table.from_batches(batches_, schema=batches_[0].schema if batches_ else None))
         table = layout.sort_rows(table)
@@ -206,6 +208,7 @@ class TieringSink:
         staged.sort(key=lambda r: r["first_phy"])
         report.uploads.extend(("staging", r["upload_s"]) for r in staged)
         self._check_contiguous(staged, batch_id)
+        quarantined = self._quarantined(staged)
         crash_point("uploaded")
         now_ms = int(time.time() * 1000)
         objects = []
@@ -221,10 +224,14 @@ class TieringSink:
         crash_point("dispatched")
         record = {"type": "batch", "batch_id": batch_id, "source_start": staged[0]["first_phy"],
                   "source_end": staged[-1]["end_phy"], "staging": [o.to_json() for o in objects]}
+        if quarantined:
+            record["quarantined"] = quarantined  # in the tier too, so the record outlives the metadata store
         self.log.append(self.state, record)
         self.records_since_compaction += 1
         crash_point("logged")
         self.metadata.record_commit(self.state, queues=touched, segments=[])
+        if quarantined:
+            self.metadata.record_quarantine(quarantined)
         clock.lap("commit")
         crash_point("committed")
         report.rows = sum(r["rows"] for r in staged)
@@ -251,6 +258,23 @@ class TieringSink:
                     )
             expected = row["end_phy"]
 
+    def _quarantined(self, staged: list[dict]) -> list[dict]:
+        """Under ``on_corrupt = "quarantine"``: the corrupt ranges the batch passes over, from where the tier
+        ended.  Every reader skips the same records (the bytes decide), so this one pass can speak for all."""
+        if self.settings.on_corrupt != "quarantine":
+            return []
+        from connectors.commitlog.reader import CommitLogReader
+
+        start = self.state.source_end if self.state.source_end is not None else staged[0]["first_phy"]
+        with CommitLogReader(self.settings.commitlog_dir, check_crc=self.settings.check_crc,
+                             on_corrupt="quarantine") as reader:
+            for _ in reader.record_batches(start, staged[-1]["end_phy"], columns=["phy_offset"]):
+                pass
+        for q in reader.quarantined:
+            log.error("quarantined commitlog bytes %d-%d of %s: %s. They are skipped by every sink and listed by "
+                      "`tierlog status`; restore them from a replica if they matter", q.start, q.end, q.file, q.reason)
+        return [q.to_json() for q in reader.quarantined]
+
     def _messages_between(self, start: int, end: int) -> str | None:
         """None when only blank markers lie in ``[start, end)``, else what would be skipped."""
         from connectors.commitlog.errors import CommitLogError
@@ -259,7 +283,7 @@ class TieringSink:
         if end < start:
             return f"{start - end} bytes (overlap)"
         try:
-            with CommitLogReader(self.settings.commitlog_dir) as reader:
+            with CommitLogReader(self.settings.commitlog_dir, on_corrupt=self.settings.on_corrupt) as reader:
                 found = reader.scan(start, end).records
         except CommitLogError as exc:
             return f"an unreadable range ({exc})"

@@ -359,3 +359,33 @@ def test_malformed_properties_and_keys_read_the_same_on_both_paths(log_dir):
     assert oracle[0]["key"] == "\ufffd\ufffdBAD\ufffd(\ufffd\x00ok"  # replaced, never dropped
     assert oracle[1]["key"] == "k0" and len(oracle[1]["properties"]["KEYS"]) == len(huge_keys)
     assert oracle[2]["key"] == "k=1;a:b" and oracle[2]["properties"]["Y"] == "\u00e9\u4e2d"
+
+
+@pytest.mark.parametrize(
+    "rel,value,reason",
+    [
+        (4, b"\x00\x00\x00\x01", "unknown magic code"),
+        (0, b"\x7f\x00\x00\x00", "impossible TOTALSIZE"),
+        (100, b"\xff", "CRC mismatch"),
+        (28, b"\x00" * 8, "stored physical offset"),
+    ],
+)
+def test_quarantine_skips_exactly_the_corrupt_record_and_lists_it(log_dir, rel, value, reason):
+    intact = [message_row(m) for m in fill(log_dir + "-copy", 40)]
+    target = _corrupt(log_dir, 17, rel, value)
+    expected = [r for r in intact if r["phy_offset"] != target.phy_offset]
+    base = target.phy_offset - target.phy_offset % FILE
+    for read in ("messages", "arrow"):
+        with CommitLogReader(log_dir, check_crc=True, on_corrupt="quarantine") as r:
+            if read == "messages":
+                rows = [message_row(m) for m in r.messages()]
+            else:
+                table = pa.Table.from_batches(list(r.record_batches(0, r.end_offset(), batch_rows=7)),
+                                              schema=MESSAGE_SCHEMA)
+                rows = [normalize_arrow_row(row) for row in table.to_pylist()]
+            assert [x["phy_offset"] for x in rows] == [x["phy_offset"] for x in expected]
+            assert len(r.quarantined) == 1, r.quarantined
+            q = r.quarantined[0]
+            assert (q.file, q.start, q.end) == (os.path.join(log_dir, fmt.file_name(base)), target.phy_offset,
+                                                target.phy_offset + target.size)
+            assert reason.split()[0].lower() in q.reason.lower()

@@ -121,3 +121,38 @@ def test_canary_credentials_never_show_in_logs_status_errors_or_metrics(tmp_path
     assert "tierlog_rows_in" in everything and "safepoint" in everything
     for name, secret in CANARIES.items():
         assert secret not in everything, f"{name} leaked"
+
+
+def test_quarantine_skips_corrupt_records_records_them_and_goes_on(tmp_path):
+    import json
+
+    from tests.kv_helpers import view_contents
+    from tests.tiering_helpers import tier_rows
+
+    config = write_config(tmp_path, commitlog={"on_corrupt": "quarantine"}, source={"max_bytes_per_trigger": 20000},
+                          tier={"segment_messages": 30})  # seals across the gaps the skipped records leave
+    conf = cfg.load(str(config), env={})
+    append(conf, kv_messages(400, keys=50, seed=5, delete_ratio=0))
+    rows = replay(conf.commitlog.dir)
+    crc_victim, magic_victim = rows[100], rows[300]
+    path = os.path.join(conf.commitlog.dir, file_name(0))
+    with open(path, "r+b") as fh:
+        data = bytearray(fh.read())
+        data[data.index(crc_victim["body"], crc_victim["phy_offset"])] ^= 0xFF  # only the CRC can tell
+        data[magic_victim["phy_offset"] + 4 : magic_victim["phy_offset"] + 8] = b"\xde\xad\xbe\xef"
+        fh.seek(0)
+        fh.write(data)
+    result = tierlog("run", "--until-caught-up", "--config", str(config))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "quarantined commitlog bytes" in result.stderr
+
+    victims = {crc_victim["phy_offset"], magic_victim["phy_offset"]}
+    expected = [r for r in rows if r["phy_offset"] not in victims]
+    assert tier_rows(conf.tier.location) == expected  # everything else, exactly once
+    assert not victims & {v["phy_offset"] for v in view_contents(conf).values()}
+    status = [json.loads(line) for line in tierlog("status", "--format", "json", "--config", str(config)).stdout.splitlines()]
+    quarantined = [r for r in status if r["kind"] == "quarantined"]
+    assert [(q["file"], q["start_phy"], q["end_phy"]) for q in quarantined] == [
+        (path, v["phy_offset"], v["phy_offset"] + v["size"]) for v in (crc_victim, magic_victim)]
+    assert "CRC" in quarantined[0]["reason"] and "magic" in quarantined[1]["reason"]
+    assert next(r for r in status if r["kind"] == "summary")["quarantined"] == 2

@@ -7,7 +7,10 @@ appending.  Its contract:
   tail) is not a message yet and is left for a later call;
 * corrupt data (bad magic, impossible size, a CRC mismatch, a record that is
   not where its own PHYSICALOFFSET says) raises :class:`CorruptRecordError`
-  naming the file and the physical offset; nothing is skipped;
+  naming the file and the physical offset; nothing is skipped, unless the
+  reader was made with ``on_corrupt="quarantine"``: then it resumes at the
+  next whole record (the same one for every reader of the same bytes) and
+  lists the skipped range in ``quarantined``;
 * physical offsets are the one address space of §3 and §8: ``scan`` and
   ``spans`` resume strictly at the offset they are given, which must be a
   record boundary, a blank marker or a file start.
@@ -41,6 +44,20 @@ _FILE_NAME = re.compile(r"^\d{20}$")
 _ZERO8 = bytes(8)
 TAIL_WINDOW = 1 << 20  # bytes after a suspect record checked for later data
 SETTLE_S = 1.0  # how long a suspect record on the live frontier must stay unchanged to be corruption
+ON_CORRUPT = ("fail", "quarantine")
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """A corrupt range ``[start, end)`` of physical offsets that a ``quarantine`` reader skipped."""
+
+    file: str
+    start: int
+    end: int
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "start_phy": self.start, "end_phy": self.end, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -141,9 +158,13 @@ class ScanResult:
 class CommitLogReader:
     """Reads complete records from a commitlog directory.  Not thread-safe; cheap to create."""
 
-    def __init__(self, directory: str, *, check_crc: bool = False):
+    def __init__(self, directory: str, *, check_crc: bool = False, on_corrupt: str = "fail"):
+        if on_corrupt not in ON_CORRUPT:
+            raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, not {on_corrupt!r}")
         self.directory = directory
         self.check_crc = check_crc
+        self.on_corrupt = on_corrupt
+        self.quarantined: list[Quarantined] = []  # what this reader skipped, in the order it met them
         self._maps: dict[str, mmap.mmap] = {}
         self._frontier: int | None = None  # the last frontier a walk reached
 
@@ -262,23 +283,38 @@ class CommitLogReader:
             pos = pos_abs - f.base
             limit = f.length if end is None else min(f.length, end - f.base)
             span = Span(f)
-            take_first = records_left == max_records if max_records is not None else bytes_left == max_bytes
-            pos, nbytes, limited = _walk(
-                self._map(f), pos, limit, f.length, records_left, bytes_left, take_first or max_bytes is None, span
-            )
-            records_left -= len(span.starts)
-            bytes_left -= nbytes
-            if limited:
-                stop = "limit"
-            elif pos >= limit:
-                if pos > limit:
-                    raise OffsetOutOfRangeError(
-                        f"physical offset {end} is not a record boundary: the record at "
-                        f"{f.base + span.starts[-1]} in {f.path} runs past it"
-                    )
-                stop = "range"
-            else:
-                stop = self._classify_stop(files, idx, pos, end is not None)
+            while True:
+                take_first = records_left == max_records if max_records is not None else bytes_left == max_bytes
+                found = len(span.starts)
+                pos, nbytes, limited = _walk(
+                    self._map(f), pos, limit, f.length, records_left, bytes_left, take_first or max_bytes is None, span
+                )
+                records_left -= len(span.starts) - found
+                bytes_left -= nbytes
+                if limited:
+                    stop = "limit"
+                elif pos >= limit:
+                    if pos > limit:
+                        raise OffsetOutOfRangeError(
+                            f"physical offset {end} is not a record boundary: the record at "
+                            f"{f.base + span.starts[-1]} in {f.path} runs past it"
+                        )
+                    stop = "range"
+                else:
+                    try:
+                        stop = self._classify_stop(files, idx, pos, end is not None)
+                    except CorruptRecordError as exc:
+                        if self.on_corrupt != "quarantine":
+                            raise
+                        resume = self._resync(f, pos)
+                        if resume > limit:
+                            raise  # a range read as complete must end where the scan that found it resumed
+                        self._quarantine(f, pos, resume, exc.reason)
+                        pos = resume
+                        if pos < f.length:
+                            continue  # walk on from the next good record
+                        stop = "blank" if idx + 1 < len(files) else "range"  # the rest of the file is gone
+                break
             if stop == "tail" and span.starts and self._is_tail(files, idx, pos):
                 if not self._frontier_ok(f, span.starts[-1]):
                     pos -= span.sizes.pop()
@@ -343,6 +379,37 @@ class CommitLogReader:
             raise self._fail(f, pos, f"impossible TOTALSIZE {size} ({f.length - pos} bytes left in the file)", size)
         raise self._fail(f, pos, f"unknown magic code 0x{magic:08X}", size)
 
+    def _resync(self, f: MappedFile, pos: int) -> int:
+        """Where reading resumes past corruption at ``pos``: the first later position in ``f`` holding a
+        whole record that says it lies there and whose body CRC matches; the file's length if none."""
+        buf = self._map(f)
+        best = f.length
+        for magic in (fmt.MAGIC_V1, fmt.MAGIC_V2):
+            needle = magic.to_bytes(4, "big")
+            at = buf.find(needle, pos + 1 + fmt.POS_MAGIC)
+            while at != -1 and at - fmt.POS_MAGIC < best:
+                p = at - fmt.POS_MAGIC
+                try:
+                    m = fmt.decode(buf, p, check_crc=True, expect_phy=f.base + p)
+                    if p + m.size <= f.length - fmt.END_FILE_MIN_BLANK_LENGTH:
+                        best = p
+                        break
+                except fmt.RecordError:
+                    pass
+                at = buf.find(needle, at + 1)
+        return best
+
+    def _quarantine(self, f: MappedFile, start: int, end: int, reason: str) -> None:
+        """Note a skipped range (file positions) once; one next to the last one extends it."""
+        start, end = f.base + start, f.base + end
+        if any(q.start <= start < q.end for q in self.quarantined):
+            return  # met again by a second walk over the same range
+        last = self.quarantined[-1] if self.quarantined else None
+        if last is not None and last.file == f.path and last.end == start:
+            self.quarantined[-1] = Quarantined(f.path, last.start, end, last.reason)
+        else:
+            self.quarantined.append(Quarantined(f.path, start, end, reason))
+
     def _pending_append(self, f: MappedFile, pos: int, size: int, magic: int) -> bool:
         """Is the record at ``pos`` an append its writer has not published yet?
 
@@ -395,11 +462,13 @@ class CommitLogReader:
         start = self.first_offset() if start is None else start
         for span in self.spans(start, end, max_records=max_records):
             buf = self._map(span.file)
-            for pos in span.starts:
+            for pos, size in zip(span.starts, span.sizes):
                 try:
                     yield fmt.decode(buf, pos, check_crc=self.check_crc, expect_phy=span.file.base + pos)
                 except fmt.RecordError as exc:
-                    raise self._fail(span.file, pos, exc.reason, exc.size) from None
+                    if self.on_corrupt != "quarantine":
+                        raise self._fail(span.file, pos, exc.reason, exc.size) from None
+                    self._quarantine(span.file, pos, pos + size, exc.reason)
 
     def record_batches(
         self,
@@ -414,20 +483,28 @@ class CommitLogReader:
 
         ``columns`` limits the batches to those columns of the row (all by default).
         """
-        from connectors.commitlog.arrow import BatchDecodeError, decode_batch
-
         for span in self.spans(start, end):
             buf = self._map(span.file)
             for i in range(0, len(span.starts), batch_rows):
                 starts = np.asarray(span.starts[i : i + batch_rows], np.int64)
-                try:
-                    yield decode_batch(
-                        buf, starts, span.file.base, key_property=key_property, check_crc=self.check_crc,
-                        columns=columns,
-                    )
-                except BatchDecodeError as exc:
-                    pos = int(starts[exc.index])
-                    raise self._fail(span.file, pos, exc.reason, span.sizes[i + exc.index]) from None
+                yield from self._decode(span.file, buf, starts, span.sizes[i : i + batch_rows],
+                                        dict(key_property=key_property, check_crc=self.check_crc, columns=columns))
+
+    def _decode(self, f: MappedFile, buf, starts: np.ndarray, sizes: list[int], options: dict) -> Iterator["pa.RecordBatch"]:
+        """``decode_batch`` of ``starts``; under quarantine, records failing a check are skipped and listed."""
+        from connectors.commitlog.arrow import BatchDecodeError, decode_batch
+
+        if not len(starts):
+            return
+        try:
+            yield decode_batch(buf, starts, f.base, **options)
+        except BatchDecodeError as exc:
+            pos, size = int(starts[exc.index]), sizes[exc.index]
+            if self.on_corrupt != "quarantine":
+                raise self._fail(f, pos, exc.reason, size) from None
+            yield from self._decode(f, buf, starts[: exc.index], sizes[: exc.index], options)
+            self._quarantine(f, pos, pos + size, exc.reason)
+            yield from self._decode(f, buf, starts[exc.index + 1 :], sizes[exc.index + 1 :], options)
 
     def records_at(self, phy_offsets: "np.ndarray", columns: "Sequence[str]") -> "pa.Table":
         """``columns`` of the records at ``phy_offsets`` (any order, repeats allowed), in that order.
