@@ -9,7 +9,8 @@ timeouts and a 30 s outage (or a full disk on posix), a 30 s Kafka broker
 outage and skewed store clocks.  Then it checks every invariant against a
 plain replay of the commitlog and prints one JSON report: messages produced,
 tiered, replicated, lost and duplicated, the maximum dispatch-behind, and
-the service's memory after its first minute and at the end.  The baseline
+the service's memory a minute after each start and at its last sample (the
+longest-lived process shows growth best, since faults restart it).  The baseline
 is the run itself: ``tiered_ratio`` and ``replicated_ratio`` (of produced)
 must be 1, and ``rss_end_over_start`` shows growth.  Exit code 1 when an
 invariant failed.
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
                tiered_ratio=round(report.tiered / max(1, report.produced), 6),
                replicated_ratio=round(report.replicated / max(1, report.produced), 6),
                rss_end_over_start=(round(report.rss_mb_end / report.rss_mb_start, 3)
-                                   if report.rss_mb_start and report.rss_mb_end else None))
+                                   if report.rss_mb_start and report.rss_mb_end else None),
+               longest_service_process=max(report.rss_by_service_process, default=None))
     print(json.dumps(out, sort_keys=True))
     try:
         run.check()
