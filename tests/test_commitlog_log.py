@@ -194,6 +194,15 @@ def test_killed_producer_leaves_a_readable_log(log_dir, tmp_path):
 # ------------------------------------------------------------------ corruption
 
 
+# (where in the record, the bytes written there, what the reader must say)
+CORRUPTIONS = [
+    (4, b"\x00\x00\x00\x01", "unknown magic code"),
+    (0, b"\x7f\x00\x00\x00", "impossible TOTALSIZE"),
+    (100, b"\xff", "CRC mismatch"),
+    (28, b"\x00" * 8, "stored physical offset"),
+]
+
+
 def _corrupt(log_dir: str, index: int, rel: int, value: bytes) -> Message:
     written = fill(log_dir, 40)
     target = written[index]
@@ -204,15 +213,7 @@ def _corrupt(log_dir: str, index: int, rel: int, value: bytes) -> Message:
     return target
 
 
-@pytest.mark.parametrize(
-    "rel,value,reason",
-    [
-        (4, b"\x00\x00\x00\x01", "unknown magic code"),
-        (0, b"\x7f\x00\x00\x00", "impossible TOTALSIZE"),
-        (100, b"\xff", "CRC mismatch"),
-        (28, b"\x00" * 8, "stored physical offset"),
-    ],
-)
+@pytest.mark.parametrize("rel,value,reason", CORRUPTIONS)
 def test_corruption_stops_reading_and_names_file_and_offset(log_dir, rel, value, reason):
     target = _corrupt(log_dir, 17, rel, value)
     base = target.phy_offset - target.phy_offset % FILE
@@ -361,15 +362,7 @@ def test_malformed_properties_and_keys_read_the_same_on_both_paths(log_dir):
     assert oracle[2]["key"] == "k=1;a:b" and oracle[2]["properties"]["Y"] == "\u00e9\u4e2d"
 
 
-@pytest.mark.parametrize(
-    "rel,value,reason",
-    [
-        (4, b"\x00\x00\x00\x01", "unknown magic code"),
-        (0, b"\x7f\x00\x00\x00", "impossible TOTALSIZE"),
-        (100, b"\xff", "CRC mismatch"),
-        (28, b"\x00" * 8, "stored physical offset"),
-    ],
-)
+@pytest.mark.parametrize("rel,value,reason", CORRUPTIONS)
 def test_quarantine_skips_exactly_the_corrupt_record_and_lists_it(log_dir, rel, value, reason):
     intact = [message_row(m) for m in fill(log_dir + "-copy", 40)]
     target = _corrupt(log_dir, 17, rel, value)

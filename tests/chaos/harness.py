@@ -3,10 +3,10 @@
 One run:
 
 1. starts a real S3 server (moto, a process of its own) behind a faulty proxy
-   (:mod:`tests.chaos.s3proxy`), tansu keeping its topics in that S3 server
-   (so stopping the broker loses nothing it acknowledged), a producer process
-   appending at ``rate`` messages/s, and ``tierlog run`` (tiering, compaction,
-   both Kafka sinks) as a process of its own;
+   (:mod:`tests.chaos.s3proxy`), tansu behind a TCP proxy that can cut it off
+   (:mod:`tests.chaos.tcpproxy`), a producer process appending at ``rate``
+   messages/s, and ``tierlog run`` (tiering, compaction, both Kafka sinks) as
+   a process of its own;
 2. injects the faults of :func:`schedule` (the seed makes it the same every
    time), samples the metadata store meanwhile (commit offsets only move
    forward, the safepoint only grows, ``commitlog gc`` never deletes above it)
@@ -43,10 +43,12 @@ from connectors.commitlog.reader import CommitLogReader, list_files
 from connectors.kafka.embedded import EmbeddedBroker, free_port
 from streaming import config as cfg
 from tests.chaos.s3proxy import S3FaultProxy
+from tests.chaos.tcpproxy import TcpFaultProxy
 from tests.cli_runner import ROOT, cli_command, cli_env, write_config
 
 TOPICS = ["t0", "t1", "t2"]
-S3_FAULTS = ("s3_errors", "s3_throttle", "s3_timeouts", "s3_down")
+S3_MODES = {"s3_errors": "errors", "s3_throttle": "throttle", "s3_timeouts": "timeouts", "s3_down": "down"}
+S3_FAULTS = tuple(S3_MODES)
 PROCESS_FAULTS = ("kill_service", "kill_producer", "tear_producer")
 OTHER_FAULTS = ("kafka_down", "clock_skew")
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
@@ -182,12 +184,13 @@ class ChaosRun:
         self.proxy = S3FaultProxy(self.moto_endpoint, seed=self.plan.seed).start()
         broker = None
         try:
-            self._wait(lambda: self._try(lambda: self._s3().create_bucket(Bucket="tansu")), 30, "moto to start")
-            self._s3().create_bucket(Bucket="tier")
-            broker_env = {**CREDS, "AWS_ENDPOINT": self.moto_endpoint, "AWS_ENDPOINT_URL": self.moto_endpoint,
-                          "AWS_ENDPOINT_URL_S3": self.moto_endpoint, "AWS_ALLOW_HTTP": "true"}
-            broker = self.broker = EmbeddedBroker("s3://tansu/", env=broker_env,
+            self._wait(lambda: self._try(lambda: self._s3().create_bucket(Bucket="tier")), 30, "moto to start")
+            # The broker keeps its topics in memory and stays up; an outage cuts it off at a TCP proxy
+            # its clients go through (see tcpproxy for why it is not stopped).
+            self.kafka_proxy = TcpFaultProxy(free_port(), port=free_port())
+            broker = self.broker = EmbeddedBroker(port=self.kafka_proxy.upstream[1], advertised_port=self.kafka_proxy.port,
                                                   log_path=str(self.dir / "tansu.log")).start()
+            self.kafka_proxy.up()
             self.config_path = self._write_config()
             self.conf = cfg.load(str(self.config_path), env={})
             yield
@@ -196,6 +199,7 @@ class ChaosRun:
                 if proc is not None and proc.poll() is None:
                     _kill_group(proc)
             if broker is not None:
+                self.kafka_proxy.down()
                 broker.stop()
             self.proxy.stop()
             moto.kill()
@@ -210,7 +214,7 @@ class ChaosRun:
             tier={"location": tier, "segment_messages": 20000, "segment_age_s": 20, "delete_grace_s": 5,
                   "compact_every": 50},
             compaction={"snapshot_interval_s": 30},
-            kafka={"bootstrap": self.broker.bootstrap, "partitions": 4, "linger_ms": 5, "delivery_timeout_s": 10},
+            kafka={"bootstrap": f"127.0.0.1:{self.kafka_proxy.port}", "partitions": 4, "linger_ms": 5, "delivery_timeout_s": 10},
             spark={"trigger_interval_s": 0.5},
             metrics={"port": self.metrics_port},
         )
@@ -228,7 +232,8 @@ class ChaosRun:
             now = time.monotonic() - t0
             if events[0][0] <= now:
                 _at, _i, action, fault = heapq.heappop(events)
-                getattr(self, f"_{action}_{fault.kind}")(fault)
+                kind = "s3" if fault.kind in S3_MODES else fault.kind
+                getattr(self, f"_{action}_{kind}")(fault)
                 if action == "inject":
                     self.report.faults[fault.kind] = self.report.faults.get(fault.kind, 0) + 1
                     self.log(f"[chaos seed={self.plan.seed} t={now:.1f}s] {fault.kind} {fault.duration or ''} "
@@ -253,8 +258,8 @@ class ChaosRun:
         self.proxy.set_mode("ok")
         self.disk_full_flag.unlink(missing_ok=True)
         self.skew_file.write_text("0")
-        if self.broker.process is None:
-            self.broker.start()
+        if not self.kafka_proxy.is_up:
+            self.kafka_proxy.up()
         self.producer.send_signal(signal.SIGTERM)
         self.producer.wait(timeout=60)
         self._supervise()
@@ -436,39 +441,18 @@ class ChaosRun:
         _kill_group(self.producer)
         self._start_producer(torn_at=int(f.arg))  # it SIGKILLs itself half-way through that batch
 
-    def _inject_s3_errors(self, f: Fault) -> None:
-        self.proxy.set_mode("errors", f.arg)
+    def _inject_s3(self, f: Fault) -> None:
+        self.proxy.set_mode(S3_MODES[f.kind], f.arg)
 
-    def _inject_s3_throttle(self, f: Fault) -> None:
-        self.proxy.set_mode("throttle", f.arg)
-
-    def _inject_s3_timeouts(self, f: Fault) -> None:
-        self.proxy.set_mode("timeouts", f.arg)
-
-    def _inject_s3_down(self, _f: Fault) -> None:
-        self.proxy.set_mode("down")
-
-    def _heal_s3_errors(self, f: Fault) -> None:
-        if self.proxy.mode == "errors":
-            self.proxy.set_mode("ok")
-
-    def _heal_s3_throttle(self, f: Fault) -> None:
-        if self.proxy.mode == "throttle":
-            self.proxy.set_mode("ok")
-
-    def _heal_s3_timeouts(self, f: Fault) -> None:
-        if self.proxy.mode == "timeouts":
-            self.proxy.set_mode("ok")
-
-    def _heal_s3_down(self, _f: Fault) -> None:
-        if self.proxy.mode == "down":
+    def _heal_s3(self, f: Fault) -> None:
+        if self.proxy.mode == S3_MODES[f.kind]:  # a later S3 fault may have taken over
             self.proxy.set_mode("ok")
 
     def _inject_kafka_down(self, _f: Fault) -> None:
-        self.broker.stop()
+        self.kafka_proxy.down()
 
     def _heal_kafka_down(self, _f: Fault) -> None:
-        self.broker.start()
+        self.kafka_proxy.up()
 
     def _inject_disk_full(self, _f: Fault) -> None:
         self.disk_full_flag.touch()
