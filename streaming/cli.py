@@ -823,7 +823,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "commitlog", parents=[common, printing], help="local commitlog maintenance: gc",
         description="gc: delete local commitlog files that lie wholly below the safepoint (the lowest "
-        "physical offset every sink has applied) and are older than commitlog.local_retention. "
+        "physical offset every sink has applied, and no higher than where each query's last committed "
+        "batch ends, since a restart reads from there) and are older than commitlog.local_retention. "
         "The newest file is never deleted.",
     )
     p.add_argument("commitlog_command", choices=["gc"])
