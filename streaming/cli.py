@@ -370,7 +370,8 @@ def show_status(args, conf: cfg.Config) -> int:
     store = MetadataStore(metadata_path(conf), read_only=True)
     try:
         queues, sinks, source_end = store.queues(), store.sinks(), store.source_end()
-        health, skipped, quarantined = store.health(), store.skipped(), store.quarantined()
+        health, skipped = store.health(), store.skipped()
+        quarantined = [{k: v for k, v in q.items() if k != "at"} for q in store.quarantined()]
     finally:
         store.close()
     try:
@@ -396,7 +397,7 @@ def show_status(args, conf: cfg.Config) -> int:
     if args.format == "json":
         emit([{"kind": "queue", **r} for r in rows] + [{"kind": "sink", **r} for r in sink_rows]
              + [{"kind": "skipped", **x} for x in skipped]
-             + [{"kind": "quarantined", **{k: v for k, v in q.items() if k != "at"}} for q in quarantined]
+             + [{"kind": "quarantined", **q} for q in quarantined]
              + [{"kind": "summary", **summary}], "json")
     else:
         emit(rows, "table", STATUS_COLUMNS)
@@ -405,7 +406,7 @@ def show_status(args, conf: cfg.Config) -> int:
         print()
         if quarantined:
             print("quarantined (corrupt commitlog ranges skipped under commitlog.on_corrupt = quarantine):")
-            emit([{k: v for k, v in q.items() if k != "at"} for q in quarantined], "table")
+            emit(quarantined, "table")
             print()
         emit([{k: v for k, v in summary.items() if k != "sinks"}], "table")
     return 0

@@ -42,7 +42,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from connectors.commitlog.arrow import MESSAGE_DDL, project_ddl
-from connectors.commitlog.reader import CommitLogReader
+from connectors.commitlog.reader import ON_CORRUPT, CommitLogReader
 from connectors.errors import ConfigError
 
 DEFAULT_PARTITION_BYTES = 64 << 20
@@ -92,7 +92,7 @@ class SourceOptions:
 
 
 def _on_corrupt(value: str) -> str:
-    if value not in ("fail", "quarantine"):
+    if value not in ON_CORRUPT:
         raise ConfigError(f"option onCorrupt={value!r}: use fail or quarantine")
     return value
 

@@ -266,9 +266,9 @@ def stored_phy_offset(buf, pos: int) -> int:
 def implied_size(buf, pos: int) -> int | None:
     """The TOTALSIZE a record's own fields imply, read without its TOTALSIZE; None if they cannot be read.
 
-    A writer publishes a record by writing TOTALSIZE last, so an append cut
-    short (a producer killed between its two writes) leaves a zero TOTALSIZE
-    in front of a complete record: this is how a reader measures it.
+    tierlog's writer writes an append with its first TOTALSIZE negated and
+    publishes it last, so an append cut short (a producer killed between its
+    two writes) leaves a pending size: a reader checks it against this.
     """
     try:
         magic, _crc, _qid, _flag, _qoff, _phy, sysflag = _UNSIZED_HEAD.unpack_from(buf, pos + POS_MAGIC)
