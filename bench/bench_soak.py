@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                replicated_ratio=round(report.replicated / max(1, report.produced), 6),
                rss_end_over_start=(round(report.rss_mb_end / report.rss_mb_start, 3)
                                    if report.rss_mb_start and report.rss_mb_end else None),
-               longest_service_process=max(report.rss_by_service_process, default=None))
+               longest_service_process=max(report.rss_by_service_process, key=lambda p: p[0], default=None))
     print(json.dumps(out, sort_keys=True))
     try:
         run.check()

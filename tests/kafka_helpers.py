@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
 
 from kafka import KafkaConsumer, TopicPartition
 
@@ -23,23 +24,34 @@ def kafka_conf(conf: cfg.Config, bootstrap: str, prefix: str, **kafka) -> cfg.Co
 
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> dict[int, list]:
     """Every record of every partition of ``topic``, in offset order (assign + seek, no group)."""
+    out: dict[int, list] = {}
+    for partition, record in iter_topic(bootstrap, topic, timeout_s, on_partition=lambda p: out.setdefault(p, [])):
+        out[partition].append(record)
+    return out
+
+
+def iter_topic(bootstrap: str, topic: str, timeout_s: float = 60.0, on_partition=None) -> Iterator[tuple[int, object]]:
+    """``(partition, record)`` for every record of ``topic``, each partition in offset order, without
+    holding them (the soak reads millions); ``on_partition(p)`` is called for each partition first."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, allow_auto_create_topics=False)
     try:
         partitions = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        for tp in tps:
+            if on_partition is not None:
+                on_partition(tp.partition)
         if not tps:
-            return {}
+            return
         consumer.assign(tps)
         for tp in tps:
             consumer.seek_to_beginning(tp)
-        out: dict[int, list] = {tp.partition: [] for tp in tps}
         deadline = time.monotonic() + timeout_s
         # To the high watermark of the fetch responses: tansu's listed end offsets lag far behind.
         while any(consumer.highwater(tp) is None or consumer.position(tp) < consumer.highwater(tp) for tp in tps):
             assert time.monotonic() < deadline, f"could not read {topic} to its end in {timeout_s} s"
             for tp, records in consumer.poll(timeout_ms=300).items():
-                out[tp.partition].extend(records)
-        return out
+                for record in records:
+                    yield tp.partition, record
     finally:
         consumer.close()
 

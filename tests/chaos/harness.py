@@ -34,16 +34,19 @@ import subprocess
 import sys
 import time
 import urllib.request
+from array import array
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import boto3
+import numpy as np
 
 from connectors.commitlog.reader import CommitLogReader, list_files
 from connectors.errors import TierlogError
 from connectors.kafka.embedded import EmbeddedBroker, free_port
 from streaming import config as cfg
+from tests.chaos import digests
 from tests.chaos.s3proxy import S3FaultProxy
 from tests.chaos.tcpproxy import TcpFaultProxy
 from tests.cli_runner import ROOT, cli_command, cli_env, write_config
@@ -135,7 +138,8 @@ class Report:
     s3_injected: dict[str, int] = field(default_factory=dict)
     rss_mb_start: float | None = None
     rss_mb_end: float | None = None
-    # Per service process: [seconds it lived, MiB a minute after its start, MiB at its last sample].
+    # Per service process: [seconds it lived, MiB a minute after its start, MiB at its last sample,
+    # the same two per role (driver, jvm, workers)].
     rss_by_service_process: list[list] = field(default_factory=list)
     wall_s: float = 0.0
     problems: list[str] = field(default_factory=list)  # invariant violations seen while running
@@ -251,7 +255,7 @@ class ChaosRun:
             if now >= next_progress:
                 self.log(f"[chaos seed={self.plan.seed} t={now:.0f}s] {sum(self.report.faults.values())} faults, "
                          f"commitlog at {self._frontier() / 2**20:.0f} MiB, max dispatch-behind "
-                         f"{self.report.max_dispatch_behind_messages:.0f} messages, service RSS {self._rss_mb()} MiB")
+                         f"{self.report.max_dispatch_behind_messages:.0f} messages, service RSS MiB {self._rss_by_role()}")
                 next_progress = now + 60
             time.sleep(min(0.2, max(0.0, events[0][0] - now)))
 
@@ -295,99 +299,102 @@ class ChaosRun:
     # ------------------------------------------------------------ the oracle
 
     def _verify(self) -> None:
-        """Tier, metadata, KV view and both Kafka topics against a plain replay of every byte produced."""
-        from tests.kafka_helpers import (changelog_oracle, changelog_records, compacted, mirror_contents,
-                                         mirror_oracle)
-        from tests.kv_helpers import view_contents
-        from tests.oracle import latest_per_key, replay
-        from tests.tiering_helpers import tier_rows
+        """Tier, metadata, KV view and both Kafka topics against a plain replay of every byte produced,
+        compared as positions and CRCs of whole rows (:mod:`tests.chaos.digests`) to stay small at soak scale."""
+        from state.kv import KVView
+        from streaming.service import kv_path
 
         r = self.report
-        oracle_conf = dataclasses.replace(self.conf, commitlog=dataclasses.replace(self.conf.commitlog,
-                                                                                   dir=str(self.archive)))
-        expected = replay(str(self.archive))
-        r.produced = len(expected)
+        want = digests.expected(str(self.archive), self.conf.kafka)
+        r.produced = len(want.log)
+        read_timeout_s = 60 + r.produced / 5000  # tansu serves a few 10k records a second
         with self.direct_s3():
-            got = tier_rows(self.conf.tier.location)
-        self._compare("tier", [m["phy_offset"] for m in got], [m["phy_offset"] for m in expected])
+            got = digests.tier(self.conf.tier.location)
         r.tiered = len(got)
-        if got != expected and not r.problems:
-            r.problems.append("the tier holds every position once, but some message differs from the commitlog")
-        self._verify_metadata(expected)
-        if view_contents(self.conf) != latest_per_key(str(self.archive)):
-            r.problems.append("the KV view differs from the latest value per key of the commitlog")
-        want = mirror_oracle(oracle_conf)
-        mirror = mirror_contents(self.conf, TOPICS)
-        for attempt in range(3):  # a read that comes up short is read again before anything is called lost
-            if mirror == want:
+        self._compare("tier", got, want.log)
+        self._verify_metadata(want)
+        with KVView(kv_path(self.conf), read_only=True) as kv:
+            differing = digests.kv_differences(kv.entries(), want)
+        if differing:
+            r.problems.append(f"the KV view differs from the latest value per key of the commitlog at {differing} keys")
+        mirror = digests.mirror(self.conf, TOPICS, read_timeout_s)
+        for _attempt in range(3):  # a read that comes up short is read again before anything is called lost
+            if self._same(mirror, want.mirror):
                 break
             self.log(f"[chaos seed={self.plan.seed}] the mirror read back differs from the replay; "
                      f"Kafka offset gaps {self._offset_gaps()}; reading it again")
             time.sleep(5)
-            mirror = mirror_contents(self.conf, TOPICS)
+            mirror = digests.mirror(self.conf, TOPICS, read_timeout_s)
         r.replicated = sum(len(v) for v in mirror.values())
-        for part in sorted(set(mirror) | set(want)):
-            self._compare(f"mirror {part}", [int(dict(h)["tierlog.phy"]) for _k, _v, h in mirror.get(part, [])],
-                          [int(dict(h)["tierlog.phy"]) for _k, _v, h in want.get(part, [])])
-        if mirror != want and not r.problems:
-            r.problems.append("the mirror holds every position once, but some record differs from the commitlog")
-        changes = changelog_records(self.conf, TOPICS)
-        if len({(t, k, pos) for t, k, _v, pos, _p in changes}) != len(changes):
-            r.problems.append("a changelog record was sent twice")
-        if compacted(changes) != changelog_oracle(oracle_conf):
+        for part in sorted(set(mirror) | set(want.mirror)):
+            self._compare(f"mirror {part}", mirror.get(part, digests.Positions()),
+                          want.mirror.get(part, digests.Positions()))
+        changes = digests.changelog(self.conf, TOPICS, read_timeout_s)
+        if changes.resent:
+            r.problems.append(f"{changes.resent} changelog records were sent twice")
+        if changes.misplaced:
+            r.problems.append(f"{changes.misplaced} changelog records are in a partition their key does not map to")
+        if changes.compacted != digests.changelog_expected(want):
             r.problems.append("the compacted changelog differs from the latest value per key")
+
+    @staticmethod
+    def _same(have: dict, want: dict) -> bool:
+        return set(have) == set(want) and all(have[k].phy == want[k].phy and have[k].digest == want[k].digest
+                                              for k in want)
 
     def _offset_gaps(self) -> dict:
         """Per mirror partition, Kafka offsets missing between its first and last record: a broker that
         lost records it acknowledged leaves a gap; records never sent leave none."""
-        from tests.kafka_helpers import read_topic
+        from tests.kafka_helpers import iter_topic
 
         gaps = {}
         for source in TOPICS:
             topic = self.conf.kafka.mirror_topic.replace("{topic}", source)
-            for p, records in read_topic(self.conf.kafka.bootstrap, topic).items():
-                offsets = [rec.offset for rec in records]
-                missing = sorted(set(range(offsets[0], offsets[-1] + 1)) - set(offsets)) if offsets else []
-                if missing:
-                    gaps[f"{topic}/{p}"] = missing[:10]
+            offsets: dict[int, array] = {}
+            for p, rec in iter_topic(self.conf.kafka.bootstrap, topic, 60 + self.report.produced / 5000):
+                offsets.setdefault(p, array("q")).append(rec.offset)
+            for p, have in offsets.items():
+                have = np.frombuffer(have, dtype=np.int64)
+                missing = np.setdiff1d(np.arange(have.min(), have.max() + 1), have)
+                if missing.size:
+                    gaps[f"{topic}/{p}"] = missing[:10].tolist()
         return gaps
 
-    def _compare(self, what: str, have: list[int], want: list[int]) -> None:
-        """Positions in ``have`` must be ``want``: count what is missing (lost) and repeated (duplicates)."""
-        missing = sorted(set(want) - set(have))
-        doubled = len(have) - len(set(have))
-        self.report.lost += len(missing)
-        self.report.duplicates += doubled
-        extra = sorted(set(have) - set(want))
-        if missing or doubled or extra or have != want:
-            seen, twice = set(), []
-            for p in have:
-                if p in seen:
-                    twice.append(p)
-                seen.add(p)
-            self.report.problems.append(f"{what}: {len(have)} messages, {len(want)} expected; missing "
-                                        f"{missing[:5]}, {doubled} twice (positions {twice[:1]}..{twice[-1:]}), "
-                                        f"extra {extra[:5]}")
+    def _compare(self, what: str, have: digests.Positions, want: digests.Positions) -> None:
+        """Positions in ``have`` must be ``want``'s, in order, once each (count what is missing as lost, what
+        is repeated as duplicates), and each with the same digest."""
+        have_phy, have_digest = have.arrays()
+        want_phy, want_digest = want.arrays()
+        distinct, counts = np.unique(have_phy, return_counts=True)
+        missing = np.setdiff1d(want_phy, have_phy)
+        extra = np.setdiff1d(have_phy, want_phy)
+        twice = distinct[counts > 1]
+        doubled = len(have_phy) - len(distinct)
+        self.report.lost += int(missing.size)
+        self.report.duplicates += int(doubled)
+        if missing.size or doubled or extra.size or not np.array_equal(have_phy, want_phy):
+            self.report.problems.append(f"{what}: {len(have_phy)} messages, {len(want_phy)} expected; missing "
+                                        f"{missing[:5].tolist()}, {doubled} twice (positions {twice[:3].tolist()}), "
+                                        f"extra {extra[:5].tolist()}")
+        elif not np.array_equal(have_digest, want_digest):
+            at = np.flatnonzero(have_digest != want_digest)
+            self.report.problems.append(f"{what}: every position once, but {at.size} messages differ from the "
+                                        f"commitlog (first at position {int(have_phy[at[0]])})")
 
-    def _verify_metadata(self, expected: list[dict]) -> None:
+    def _verify_metadata(self, want: digests.Expected) -> None:
         """Every queue's commit and dispatch offsets end at the queue's next offset; every sink at the end."""
-        want: dict[tuple[str, int], int] = {}
-        for m in expected:
-            if m["sysflag"] & 0xC not in (0x4, 0xC):
-                want[(m["topic"], m["queue_id"])] = m["queue_offset"] + 1
         store = self._metadata()
         try:
             have = {(q.topic, q.queue_id): (q.dispatch, q.commit) for q in store.queues()}
             sinks = store.sinks()
         finally:
             store.close()
-        for key, n in want.items():
+        for key, n in want.queue_ends.items():
             if have.get(key) != (n, n):
                 self.report.problems.append(f"metadata: queue {key} dispatch/commit {have.get(key)}, expected {n}")
-        end = max((m["phy_offset"] + m["size"] for m in expected), default=0)
         for name, phy in sinks.items():
-            if phy < end:
-                self.report.problems.append(f"metadata: sink {name} applied through {phy}, the log ends at {end}")
+            if phy < want.end:
+                self.report.problems.append(f"metadata: sink {name} applied through {phy}, the log ends at {want.end}")
 
     # ------------------------------------------------------------ processes
 
@@ -503,14 +510,15 @@ class ChaosRun:
             self.report.max_dispatch_behind_messages = max(self.report.max_dispatch_behind_messages, behind)
         age = time.monotonic() - self._started_at
         if age > 60:
-            rss = self._rss_mb()
+            roles = self._rss_by_role()
+            rss = None if roles is None else round(sum(roles.values()), 1)
             if self.report.rss_mb_start is None:
                 self.report.rss_mb_start = rss
             if rss is not None:
                 procs = self.report.rss_by_service_process
                 if len(procs) < self.report.service_starts:
-                    procs.append([0, rss, rss])
-                procs[-1][0], procs[-1][2] = round(age), rss
+                    procs.append([0, rss, rss, roles, roles])
+                procs[-1][0], procs[-1][2], procs[-1][4] = round(age), rss, roles
 
     def _gc(self) -> None:
         """``tierlog commitlog gc``, as an operator's cron would run it: never at or above the safepoint."""
@@ -580,9 +588,16 @@ class ChaosRun:
 
     def _rss_mb(self) -> float | None:
         """Resident memory of the service's process group: the driver, its JVM and Python workers."""
+        roles = self._rss_by_role()
+        return None if roles is None else round(sum(roles.values()), 1)
+
+    def _rss_by_role(self) -> dict[str, float] | None:
+        """The service's resident memory in MiB per role: ``driver`` (the Python process holding the
+        sinks and rocksdict stores), ``jvm`` (Spark, its RocksDB state stores) and ``workers`` (Python
+        UDF and data source workers); growth in one of them says where to look."""
         if self.service is None or self.service.poll() is not None:
             return None
-        total = 0
+        out = {"driver": 0.0, "jvm": 0.0, "workers": 0.0}
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
@@ -590,10 +605,15 @@ class ChaosRun:
                 if os.getpgid(int(pid)) != self.service.pid:
                     continue
                 with open(f"/proc/{pid}/statm") as fh:
-                    total += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+                    rss = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    argv = fh.read().split(b"\0")
             except (OSError, ValueError):
                 continue
-        return round(total / 2**20, 1)
+            role = ("driver" if int(pid) == self.service.pid else
+                    "jvm" if os.path.basename(argv[0]) == b"java" else "workers")
+            out[role] += rss
+        return {k: round(v, 1) for k, v in out.items()}
 
     # ------------------------------------------------------------ helpers
 
