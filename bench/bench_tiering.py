@@ -1,6 +1,6 @@
 """Tiering benchmarks (issue 3), each printing JSON with its baseline measured in the same run.
 
-    python -m bench.bench_tiering catchup   [--mb 1024] [--queues 1024]
+    python -m bench.bench_tiering catchup   [--mb 1024] [--queues 1024] [--on-corrupt fail|quarantine|both]
     python -m bench.bench_tiering freshness [--rate 10000] [--seconds 60]
     python -m bench.bench_tiering objects   [--queues 10000]
 
@@ -9,7 +9,10 @@ catchup    Tier a commitlog of 1 KB messages with availableNow.  Marginal
            from the end of the first batch to the end of the last, so Spark's
            start-up and first-batch warm-up are excluded.  Baseline: a plain
            copy of the same commitlog bytes into the same tier directory.
-           Target: >= 25% of the copy's MB/s on posix.
+           Target: >= 25% of the copy's MB/s on posix.  --on-corrupt both
+           tiers the same commitlog twice, under fail and under quarantine
+           (whose driver decodes each batch's range once more to find corrupt
+           ranges), and gives the ratio of their msgs/s.
 freshness  `tierlog produce --rate R` appends while `tierlog run` tiers; per
            message, the time from its store timestamp to the commit record
            that made it visible.  p50/p99 of the steady run, after a warm-up
@@ -44,7 +47,8 @@ def make_conf(root: str, **overrides) -> cfg.Config:
     tier = {"location": os.path.join(root, "tier"), "segment_bytes": 1 << 40, "segment_messages": 1 << 40,
             "segment_age_s": 1e9, "compact_every": 1 << 30, **overrides.pop("tier", {})}
     return cfg.Config(
-        commitlog=cfg.CommitlogConfig(dir=os.path.join(root, "commitlog"), file_size=256 << 20, check_crc=True),
+        commitlog=cfg.CommitlogConfig(**{"dir": os.path.join(root, "commitlog"), "file_size": 256 << 20,
+                                         "check_crc": True, **overrides.pop("commitlog", {})}),
         source=cfg.SourceConfig(**overrides.pop("source", {})),
         tier=cfg.TierConfig(**tier),
         state=cfg.StateConfig(dir=os.path.join(root, "state")),
@@ -103,25 +107,37 @@ def copy_baseline(conf: cfg.Config) -> dict:
 
 def catchup(args) -> dict:
     root = tempfile.mkdtemp(prefix="tierlog-catchup-")
-    conf = make_conf(root, source={"max_bytes_per_trigger": args.batch_mb << 20, "partition_bytes": args.part_mb << 20})
+    source = {"max_bytes_per_trigger": args.batch_mb << 20, "partition_bytes": args.part_mb << 20}
+    conf = make_conf(root, source=source)
     messages = args.mb * (1 << 20) // (1024 + 150)
     produce(conf, messages, args.queues)
-    baseline = copy_baseline(conf)
+    out = {"benchmark": "tiering-catchup", "messages": messages, "queues": args.queues,
+           "copy_baseline": copy_baseline(conf)}
+    modes = ["fail", "quarantine"] if args.on_corrupt == "both" else [args.on_corrupt]
+    for mode in modes:
+        # The same commitlog each time; tier, state and checkpoints afresh.
+        run_root = os.path.join(root, mode)
+        run_conf = make_conf(run_root, source=source, commitlog={"dir": conf.commitlog.dir, "on_corrupt": mode})
+        out[f"on_corrupt_{mode}"] = _catchup_once(run_conf, out["copy_baseline"])
+    if len(modes) == 2:
+        # The quarantine pass decodes each batch's range once more in the driver: its cost, as a ratio.
+        out["quarantine_over_fail_msgs_per_s"] = round(out["on_corrupt_quarantine"]["marginal"]["msgs_per_s"]
+                                                       / out["on_corrupt_fail"]["marginal"]["msgs_per_s"], 3)
+    out["target_ratio"] = 0.25
+    shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def _catchup_once(conf: cfg.Config, baseline: dict) -> dict:
     reports = run_service(conf)
     (t0, first), rest = reports[0], reports[1:]
     rows = sum(r.rows for _, r in rest)
     nbytes = sum(r.bytes for _, r in rest)
     seconds = reports[-1][0] - t0
-    out = {
-        "benchmark": "tiering-catchup", "messages": messages, "queues": args.queues, "batches": len(reports),
-        "first_batch": {"rows": first.rows, "seconds": round(first.seconds, 2)},
-        "marginal": {"rows": rows, "seconds": round(seconds, 2), "msgs_per_s": round(rows / seconds),
-                     "MBps": round(nbytes / seconds / 1e6, 1)},
-        "copy_baseline": baseline,
-    }
+    out = {"batches": len(reports), "first_batch": {"rows": first.rows, "seconds": round(first.seconds, 2)},
+           "marginal": {"rows": rows, "seconds": round(seconds, 2), "msgs_per_s": round(rows / seconds),
+                        "MBps": round(nbytes / seconds / 1e6, 1)}}
     out["ratio_vs_copy"] = round(out["marginal"]["MBps"] / baseline["MBps"], 3)
-    out["target_ratio"] = 0.25
-    shutil.rmtree(root, ignore_errors=True)
     return out
 
 
@@ -209,6 +225,8 @@ def main() -> None:
     p.add_argument("--queues", type=int, default=1024)
     p.add_argument("--batch-mb", type=int, default=128, help="source.max_bytes_per_trigger in MiB")
     p.add_argument("--part-mb", type=int, default=32, help="source.partition_bytes in MiB")
+    p.add_argument("--on-corrupt", choices=["fail", "quarantine", "both"], default="fail",
+                   help="commitlog.on_corrupt; both: run twice on the same commitlog and give the ratio")
     p = sub.add_parser("freshness")
     p.add_argument("--rate", type=float, default=10000)
     p.add_argument("--seconds", type=float, default=60)

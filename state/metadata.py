@@ -199,7 +199,9 @@ class MetadataStore:
         self._write({}, ["del" + SEP + n for n in names])
 
     def rebuild(self, state: TierState) -> None:
-        """Replace everything tier-derived with what ``state`` (read from the tier) says."""
-        stale = [k for k in self.db.keys() if k.startswith(("q" + SEP, "seg" + SEP, "meta" + SEP))]
+        """Replace everything tier-derived with what ``state`` (read from the tier) says, quarantined
+        commitlog ranges included."""
+        stale = [k for k in self.db.keys() if k.startswith(("q" + SEP, "seg" + SEP, "meta" + SEP, "quarantine" + SEP))]
         self._write({}, stale)
         self.record_commit(state)
+        self.record_quarantine(list(state.quarantined.values()))

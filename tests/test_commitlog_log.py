@@ -293,6 +293,21 @@ def test_a_long_lived_reader_tracks_the_frontier_as_the_log_grows(log_dir):
                 assert fresh.end_offset() == r.end_offset()
 
 
+def test_a_long_lived_reader_lets_go_of_files_gc_deleted(log_dir):
+    """A deleted file stays on disk and resident while mapped: the service's readers live for days."""
+    fill(log_dir, 600)
+    with CommitLogReader(log_dir) as r:
+        files = r.files()
+        assert len(files) >= 3
+        r.scan(files[0].base, r.end_offset())  # maps every file
+        os.unlink(files[0].path)
+        os.unlink(files[1].path)
+        assert r.end_offset() > 0  # the next poll lists the directory again
+        with open(f"/proc/{os.getpid()}/maps") as fh:
+            held = [line for line in fh if log_dir in line and "(deleted)" in line]
+        assert held == []
+
+
 def test_producer_killed_between_its_two_writes_leaves_a_pending_tail(log_dir, tmp_path):
     """The writer's torn_append crash point: a batch written with its first TOTALSIZE still pending.
 

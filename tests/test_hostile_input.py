@@ -4,6 +4,7 @@ its file and offset, and canary credentials never leave the process in logs, sta
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -14,6 +15,7 @@ from connectors.kafka.embedded import free_port
 from connectors.tier.layout import escape_topic, unescape_topic
 from connectors.tier.reader import TierReader
 from streaming import config as cfg
+from streaming.service import metadata_path
 from tests.cli_runner import cli_command, cli_env, tierlog, write_config
 from tests.kv_helpers import append, kv_messages
 from tests.oracle import replay
@@ -48,6 +50,24 @@ def test_hostile_topic_names_are_escaped_and_nothing_lands_outside_the_tier(tmp_
         got = reader.get(topic, 0, 0, 100)
         assert [bytes(r["body"]) for r in got.messages.to_pylist()] == [b"%d" % i for i in range(0, 40, 2)]
     assert len(reader.read_all()) == len(replay(conf.commitlog.dir))
+
+
+def test_topic_names_kafka_refuses_stop_the_sink_naming_the_setting_until_mapped():
+    """RocketMQ allows '%' and '|' (its retry and dead-letter topics are %RETRY%group and %DLQ%group);
+    Kafka does not. Such a topic is never sent under a mangled name: the sink says how to map it."""
+    from connectors.kafka.errors import KafkaSinkError, TopicNameError
+    from connectors.kafka.settings import TopicRouter
+
+    route = TopicRouter("{topic}", {"%DLQ%g": "dlq-g"}, "kafka.mirror_topic")
+    assert route("orders") == "orders" and route("%DLQ%g") == "dlq-g"
+    for topic in ("%RETRY%g", "a|b", "../x", "x" * 250, "."):
+        try:
+            route(topic)
+        except TopicNameError as exc:
+            assert isinstance(exc, KafkaSinkError) and not exc.retriable
+            assert repr(topic) in str(exc) and "kafka.mirror_topic_map" in str(exc), str(exc)
+        else:
+            raise AssertionError(f"{topic!r} was routed to Kafka as {route(topic)!r}")
 
 
 def test_a_corrupt_commitlog_stops_the_job_naming_the_file_and_offset(tmp_path):
@@ -156,3 +176,10 @@ def test_quarantine_skips_corrupt_records_records_them_and_goes_on(tmp_path):
         (path, v["phy_offset"], v["phy_offset"] + v["size"]) for v in (crc_victim, magic_victim)]
     assert "CRC" in quarantined[0]["reason"] and "magic" in quarantined[1]["reason"]
     assert next(r for r in status if r["kind"] == "summary")["quarantined"] == 2
+
+    # The tier's commit records hold the ranges too: a metadata store rebuilt from the tier lists them again.
+    shutil.rmtree(metadata_path(conf))
+    assert tierlog("tier", "rebuild-metadata", "--config", str(config)).returncode == 0
+    status = [json.loads(line) for line in tierlog("status", "--format", "json", "--config", str(config)).stdout.splitlines()]
+    assert [(r["file"], r["start_phy"], r["reason"]) for r in status if r["kind"] == "quarantined"] == [
+        (q["file"], q["start_phy"], q["reason"]) for q in quarantined]

@@ -171,7 +171,18 @@ class CommitLogReader:
     # ------------------------------------------------------------ files
 
     def files(self) -> list[MappedFile]:
-        return list_files(self.directory)
+        files = list_files(self.directory)
+        self._unmap_gone({f.path for f in files})
+        return files
+
+    def _unmap_gone(self, present: set[str]) -> None:
+        """Let go of files no longer in the directory (``commitlog gc`` deleted them): while mapped, a
+        deleted file keeps its disk space and its pages in this process, for as long as the reader lives."""
+        for path in [p for p in self._maps if p not in present]:
+            try:
+                self._maps.pop(path).close()
+            except BufferError:
+                pass  # an Arrow or numpy view still points into it; freed with the last view
 
     def first_offset(self) -> int:
         files = self.files()

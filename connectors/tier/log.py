@@ -96,6 +96,9 @@ class TierState:
     queues: dict[QueueKey, QueueState] = field(default_factory=dict)
     staging: dict[str, StagingObject] = field(default_factory=dict)
     segments: dict[str, Segment] = field(default_factory=dict)
+    # Corrupt commitlog ranges batches skipped (commitlog.on_corrupt = quarantine), by start offset:
+    # kept here so `tier rebuild-metadata` restores them with everything else.
+    quarantined: dict[int, dict] = field(default_factory=dict)
 
     # ------------------------------------------------------------ applying records
 
@@ -111,6 +114,8 @@ class TierState:
                 for key, stats in s.queues.items():
                     q = self.queues.setdefault(key, QueueState(commit=stats["first"], sealed=stats["first"], low=stats["first"]))
                     q.commit = max(q.commit, stats["last"] + 1)
+            for q in record.get("quarantined", ()):
+                self.quarantined[q["start_phy"]] = q
             self.source_end = record["source_end"]
             self.last_batch_id = record["batch_id"]
         elif kind == "seal":
@@ -141,6 +146,7 @@ class TierState:
             "queues": [[t, q, s.to_json()] for (t, q), s in sorted(self.queues.items())],
             "staging": [s.to_json() for s in self.staging.values()],
             "segments": [s.to_json() for s in self.segments.values()],
+            "quarantined": [q for _, q in sorted(self.quarantined.items())],
         }
 
     @classmethod
@@ -152,6 +158,7 @@ class TierState:
             queues={(t, q): QueueState(**s) for t, q, s in d["queues"]},
             staging={s["name"]: StagingObject.from_json(s) for s in d["staging"]},
             segments={s["name"]: Segment.from_json(s) for s in d["segments"]},
+            quarantined={q["start_phy"]: q for q in d.get("quarantined", ())},  # absent in older checkpoints
         )
 
     # ------------------------------------------------------------ questions readers ask

@@ -139,7 +139,7 @@ class Report:
     rss_mb_start: float | None = None
     rss_mb_end: float | None = None
     # Per service process: [seconds it lived, MiB a minute after its start, MiB at its last sample,
-    # the same two per role (driver, jvm, workers)].
+    # the same two per role: private memory of the driver, jvm and workers, and mapped files].
     rss_by_service_process: list[list] = field(default_factory=list)
     wall_s: float = 0.0
     problems: list[str] = field(default_factory=list)  # invariant violations seen while running
@@ -587,32 +587,36 @@ class ChaosRun:
         return max(values) if values else None
 
     def _rss_mb(self) -> float | None:
-        """Resident memory of the service's process group: the driver, its JVM and Python workers."""
+        """Resident memory of the service's process group (driver, JVM, Python workers), private and mapped."""
         roles = self._rss_by_role()
         return None if roles is None else round(sum(roles.values()), 1)
 
     def _rss_by_role(self) -> dict[str, float] | None:
-        """The service's resident memory in MiB per role: ``driver`` (the Python process holding the
-        sinks and rocksdict stores), ``jvm`` (Spark, its RocksDB state stores) and ``workers`` (Python
-        UDF and data source workers); growth in one of them says where to look."""
+        """The service's resident memory in MiB: private (anonymous) memory per role, ``driver`` (the
+        Python process holding the sinks and rocksdict stores), ``jvm`` (Spark, its RocksDB state stores)
+        and ``workers`` (Python data source and UDF workers), and ``mapped_files``: file pages mapped
+        (commitlog files, libraries; counted once per process that maps them).  Growth in one of them
+        says where to look; mapped pages of live files are page cache, those of deleted files a leak."""
         if self.service is None or self.service.poll() is not None:
             return None
-        out = {"driver": 0.0, "jvm": 0.0, "workers": 0.0}
+        out = {"driver": 0.0, "jvm": 0.0, "workers": 0.0, "mapped_files": 0.0}
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
             try:
                 if os.getpgid(int(pid)) != self.service.pid:
                     continue
-                with open(f"/proc/{pid}/statm") as fh:
-                    rss = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+                with open(f"/proc/{pid}/status") as fh:
+                    kib = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in fh)
+                           if k in ("RssAnon", "RssFile", "RssShmem")}
                 with open(f"/proc/{pid}/cmdline", "rb") as fh:
                     argv = fh.read().split(b"\0")
             except (OSError, ValueError):
                 continue
             role = ("driver" if int(pid) == self.service.pid else
                     "jvm" if os.path.basename(argv[0]) == b"java" else "workers")
-            out[role] += rss
+            out[role] += kib.get("RssAnon", 0) / 1024
+            out["mapped_files"] += (kib.get("RssFile", 0) + kib.get("RssShmem", 0)) / 1024
         return {k: round(v, 1) for k, v in out.items()}
 
     # ------------------------------------------------------------ helpers
