@@ -12,7 +12,9 @@ tiered, replicated, lost and duplicated, the maximum dispatch-behind, and
 the service's memory a minute after each start and at its last sample (the
 longest-lived process shows growth best, since faults restart it).  The baseline
 is the run itself: ``tiered_ratio`` and ``replicated_ratio`` (of produced)
-must be 1, and ``rss_end_over_start`` shows growth.  Exit code 1 when an
+must be 1; ``rss_last_third_over_first_third`` (per role: private memory of
+the driver, the JVM and the Python workers, and mapped files, sampled each
+minute) is about 1 when memory does not grow.  Exit code 1 when an
 invariant failed.
 """
 
@@ -20,11 +22,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 from tests.chaos.harness import ChaosRun, Plan
+
+
+def growth(series: list[dict]) -> dict[str, float]:
+    """Per role, the median memory of the run's last third over that of its first third: about 1 when
+    memory is flat.  Medians, because a fault restarts the service and its memory starts low again."""
+    third = len(series) // 3
+    if third == 0:
+        return {}
+    roles = [k for k in series[0] if k != "t"]
+    return {role: round(statistics.median(s[role] for s in series[-third:])
+                        / max(1e-9, statistics.median(s[role] for s in series[:third])), 3) for role in roles}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                replicated_ratio=round(report.replicated / max(1, report.produced), 6),
                rss_end_over_start=(round(report.rss_mb_end / report.rss_mb_start, 3)
                                    if report.rss_mb_start and report.rss_mb_end else None),
-               longest_service_process=max(report.rss_by_service_process, key=lambda p: p[0], default=None))
+               longest_service_process=max(report.rss_by_service_process, key=lambda p: p[0], default=None),
+               rss_last_third_over_first_third=growth(report.rss_series))
     print(json.dumps(out, sort_keys=True))
     try:
         run.check()

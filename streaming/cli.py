@@ -815,7 +815,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "tier", parents=[common, tier, printing], help="tier maintenance: rebuild-metadata",
-        description="rebuild-metadata: recreate the metadata store from the tier's commit log alone "
+        description="rebuild-metadata: recreate the metadata store from the tier's commit log alone, "
+        "quarantined commitlog ranges included "
         "(stop `tierlog run` first).",
     )
     p.add_argument("tier_command", choices=["rebuild-metadata"])

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pyarrow as pa
@@ -230,6 +231,29 @@ def test_zeroed_region_before_later_data_is_corruption(log_dir):
     with pytest.raises(CorruptRecordError, match="zero bytes where a record should be") as exc:
         replay(log_dir)
     assert exc.value.offset == target.phy_offset
+
+
+def test_a_suspect_frontier_is_judged_in_its_own_file_when_gc_deletes_files_meanwhile(log_dir):
+    """The soak found it: the re-check after ``SETTLE_S`` listed the files again but kept the old index,
+    so gc deleting the first file meanwhile gave an IndexError that stopped the service (or judged
+    another file).  Zeros before later data in the last file stay corruption, named in their file."""
+    written = fill(log_dir, 300)
+    last_base = written[-1].phy_offset - written[-1].phy_offset % FILE
+    victim = next(m for m in written if m.phy_offset >= last_base)  # the first record of the last file
+    assert victim is not written[-1]
+    path = os.path.join(log_dir, fmt.file_name(last_base))
+    with open(path, "r+b") as fh:
+        fh.seek(victim.phy_offset - last_base)
+        fh.write(bytes(victim.size))
+    first = os.path.join(log_dir, fmt.file_name(0))
+    collector = threading.Timer(SETTLE_S / 3, os.unlink, [first])  # `commitlog gc`, during the re-check
+    with CommitLogReader(log_dir) as r:
+        collector.start()
+        with pytest.raises(CorruptRecordError, match="zero bytes where a record should be") as exc:
+            r.scan(victim.phy_offset)
+        collector.join()
+    assert not os.path.exists(first)
+    assert (exc.value.file, exc.value.offset) == (path, victim.phy_offset)
 
 
 def test_swapped_files_are_detected(log_dir):

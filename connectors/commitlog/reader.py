@@ -360,7 +360,12 @@ class CommitLogReader:
                 time.sleep(0.02)
                 if self._map(f)[pos : pos + 64] != before or list_files(self.directory)[-1].base != files[-1].base:
                     return "tail"
-            return self._classify_once(list_files(self.directory), idx, pos, known_complete)
+            # Listed afresh (a file may have rolled or been collected meanwhile), so found again by name.
+            fresh = list_files(self.directory)
+            now = next((i for i, g in enumerate(fresh) if g.path == f.path), None)
+            if now is None:
+                raise
+            return self._classify_once(fresh, now, pos, known_complete)
 
     def _classify_once(self, files: list[MappedFile], idx: int, pos: int, known_complete: bool) -> str:
         f = files[idx]

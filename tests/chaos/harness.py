@@ -141,6 +141,8 @@ class Report:
     # Per service process: [seconds it lived, MiB a minute after its start, MiB at its last sample,
     # the same two per role: private memory of the driver, jvm and workers, and mapped files].
     rss_by_service_process: list[list] = field(default_factory=list)
+    # Every minute while faults run: {"t": seconds, role: MiB}, whichever service process is up.
+    rss_series: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
     problems: list[str] = field(default_factory=list)  # invariant violations seen while running
 
@@ -253,9 +255,12 @@ class ChaosRun:
                 self._gc()
                 next_gc = now + 10
             if now >= next_progress:
+                roles = self._rss_by_role()
+                if roles is not None:
+                    self.report.rss_series.append({"t": round(now), **roles})
                 self.log(f"[chaos seed={self.plan.seed} t={now:.0f}s] {sum(self.report.faults.values())} faults, "
                          f"commitlog at {self._frontier() / 2**20:.0f} MiB, max dispatch-behind "
-                         f"{self.report.max_dispatch_behind_messages:.0f} messages, service RSS MiB {self._rss_by_role()}")
+                         f"{self.report.max_dispatch_behind_messages:.0f} messages, service RSS MiB {roles}")
                 next_progress = now + 60
             time.sleep(min(0.2, max(0.0, events[0][0] - now)))
 
