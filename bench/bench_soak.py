@@ -1,6 +1,6 @@
 """The soak: the chaos harness for 30 minutes at 2,000 messages/s, a fault every 30-60 s.
 
-    ./dev bench soak [--minutes 30] [--rate 2000] [--tier s3|posix] [--seed 1] [--workdir DIR]
+    ./dev bench soak [--minutes 30] [--rate 2000] [--tier s3|posix] [--seed 1] [--skip KIND ...] [--workdir DIR]
 
 It runs the whole service (tiering, compaction, both Kafka sinks) against a
 producer appending at ``--rate``, under a seeded fault schedule: SIGKILL of
@@ -51,12 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gap", type=float, nargs=2, default=(30.0, 60.0), metavar=("MIN", "MAX"),
                    help="seconds between faults (default 30 60)")
     p.add_argument("--outage", type=float, default=30.0, help="seconds the S3 endpoint or broker stays down")
+    p.add_argument("--skip", nargs="+", default=[], metavar="KIND",
+                   help="fault kinds to leave out: kill_service keeps one service process up for the "
+                        "whole run, to watch its memory (kinds: kill_service kill_producer tear_producer "
+                        "kafka_down clock_skew s3_errors s3_throttle s3_timeouts s3_down disk_full)")
     p.add_argument("--workdir", help="keep the run here (default: a temporary directory, kept on failure)")
     args = p.parse_args(argv)
 
     plan = Plan(seed=args.seed, tier=args.tier, faults=1, gap_s=tuple(args.gap), outage_s=args.outage,
                 rate=args.rate, min_duration_s=args.minutes * 60, file_size=64 << 20, keys=100_000,
-                settle_timeout_s=1800)
+                settle_timeout_s=1800, skip=tuple(args.skip))
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="tierlog-soak-"))
     run = ChaosRun(plan, workdir, log=lambda line: print(line, file=sys.stderr, flush=True))
     report = run.run()

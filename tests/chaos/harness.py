@@ -75,10 +75,11 @@ class Plan:
     file_size: int = 4 << 20  # small commitlog files, so gc has something to delete
     min_duration_s: float = 0.0  # keep scheduling faults until this long (the soak), even past ``faults``
     settle_timeout_s: float = 600.0
+    skip: tuple[str, ...] = ()  # fault kinds left out, e.g. kill_service to watch one service process's memory
 
     def kinds(self) -> tuple[str, ...]:
         storage = S3_FAULTS if self.tier == "s3" else ("disk_full",)
-        return PROCESS_FAULTS + OTHER_FAULTS + storage
+        return tuple(k for k in PROCESS_FAULTS + OTHER_FAULTS + storage if k not in self.skip)
 
 
 @dataclass(frozen=True, order=True)
