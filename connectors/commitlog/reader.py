@@ -172,29 +172,25 @@ class CommitLogReader:
 
     def files(self) -> list[MappedFile]:
         files = list_files(self.directory)
-        self._unmap_gone({f.path for f in files})
+        # Let go of files gc deleted: while mapped, a deleted file keeps its disk space and its pages in
+        # this process, for as long as the reader lives.
+        present = {f.path for f in files}
+        self._unmap([p for p in self._maps if p not in present])
         return files
-
-    def _unmap_gone(self, present: set[str]) -> None:
-        """Let go of files no longer in the directory (``commitlog gc`` deleted them): while mapped, a
-        deleted file keeps its disk space and its pages in this process, for as long as the reader lives."""
-        for path in [p for p in self._maps if p not in present]:
-            try:
-                self._maps.pop(path).close()
-            except BufferError:
-                pass  # an Arrow or numpy view still points into it; freed with the last view
 
     def first_offset(self) -> int:
         files = self.files()
         return files[0].base if files else 0
 
     def close(self) -> None:
-        for mm in self._maps.values():
+        self._unmap(list(self._maps))
+
+    def _unmap(self, paths: list[str]) -> None:
+        for path in paths:
             try:
-                mm.close()
+                self._maps.pop(path).close()
             except BufferError:
                 pass  # an Arrow or numpy view still points into it; freed with the last view
-        self._maps.clear()
 
     def __enter__(self) -> "CommitLogReader":
         return self
