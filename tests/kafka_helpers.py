@@ -62,14 +62,23 @@ def mirror_oracle(conf: cfg.Config) -> dict[tuple[str, int], list[tuple]]:
     for m in replay(conf.commitlog.dir):
         if m["sysflag"] & 0xC in (0x4, 0xC):  # PREPARED and ROLLBACK never enter a queue
             continue
-        topic = conf.kafka.mirror_topic.replace("{topic}", m["topic"])
-        headers = [(k, v.encode()) for k, v in m["properties"].items()]
-        headers += [("tierlog.phy", str(m["phy_offset"]).encode()), ("tierlog.topic", m["topic"].encode()),
-                    ("tierlog.queue", str(m["queue_id"]).encode()), ("tierlog.qoff", str(m["queue_offset"]).encode()),
-                    ("tierlog.ts", str(m["store_ts"]).encode())]
-        key = None if m["key"] is None else m["key"].encode()
-        out.setdefault((topic, m["queue_id"] % conf.kafka.partitions), []).append((key, m["body"], headers))
+        out.setdefault(mirror_place(conf.kafka, m), []).append(mirror_record(m))
     return out
+
+
+def mirror_place(kafka: cfg.KafkaConfig, row: dict) -> tuple[str, int]:
+    """The (Kafka topic, partition) the mirror sends one message row (``tests.oracle.message_row``) to."""
+    return kafka.mirror_topic.replace("{topic}", row["topic"]), row["queue_id"] % kafka.partitions
+
+
+def mirror_record(row: dict) -> tuple:
+    """The (key, value, headers) the mirror sends for one message row."""
+    headers = [(k, v.encode()) for k, v in row["properties"].items()]
+    headers += [("tierlog.phy", str(row["phy_offset"]).encode()), ("tierlog.topic", row["topic"].encode()),
+                ("tierlog.queue", str(row["queue_id"]).encode()), ("tierlog.qoff", str(row["queue_offset"]).encode()),
+                ("tierlog.ts", str(row["store_ts"]).encode())]
+    key = None if row["key"] is None else row["key"].encode()
+    return key, row["body"], headers
 
 
 def mirror_contents(conf: cfg.Config, topics: list[str]) -> dict[tuple[str, int], list[tuple]]:

@@ -25,7 +25,7 @@ from connectors.kafka.records import key_partition
 from connectors.kafka.sink import position_of
 from connectors.tier.reader import TierReader
 from streaming import config as cfg
-from tests.kafka_helpers import iter_topic
+from tests.kafka_helpers import iter_topic, mirror_place, mirror_record
 from tests.oracle import message_row, normalize_arrow_row
 
 PAGE = 50_000  # tier messages per read: ~15 MB of bodies at the soak's sizes
@@ -99,14 +99,9 @@ def expected(directory: str, kafka: cfg.KafkaConfig) -> Expected:
             if not m.dispatched:  # PREPARED and ROLLBACK never enter a queue
                 continue
             out.queue_ends[(m.topic, m.queue_id)] = m.queue_offset + 1
-            mirror_topic = kafka.mirror_topic.replace("{topic}", m.topic)
-            headers = [(k, v.encode()) for k, v in m.properties.items()]
-            headers += [("tierlog.phy", str(m.phy_offset).encode()), ("tierlog.topic", m.topic.encode()),
-                        ("tierlog.queue", str(m.queue_id).encode()),
-                        ("tierlog.qoff", str(m.queue_offset).encode()), ("tierlog.ts", str(m.store_ts).encode())]
+            out.mirror.setdefault(mirror_place(kafka, row), Positions()).add(m.phy_offset,
+                                                                              record_digest(*mirror_record(row)))
             key = row["key"]
-            digest = record_digest(None if key is None else key.encode(), m.body, headers)
-            out.mirror.setdefault((mirror_topic, m.queue_id % kafka.partitions), Positions()).add(m.phy_offset, digest)
             if key is not None:
                 out.latest[(m.topic, key)] = Latest(m.phy_offset, m.queue_id, m.queue_offset, m.store_ts,
                                                     m.op == "delete", zlib.crc32(m.body))
