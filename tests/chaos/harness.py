@@ -313,7 +313,6 @@ class ChaosRun:
         r = self.report
         want = digests.expected(str(self.archive), self.conf.kafka)
         r.produced = len(want.log)
-        read_timeout_s = 60 + r.produced / 5000  # tansu serves a few 10k records a second
         with self.direct_s3():
             got = digests.tier(self.conf.tier.location)
         r.tiered = len(got)
@@ -323,25 +322,29 @@ class ChaosRun:
             differing = digests.kv_differences(kv.entries(), want)
         if differing:
             r.problems.append(f"the KV view differs from the latest value per key of the commitlog at {differing} keys")
-        mirror = digests.mirror(self.conf, TOPICS, read_timeout_s)
+        mirror = digests.mirror(self.conf, TOPICS, self._read_timeout_s())
         for _attempt in range(3):  # a read that comes up short is read again before anything is called lost
             if self._same(mirror, want.mirror):
                 break
             self.log(f"[chaos seed={self.plan.seed}] the mirror read back differs from the replay; "
                      f"Kafka offset gaps {self._offset_gaps()}; reading it again")
             time.sleep(5)
-            mirror = digests.mirror(self.conf, TOPICS, read_timeout_s)
+            mirror = digests.mirror(self.conf, TOPICS, self._read_timeout_s())
         r.replicated = sum(len(v) for v in mirror.values())
         for part in sorted(set(mirror) | set(want.mirror)):
             self._compare(f"mirror {part}", mirror.get(part, digests.Positions()),
                           want.mirror.get(part, digests.Positions()))
-        changes = digests.changelog(self.conf, TOPICS, read_timeout_s)
+        changes = digests.changelog(self.conf, TOPICS, self._read_timeout_s())
         if changes.resent:
             r.problems.append(f"{changes.resent} changelog records were sent twice")
         if changes.misplaced:
             r.problems.append(f"{changes.misplaced} changelog records are in a partition their key does not map to")
         if changes.compacted != digests.changelog_expected(want):
             r.problems.append("the compacted changelog differs from the latest value per key")
+
+    def _read_timeout_s(self) -> float:
+        """How long reading a Kafka topic back may take: tansu serves a few 10k records a second."""
+        return 60 + self.report.produced / 5000
 
     @staticmethod
     def _same(have: dict, want: dict) -> bool:
@@ -357,7 +360,7 @@ class ChaosRun:
         for source in TOPICS:
             topic = self.conf.kafka.mirror_topic.replace("{topic}", source)
             offsets: dict[int, array] = {}
-            for p, rec in iter_topic(self.conf.kafka.bootstrap, topic, 60 + self.report.produced / 5000):
+            for p, rec in iter_topic(self.conf.kafka.bootstrap, topic, self._read_timeout_s()):
                 offsets.setdefault(p, array("q")).append(rec.offset)
             for p, have in offsets.items():
                 have = np.frombuffer(have, dtype=np.int64)
@@ -517,7 +520,7 @@ class ChaosRun:
         age = time.monotonic() - self._started_at
         if age > 60:
             roles = self._rss_by_role()
-            rss = None if roles is None else round(sum(roles.values()), 1)
+            rss = _total_mb(roles)
             if self.report.rss_mb_start is None:
                 self.report.rss_mb_start = rss
             if rss is not None:
@@ -594,8 +597,7 @@ class ChaosRun:
 
     def _rss_mb(self) -> float | None:
         """Resident memory of the service's process group (driver, JVM, Python workers), private and mapped."""
-        roles = self._rss_by_role()
-        return None if roles is None else round(sum(roles.values()), 1)
+        return _total_mb(self._rss_by_role())
 
     def _rss_by_role(self) -> dict[str, float] | None:
         """The service's resident memory in MiB: private (anonymous) memory per role, ``driver`` (the
@@ -661,6 +663,10 @@ class ChaosRun:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+
+def _total_mb(roles: dict[str, float] | None) -> float | None:
+    return None if roles is None else round(sum(roles.values()), 1)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
