@@ -110,8 +110,17 @@ def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, durable_brok
         stop.set()
         producer.join()
         end = status(config)["summary"]["commitlog_end_phy"]
-        wait_for(lambda: all(s["applied_phy"] == end and s["state"] == "ok" for s in status(config)["sinks"].values()),
-                 300, "every sink to reach the end of the log")
+        last: list[dict] = []
+
+        def caught_up() -> bool:
+            last[:] = [status(config)]
+            return all(s["applied_phy"] == end and s["state"] == "ok" for s in last[0]["sinks"].values())
+
+        try:
+            wait_for(caught_up, 300, "every sink to reach the end of the log")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nend {end}, last status {json.dumps(last[0]['sinks'])}\nservice log:\n"
+                                 + _tail(tmp_path / "service.log") + "\ntansu log:\n" + _tail(tmp_path / "tansu.log")) from None
     finally:
         stop.set()
         service.send_signal(signal.SIGTERM)
@@ -120,6 +129,10 @@ def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, durable_brok
     assert_mirror_equals_oracle(conf, TOPICS)
     assert compacted(changelog_records(conf, TOPICS)) == changelog_oracle(conf)
     assert_no_duplicates(conf)
+
+
+def _tail(path, lines: int = 60) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(none)"
 
 
 def wait_for(condition, timeout_s: float, what: str) -> None:
