@@ -71,7 +71,9 @@ class SourceConfig:
 
 @dataclass(frozen=True)
 class TierConfig:
-    location: str = setting("data/tier", "Where the tier lives: a directory, or s3://bucket/prefix.")
+    location: str = setting("data/tier", "Where the tier lives: a directory, or s3://bucket/prefix. A directory "
+                               "holds topics of up to 249 bytes once escaped (file names hold 255); longer ones "
+                               "(a long retry or dead-letter topic) are refused by name and need S3.")
     segment_bytes: int = setting(128 << 20, "Seal a queue's staged messages into a segment at this many bytes.", size=True)
     segment_messages: int = setting(1_000_000, "Seal a queue's staged messages into a segment at this many messages.")
     segment_age_s: float = setting(600.0, "Seal a queue's staged messages once the oldest batch is this many seconds old.")

@@ -57,6 +57,24 @@ def test_hostile_names_are_refused(tier_location, name):
         b.put(name, b"x")
 
 
+def test_a_topic_too_long_for_the_store_is_refused_by_name_and_fits_s3(tier_location):
+    """RocketMQ's retry and dead-letter topics may have 255 characters; escaped, the '%'s take three
+    bytes each, which is more than the 255 a posix file name holds, and well within an S3 key."""
+    from connectors.tier.layout import segment_name
+
+    b = open_backend(tier_location)
+    name = segment_name("%DLQ%" + "g" * 250, 0, 0)
+    if tier_location.startswith("s3://"):
+        b.put(name, b"x")
+        assert b.read(name) == b"x" and [o.name for o in b.list("topic=")] == [name]
+        with pytest.raises(InvalidObjectName, match="1205 bytes, more than the .* S3 key"):
+            b.put("/".join(["x" * 200] * 6), b"x")
+    else:
+        with pytest.raises(InvalidObjectName, match="265 bytes, more than the 255 .*S3 tier"):
+            b.put(name, b"x")
+        assert list(b.list()) == []
+
+
 def test_readers_never_see_a_partial_object(tier_location):
     b = open_backend(tier_location)
     versions = [bytes([i]) * (3 << 20) for i in range(1, 5)]

@@ -32,9 +32,10 @@ class PosixBackend(Backend):
             os.makedirs(self.root, exist_ok=True)
         except OSError as exc:
             raise TierError(f"tier.location {root!r} cannot be created: {exc.strerror}") from None
+        self.name_max = os.pathconf(self.root, "PC_NAME_MAX")  # 255 bytes on ext4, xfs, btrfs
 
     def _path(self, name: str) -> str:
-        path = os.path.join(self.root, check_name(name))
+        path = os.path.join(self.root, check_name(name, max_part_bytes=self.name_max, where=self.root))
         if os.path.commonpath([self.root, os.path.realpath(os.path.dirname(path))]) != self.root:
             raise TierError(f"object {name!r} resolves outside the tier root {self.root}")
         return path

@@ -26,6 +26,7 @@ from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as B
 from connectors.tier.backend import RETRY_DEADLINE_S, Backend, ObjectInfo, check_name, retry_transient
 from connectors.tier.errors import AccessDenied, BucketNotFound, ObjectNotFound, TierError, TransientTierError
 
+S3_MAX_KEY_BYTES = 1024
 _TRANSIENT_CODES = {"500", "502", "503", "504", "SlowDown", "Throttling", "ThrottlingException",
                     "RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable"}
 
@@ -107,7 +108,8 @@ class S3Backend(Backend):
     # ------------------------------------------------------------ operations
 
     def _key(self, name: str) -> str:
-        return self.prefix + check_name(name)
+        return self.prefix + check_name(name, max_bytes=S3_MAX_KEY_BYTES - len(self.prefix.encode()),
+                                        where=f"an S3 key under the prefix {self.prefix!r}")
 
     def put(self, name: str, data: bytes) -> None:
         key = self._key(name)
