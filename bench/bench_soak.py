@@ -14,8 +14,10 @@ longest-lived process shows growth best, since faults restart it).  The baseline
 is the run itself: ``tiered_ratio`` and ``replicated_ratio`` (of produced)
 must be 1; ``rss_last_third_over_first_third`` (per role: private memory of
 the driver, the JVM and the Python workers, and mapped files, sampled each
-minute) is about 1 when memory does not grow.  Exit code 1 when an
-invariant failed.
+minute) is about 1 when memory does not grow, and
+``rss_last_third_over_middle_third`` the same after a warm-up (with
+``--skip kill_service``, one process warming up in the first third).  Exit
+code 1 when an invariant failed.
 """
 
 from __future__ import annotations
@@ -30,15 +32,18 @@ from pathlib import Path
 from tests.chaos.harness import ChaosRun, Plan
 
 
-def growth(series: list[dict]) -> dict[str, float]:
-    """Per role, the median memory of the run's last third over that of its first third: about 1 when
-    memory is flat.  Medians, because a fault restarts the service and its memory starts low again."""
+def growth(series: list[dict], base: int = 0) -> dict[str, float]:
+    """Per role, the median memory of the run's last third over that of its third number ``base``
+    (0: the first, 1: the middle): about 1 when memory is flat.  Medians, because a fault restarts
+    the service and its memory starts low again.  Over the middle third, a process that lives for
+    the whole run is compared after its warm-up (the JVM's heap and RocksDB's caches filling)."""
     third = len(series) // 3
     if third == 0:
         return {}
     roles = [k for k in series[0] if k != "t"]
     return {role: round(statistics.median(s[role] for s in series[-third:])
-                        / max(1e-9, statistics.median(s[role] for s in series[:third])), 3) for role in roles}
+                        / max(1e-9, statistics.median(s[role] for s in series[base * third:(base + 1) * third])), 3)
+            for role in roles}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                rss_end_over_start=(round(report.rss_mb_end / report.rss_mb_start, 3)
                                    if report.rss_mb_start and report.rss_mb_end else None),
                longest_service_process=max(report.rss_by_service_process, key=lambda p: p[0], default=None),
-               rss_last_third_over_first_third=growth(report.rss_series))
+               rss_last_third_over_first_third=growth(report.rss_series),
+               rss_last_third_over_middle_third=growth(report.rss_series, base=1))
     print(json.dumps(out, sort_keys=True))
     try:
         run.check()
