@@ -16,8 +16,10 @@ must be 1; ``rss_last_third_over_first_third`` (per role: private memory of
 the driver, the JVM and the Python workers, and mapped files, sampled each
 minute) is about 1 when memory does not grow, and
 ``rss_last_third_over_middle_third`` the same after a warm-up (with
-``--skip kill_service``, one process warming up in the first third).  Exit
-code 1 when an invariant failed.
+``--skip kill_service``, one process warming up in the first third);
+``state_memory_last_third_over_middle_third`` does the same for what each
+RocksDB store holds (``tierlog_state_memory_bytes``: kv, metadata, spark).
+Exit code 1 when an invariant failed.
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ def growth(series: list[dict], base: int = 0) -> dict[str, float]:
     third = len(series) // 3
     if third == 0:
         return {}
-    roles = [k for k in series[0] if k != "t"]
-    return {role: round(statistics.median(s[role] for s in series[-third:])
-                        / max(1e-9, statistics.median(s[role] for s in series[base * third:(base + 1) * third])), 3)
-            for role in roles}
+    def ratio(role: str) -> float | None:  # None: no sample in one of the two thirds
+        last, before = ([s[role] for s in samples if role in s]
+                        for samples in (series[-third:], series[base * third:(base + 1) * third]))
+        return round(statistics.median(last) / max(1e-9, statistics.median(before)), 3) if last and before else None
+
+    return {role: ratio(role) for role in sorted({k for s in series for k in s} - {"t"})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                                    if report.rss_mb_start and report.rss_mb_end else None),
                longest_service_process=max(report.rss_by_service_process, key=lambda p: p[0], default=None),
                rss_last_third_over_first_third=growth(report.rss_series),
-               rss_last_third_over_middle_third=growth(report.rss_series, base=1))
+               rss_last_third_over_middle_third=growth(report.rss_series, base=1),
+               state_memory_last_third_over_middle_third=growth(report.state_memory_series, base=1))
     print(json.dumps(out, sort_keys=True))
     try:
         run.check()

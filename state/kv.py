@@ -264,6 +264,10 @@ class KVView:
         higher while overwrites still sit in the memtable."""
         return self.db.property_int_value("rocksdb.estimate-num-keys") or 0
 
+    def memory_bytes(self) -> int:
+        """Memory the view's RocksDB holds: memtables, block cache, index and filter blocks."""
+        return rocks.memory_bytes(self.db)
+
     def applied_through(self) -> int | None:
         raw = self.db.get(_APPLIED)
         return None if raw is None else struct.unpack(">q", raw)[0]

@@ -76,6 +76,10 @@ class MetadataStore:
     def close(self) -> None:
         self.db.close()
 
+    def memory_bytes(self) -> int:
+        """Memory the store's RocksDB holds: memtables, block cache, index and filter blocks."""
+        return rocks.memory_bytes(self.db)
+
     # ------------------------------------------------------------ reading
 
     def _get(self, key: str):

@@ -24,6 +24,17 @@ def open_rdict(path: str, *, read_only: bool = False, raw_mode: bool = False) ->
     return Rdict(path, opts, access_type=AccessType.read_only() if read_only else AccessType.read_write())
 
 
+# What a store holds in memory, as Kafka Streams' RocksDB metrics count it: memtables (the live one
+# and those waiting to be flushed), the block cache (32 MiB at most by default), and table readers'
+# index and filter blocks.  RocksDB's defaults bound the memtables at 2 x 64 MiB.
+MEMORY_PROPERTIES = ("rocksdb.size-all-mem-tables", "rocksdb.block-cache-usage", "rocksdb.estimate-table-readers-mem")
+
+
+def memory_bytes(db: Rdict) -> int:
+    """Bytes of memory the store ``db`` uses (``MEMORY_PROPERTIES``)."""
+    return sum(db.property_int_value(p) or 0 for p in MEMORY_PROPERTIES)
+
+
 def synced_writes() -> WriteOptions:
     """Write options for WriteBatches that must survive a crash: WAL on and synced."""
     options = WriteOptions()

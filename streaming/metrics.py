@@ -42,6 +42,9 @@ class Metrics:
                                     registry=r)
         self.state_rows = Gauge("tierlog_state_rows", "Keys the KV view holds (kv), RocksDB's estimate.", ["store"],
                                 registry=r)
+        self.state_memory = Gauge("tierlog_state_memory_bytes",
+                                  "Memory a RocksDB store holds: kv and metadata (the driver's), spark (the "
+                                  "compaction query's state stores, Spark's estimate).", ["store"], registry=r)
         self.safepoint = Gauge("tierlog_safepoint_offset",
                                "Lowest physical offset every enabled sink has applied (-1 until each has).", registry=r)
         self.cache_hit_ratio = Gauge("tierlog_read_cache_hit_ratio",

@@ -161,6 +161,15 @@ def _committed_end(checkpoint: str) -> int | None:
         return None
 
 
+def _state_memory(query) -> int | None:
+    """Spark's estimate of its state stores' memory in ``query``'s last batch (summed over partitions,
+    so a bounded, shared cache is counted once per partition); None before the first batch."""
+    progress = query.lastProgress if query is not None else None
+    if not progress:
+        return None
+    return sum(op["memoryUsedBytes"] for op in progress["stateOperators"])
+
+
 def metadata_path(conf: cfg.Config) -> str:
     return os.path.join(conf.state.dir, "metadata")
 
@@ -410,6 +419,11 @@ class Service:
                 m.rows_in.labels(name).inc(progress.numInputRows)
         if self._kv is not None:  # Spark's own row count is off: tracking it costs a read per write
             m.state_rows.labels("kv").set(self._kv.estimated_keys())
+            m.state_memory.labels("kv").set(self._kv.memory_bytes())
+        m.state_memory.labels("metadata").set(self._metadata.memory_bytes())
+        spark_state = _state_memory(queries.get("compaction"))
+        if spark_state is not None:
+            m.state_memory.labels("spark").set(spark_state)
         changelog = getattr(self.sinks.get("compaction"), "changelog", None)
         if changelog is not None:
             stats = changelog.stats

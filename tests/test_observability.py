@@ -110,6 +110,13 @@ def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafk
     assert len(keyed) <= value(s, "tierlog_state_rows", store="kv") <= MESSAGES + 10
     assert value(s, "tierlog_safepoint_offset") == end
     assert 0 <= value(s, "tierlog_read_cache_hit_ratio") <= 1
+    # What each RocksDB store holds in memory: something, and within its bounds (the driver's stores:
+    # RocksDB's default 2 x 64 MiB of memtables and 32 MiB of block cache; Spark's: state.rocksdb_memory_mb
+    # for each of its partitions, as it counts the shared cache).
+    for store in ("kv", "metadata"):
+        assert 0 < value(s, "tierlog_state_memory_bytes", store=store) <= 160 << 20, store
+    assert 0 < value(s, "tierlog_state_memory_bytes", store="spark") <= (
+        conf.state.rocksdb_memory_mb * conf.spark.shuffle_partitions) << 20
 
     # Status JSON says what the metadata store holds.
     by_kind: dict = {}

@@ -144,6 +144,9 @@ class Report:
     rss_by_service_process: list[list] = field(default_factory=list)
     # Every minute while faults run: {"t": seconds, role: MiB}, whichever service process is up.
     rss_series: list[dict] = field(default_factory=list)
+    # Every minute: {"t": seconds, store: MiB}, what the service's RocksDB stores hold in memory
+    # (``tierlog_state_memory_bytes``: kv and metadata in the driver, spark in the JVM).
+    state_memory_series: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
     problems: list[str] = field(default_factory=list)  # invariant violations seen while running
 
@@ -259,6 +262,9 @@ class ChaosRun:
                 roles = self._rss_by_role()
                 if roles is not None:
                     self.report.rss_series.append({"t": round(now), **roles})
+                stores = self._state_memory_mb()
+                if stores:
+                    self.report.state_memory_series.append({"t": round(now), **stores})
                 self.log(f"[chaos seed={self.plan.seed} t={now:.0f}s] {sum(self.report.faults.values())} faults, "
                          f"commitlog at {self._frontier() / 2**20:.0f} MiB, max dispatch-behind "
                          f"{self.report.max_dispatch_behind_messages:.0f} messages, service RSS MiB {roles}")
@@ -586,14 +592,22 @@ class ChaosRun:
         with CommitLogReader(self.conf.commitlog.dir) as reader:
             return reader.end_offset()
 
-    def _scrape(self, metric: str) -> float | None:
+    def _metrics(self) -> str:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as resp:
-                text = resp.read().decode()
+                return resp.read().decode()
         except (OSError, http.client.HTTPException):  # down, or killed mid-answer
-            return None
-        values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(metric)]
+            return ""
+
+    def _scrape(self, metric: str) -> float | None:
+        values = [float(line.split()[-1]) for line in self._metrics().splitlines() if line.startswith(metric)]
         return max(values) if values else None
+
+    def _state_memory_mb(self) -> dict[str, float]:
+        """``tierlog_state_memory_bytes`` per store, in MiB."""
+        prefix = 'tierlog_state_memory_bytes{store="'
+        return {line[len(prefix):].split('"')[0]: round(float(line.split()[-1]) / 2**20, 1)
+                for line in self._metrics().splitlines() if line.startswith(prefix)}
 
     def _rss_mb(self) -> float | None:
         """Resident memory of the service's process group (driver, JVM, Python workers), private and mapped."""
