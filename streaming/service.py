@@ -162,8 +162,8 @@ def _committed_end(checkpoint: str) -> int | None:
 
 
 def _state_memory(query) -> int | None:
-    """Spark's estimate of its state stores' memory in ``query``'s last batch (summed over partitions,
-    so a bounded, shared cache is counted once per partition); None before the first batch."""
+    """Spark's estimate of its state stores' memory in ``query``'s last batch (``memoryUsedBytes``,
+    summed over partitions); None before the first batch."""
     progress = query.lastProgress if query is not None else None
     if not progress:
         return None

@@ -111,8 +111,8 @@ def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafk
     assert value(s, "tierlog_safepoint_offset") == end
     assert 0 <= value(s, "tierlog_read_cache_hit_ratio") <= 1
     # What each RocksDB store holds in memory: something, and within its bounds (the driver's stores:
-    # RocksDB's default 2 x 64 MiB of memtables and 32 MiB of block cache; Spark's: state.rocksdb_memory_mb
-    # for each of its partitions, as it counts the shared cache).
+    # RocksDB's default 2 x 64 MiB of memtables and 32 MiB of block cache; Spark's: at most
+    # state.rocksdb_memory_mb for each of its partitions, however it splits their shared cache).
     for store in ("kv", "metadata"):
         assert 0 < value(s, "tierlog_state_memory_bytes", store=store) <= 160 << 20, store
     assert 0 < value(s, "tierlog_state_memory_bytes", store="spark") <= (
