@@ -33,13 +33,14 @@ def check_name(name: str, *, max_part_bytes: int | None = None, max_bytes: int |
     if not name or name.startswith("/") or any(p in ("", ".", "..") or not _SEGMENT.match(p) for p in parts):
         raise InvalidObjectName(f"object name {name!r} is not a plain relative path inside the tier")
     # A RocketMQ retry or dead-letter topic may have 255 characters; escaped, '%' takes three.
-    longest = max(parts, key=lambda p: len(p.encode()))
-    if max_part_bytes is not None and len(longest.encode()) > max_part_bytes:
-        raise InvalidObjectName(
-            f"object name {name!r}: its part {longest[:60]!r}... is {len(longest.encode())} bytes, more than the "
-            f"{max_part_bytes} a file name in {where} can hold; a topic this long needs an S3 tier "
-            "(keys of up to 1024 bytes) or a file system with longer names"
-        )
+    if max_part_bytes is not None:
+        size, longest = max((len(p.encode()), p) for p in parts)
+        if size > max_part_bytes:
+            raise InvalidObjectName(
+                f"object name {name!r}: its part {longest[:60]!r}... is {size} bytes, more than the "
+                f"{max_part_bytes} a file name in {where} can hold; a topic this long needs an S3 tier "
+                "(keys of up to 1024 bytes) or a file system with longer names"
+            )
     if max_bytes is not None and len(name.encode()) > max_bytes:
         raise InvalidObjectName(f"object name {name!r} is {len(name.encode())} bytes, more than the {max_bytes} "
                                 f"{where} can hold; use a shorter tier.location prefix")
