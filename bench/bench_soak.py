@@ -64,17 +64,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="fault kinds to leave out: kill_service keeps one service process up for the "
                         "whole run, to watch its memory (kinds: kill_service kill_producer tear_producer "
                         "kafka_down clock_skew s3_errors s3_throttle s3_timeouts s3_down disk_full)")
+    p.add_argument("--rocksdb-memory-mb", type=int, metavar="MB",
+                   help="the service's state.rocksdb_memory_mb (default: its own, 512): a smaller budget fills "
+                        "within minutes, so a plateau shows in a shorter run")
     p.add_argument("--workdir", help="keep the run here (default: a temporary directory, kept on failure)")
     args = p.parse_args(argv)
 
     plan = Plan(seed=args.seed, tier=args.tier, faults=1, gap_s=tuple(args.gap), outage_s=args.outage,
                 rate=args.rate, min_duration_s=args.minutes * 60, file_size=64 << 20, keys=100_000,
-                settle_timeout_s=1800, skip=tuple(args.skip))
+                settle_timeout_s=1800, skip=tuple(args.skip),
+                rocksdb_memory_mb=args.rocksdb_memory_mb)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="tierlog-soak-"))
     run = ChaosRun(plan, workdir, log=lambda line: print(line, file=sys.stderr, flush=True))
     report = run.run()
     out = json.loads(report.as_json())
     out.update(bench="soak", minutes=args.minutes, rate=args.rate, workdir=str(workdir),
+               rocksdb_memory_mb=args.rocksdb_memory_mb,
                tiered_ratio=round(report.tiered / max(1, report.produced), 6),
                replicated_ratio=round(report.replicated / max(1, report.produced), 6),
                rss_end_over_start=(round(report.rss_mb_end / report.rss_mb_start, 3)

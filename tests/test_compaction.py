@@ -109,3 +109,14 @@ def test_a_view_behind_the_checkpoint_catches_up_from_the_commitlog(spark, tmp_p
     shutil.rmtree(kv_path(conf))  # the view lost everything; Spark's checkpoint has it all
     run(spark, conf)  # no new messages, so no batch: only the catch-up can restore the view
     assert view_contents(conf) == expected
+
+
+def test_the_state_stores_run_on_rocksdb_in_a_jvm_that_trims_its_c_heap(spark):
+    """Bounded RocksDB memory is only half of flat memory: glibc keeps what RocksDB frees unless
+    the JVM trims it (streaming/session.py), and an old JVM would ignore the flag silently."""
+    jvm = spark.sparkContext._jvm
+    assert spark.conf.get("spark.sql.streaming.stateStore.providerClass").endswith("RocksDBStateStoreProvider")
+    assert spark.conf.get("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage") == "true"
+    bean_class = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean_class)
+    assert diagnostics.getVMOption("TrimNativeHeapInterval").getValue() == "30000"

@@ -76,6 +76,7 @@ class Plan:
     min_duration_s: float = 0.0  # keep scheduling faults until this long (the soak), even past ``faults``
     settle_timeout_s: float = 600.0
     skip: tuple[str, ...] = ()  # fault kinds left out, e.g. kill_service to watch one service process's memory
+    rocksdb_memory_mb: int | None = None  # state.rocksdb_memory_mb; None: the service's default
 
     def kinds(self) -> tuple[str, ...]:
         storage = S3_FAULTS if self.tier == "s3" else ("disk_full",)
@@ -226,6 +227,7 @@ class ChaosRun:
             tier={"location": tier, "segment_messages": 20000, "segment_age_s": 20, "delete_grace_s": 5,
                   "compact_every": 50},
             compaction={"snapshot_interval_s": 30},
+            **({"state": {"rocksdb_memory_mb": self.plan.rocksdb_memory_mb}} if self.plan.rocksdb_memory_mb else {}),
             kafka={"bootstrap": f"127.0.0.1:{self.kafka_proxy.port}", "partitions": 4, "linger_ms": 5, "delivery_timeout_s": 10},
             spark={"trigger_interval_s": 0.5},
             metrics={"port": self.metrics_port},
