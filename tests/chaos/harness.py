@@ -44,11 +44,11 @@ import numpy as np
 
 from connectors.commitlog.reader import CommitLogReader, list_files
 from connectors.errors import TierlogError
-from connectors.kafka.embedded import EmbeddedBroker, free_port
+from connectors.kafka.embedded import free_port
 from streaming import config as cfg
 from tests.chaos import digests
 from tests.chaos.s3proxy import S3FaultProxy
-from tests.chaos.tcpproxy import TcpFaultProxy
+from tests.chaos.tcpproxy import proxied_broker
 from tests.cli_runner import ROOT, cli_command, cli_env, write_config
 
 TOPICS = ["t0", "t1", "t2"]
@@ -200,10 +200,7 @@ class ChaosRun:
             self._wait(lambda: self._try(lambda: self._s3().create_bucket(Bucket="tier")), 30, "moto to start")
             # The broker keeps its topics in memory and stays up; an outage cuts it off at a TCP proxy
             # its clients go through (see tcpproxy for why it is not stopped).
-            self.kafka_proxy = TcpFaultProxy(free_port(), port=free_port())
-            broker = self.broker = EmbeddedBroker(port=self.kafka_proxy.upstream[1], advertised_port=self.kafka_proxy.port,
-                                                  log_path=str(self.dir / "tansu.log")).start()
-            self.kafka_proxy.up()
+            broker, self.kafka_proxy = proxied_broker(str(self.dir / "tansu.log"))
             self.config_path = self._write_config()
             self.conf = cfg.load(str(self.config_path), env={})
             yield

@@ -15,6 +15,8 @@ import socket
 import threading
 import time
 
+from connectors.kafka.embedded import EmbeddedBroker, free_port
+
 
 class TcpFaultProxy:
     def __init__(self, upstream_port: int, port: int = 0):
@@ -80,6 +82,18 @@ class TcpFaultProxy:
                 _close(s)
                 with self._lock:
                     self._conns.discard(s)
+
+
+def proxied_broker(log_path: str) -> tuple[EmbeddedBroker, TcpFaultProxy]:
+    """A started tansu (topics in memory) that advertises a proxy in front of it, and that proxy, up."""
+    proxy = TcpFaultProxy(free_port(), port=free_port())
+    broker = EmbeddedBroker(port=proxy.upstream[1], advertised_port=proxy.port, log_path=log_path).start()
+    try:
+        proxy.up()
+    except BaseException:
+        broker.stop()
+        raise
+    return broker, proxy
 
 
 def _close(s: socket.socket) -> None:
