@@ -141,7 +141,7 @@ class CompactionSink:
         self.on_batch = on_batch
         self.changelog = changelog  # a connectors.kafka.changelog.ChangelogSink, or None
         self.key_property = key_property
-        self.lock = threading.Lock()  # held while a batch is handed over; a graceful stop waits on it
+        self.lock = threading.RLock()  # held while a batch is handed over; a graceful stop waits on it
         self._reader = CommitLogReader(settings.commitlog_dir, on_corrupt=settings.on_corrupt)
         self._apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-apply")
         self._pending: Future | None = None

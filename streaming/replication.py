@@ -148,7 +148,7 @@ class MirrorQuery:
         self.should_stop = should_stop
         self.on_batch = on_batch
         self.driver_pid = driver_pid
-        self.lock = threading.Lock()  # held while a batch is sent; a graceful stop waits on it
+        self.lock = threading.RLock()  # held while a batch is sent; a graceful stop waits on it
         self.health = Health(MIRROR_SINK, None if metadata is None else
                              lambda h: metadata.record_health(MIRROR_SINK, h))
         # What the last batch's tasks reached: the next batch's tasks start from it.

@@ -6,7 +6,8 @@ query; unless ``compaction.enabled`` is off, the compaction query (with the
 Kafka changelog sink when Kafka is on); and, when ``kafka.bootstrap`` is set,
 the Kafka mirror query.  It logs one structured line per batch; and stops gracefully on
 SIGTERM or SIGINT: the batches in flight finish and are committed, and no new
-one starts.
+one starts.  When one query fails, the others stop the same way and the
+failure is raised.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from connectors.commitlog.reader import CommitLogReader
@@ -347,9 +349,8 @@ class Service:
         sink = self.sinks[name]
 
         def process(df, batch_id):
-            if self.stopping.is_set():
-                raise StopRequested("stop requested before this batch started")
-            sink.process(df, batch_id)
+            with self._admitted(sink):
+                sink.process(df, batch_id)
 
         if name in ("tiering", "mirror"):
             stream = refs_stream(spark, source_options(conf))
@@ -365,6 +366,24 @@ class Service:
         if until_caught_up:
             return writer.trigger(availableNow=True)
         return writer.trigger(processingTime=f"{int(conf.spark.trigger_interval_s * 1000)} milliseconds")
+
+    @contextmanager
+    def _admitted(self, sink):
+        """Hold ``sink.lock`` for one batch; raise ``StopRequested`` instead once the service is stopping.
+
+        The stop path holds every sink's lock while Spark stops the queries, and Spark's stop waits
+        for the batch it is running.  A batch that blocked on the lock there would never return, so
+        a batch waits for the lock only while no stop has begun (the lock is reentrant: the sink
+        takes it again inside)."""
+        while not sink.lock.acquire(timeout=0.1):
+            if self.stopping.is_set():
+                raise StopRequested("stop requested before this batch started")
+        try:
+            if self.stopping.is_set():
+                raise StopRequested("stop requested before this batch started")
+            yield
+        finally:
+            sink.lock.release()
 
     def _run_queries(self, spark, until_caught_up: bool) -> int:
         conf = self.conf
@@ -388,7 +407,9 @@ class Service:
                 self._poll_metrics(queries)
                 next_sweep = time.monotonic() + max(1.0, conf.spark.trigger_interval_s)
         failed = any(q.exception() is not None for q in queries.values() if not q.isActive)
-        if (self.stopping.is_set() or failed) and any(q.isActive for q in queries.values()):
+        if failed:
+            self.stopping.set()  # the other queries stop too: no new batch, Kafka waits end
+        if self.stopping.is_set() and any(q.isActive for q in queries.values()):
             locks = [sink.lock for sink in self.sinks.values()]
             for lock in locks:  # the batches in flight, if any, finish and commit first
                 lock.acquire()

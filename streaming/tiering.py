@@ -165,7 +165,7 @@ class TieringSink:
         self.metadata = metadata
         self.state = self.log.read_state()
         self.reconcile_metadata()
-        self.lock = threading.Lock()  # held while a batch is processed; graceful stop waits on it
+        self.lock = threading.RLock()  # held while a batch is processed; graceful stop waits on it
         self.on_batch = on_batch
         self.records_since_compaction = 0
         self.uploads: list[tuple[str, float]] = []  # (kind, seconds) since the last batch report

@@ -7,8 +7,11 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
+
+import pytest
 
 from connectors.commitlog.format import Message, file_name
 from connectors.kafka.embedded import free_port
@@ -70,7 +73,22 @@ def test_topic_names_kafka_refuses_stop_the_sink_naming_the_setting_until_mapped
             raise AssertionError(f"{topic!r} was routed to Kafka as {route(topic)!r}")
 
 
-def test_a_corrupt_commitlog_stops_the_job_naming_the_file_and_offset(tmp_path):
+# A compaction batch that Spark has started but that has not yet reached its sink (injected: it
+# sleeps first).  The tiering query fails meanwhile; the service must still stop, not wait on it.
+SLOW_COMPACTION_BATCHES = """
+import sys, time
+from streaming import cli, compaction
+process = compaction.CompactionSink.process
+def slow_process(self, df, batch_id):
+    time.sleep(2.0)
+    return process(self, df, batch_id)
+compaction.CompactionSink.process = slow_process
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("slow_compaction", [False, True], ids=["", "while-a-compaction-batch-starts"])
+def test_a_corrupt_commitlog_stops_the_job_naming_the_file_and_offset(tmp_path, slow_compaction):
     config = write_config(tmp_path, source={"max_bytes_per_trigger": 20000})
     conf = cfg.load(str(config), env={})
     append(conf, kv_messages(400, keys=50, seed=3, delete_ratio=0))
@@ -83,7 +101,12 @@ def test_a_corrupt_commitlog_stops_the_job_naming_the_file_and_offset(tmp_path):
         data[body_at] ^= 0xFF
         fh.seek(0)
         fh.write(data)
-    result = tierlog("run", "--until-caught-up", "--config", str(config))
+    argv = ["run", "--until-caught-up", "--config", str(config)]
+    if slow_compaction:
+        result = subprocess.run([sys.executable, "-c", SLOW_COMPACTION_BATCHES, *argv], env=cli_env(),
+                                capture_output=True, text=True, timeout=300)
+    else:
+        result = tierlog(*argv)
     assert result.returncode == 1
     assert f"{path} at physical offset {victim['phy_offset']}" in result.stderr and "CRC" in result.stderr
     tiered = sorted(TierReader(conf.tier.location).read_all()["phy_offset"].to_pylist())
