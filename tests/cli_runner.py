@@ -17,13 +17,17 @@ def cli_env(extra: dict | None = None) -> dict:
     return env
 
 
-def cli_command(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "streaming.cli", *argv]
+def cli_command(*argv: str, prelude: str | None = None) -> list[str]:
+    """The command line of ``tierlog argv``; ``prelude``, Python run first in the same process, injects a fault."""
+    if prelude is None:
+        return [sys.executable, "-m", "streaming.cli", *argv]
+    main = "import sys\nfrom streaming import cli\nsys.exit(cli.main(sys.argv[1:]))\n"
+    return [sys.executable, "-c", prelude + "\n" + main, *argv]
 
 
 def tierlog(*argv: str, stdin: str | None = None, cwd=None, env: dict | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(cli_command(*argv), input=stdin, cwd=cwd, env=cli_env(env),
+            timeout: float = 300, prelude: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cli_command(*argv, prelude=prelude), input=stdin, cwd=cwd, env=cli_env(env),
                           capture_output=True, text=True, timeout=timeout)
 
 
