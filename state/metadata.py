@@ -21,7 +21,7 @@ from typing import Iterator
 from rocksdict import WriteBatch
 
 from connectors.errors import TierlogError
-from connectors.tier.log import Segment, TierState
+from connectors.tier.manifest import Segment
 from state import rocks
 
 SEP = "\x00"
@@ -99,20 +99,23 @@ class MetadataStore:
     def source_end(self) -> int | None:
         return self._get("meta" + SEP + "source_end")
 
-    def queues(self) -> list[QueueOffsets]:
-        counts: dict[tuple[str, int], int] = {}
-        for key, _ in self._prefix("seg" + SEP):
-            _, topic, q, _ = key.split(SEP)
-            counts[(topic, int(q))] = counts.get((topic, int(q)), 0) + 1
+    def queues(self, topic: str | None = None, limit: int | None = None) -> list[QueueOffsets]:
+        """Queues (of ``topic``) in name order, at most ``limit``: one read per queue listed."""
         out = []
-        for key, v in self._prefix("q" + SEP):
-            _, topic, q = key.split(SEP)
-            out.append(QueueOffsets(topic, int(q), v["dispatch"], v["commit"], v["sealed"], v["low"], counts.get((topic, int(q)), 0)))
+        for key, v in self._prefix("q" + SEP + (topic + SEP if topic is not None else "")):
+            if limit is not None and len(out) >= limit:
+                break
+            _, t, q = key.split(SEP)
+            out.append(QueueOffsets(t, int(q), v["dispatch"], v["commit"], v["sealed"], v["low"], v.get("segments", 0)))
         return out
 
     def segments(self, topic: str, queue_id: int) -> list[Segment]:
+        return list(self.oldest_segments(topic, queue_id))
+
+    def oldest_segments(self, topic: str, queue_id: int) -> Iterator[Segment]:
+        """A queue's retained segments, oldest first, read as the caller goes (retention stops early)."""
         prefix = f"seg{SEP}{topic}{SEP}{queue_id:010d}{SEP}"
-        return [Segment.from_json(v) for _, v in self._prefix(prefix)]
+        return (Segment.from_json(v) for _, v in self._prefix(prefix))
 
     def sinks(self) -> dict[str, int]:
         return {key.split(SEP)[1]: v for key, v in self._prefix("sink" + SEP)}
@@ -155,33 +158,37 @@ class MetadataStore:
 
     def record_commit(
         self,
-        state: TierState,
+        head,
         *,
-        queues=None,
-        segments: list[Segment] | None = None,
+        queues,
+        segments: list[Segment] = (),
         removed_segments: list[Segment] = (),
         deletes: dict[str, float] = (),
     ) -> None:
-        """Mirror ``state`` (just advanced by a commit record) in one atomic, synced WriteBatch.
-
-        ``queues`` and ``segments`` name what the record changed (default: everything).
-        """
+        """Mirror ``head`` (a ``TierHead`` just advanced by a commit record) in one atomic, synced
+        WriteBatch: the offsets of ``queues`` and the segments the record added and removed."""
         puts: dict[str, object] = {
-            "meta" + SEP + "last_seq": state.seq,
-            "meta" + SEP + "source_end": state.source_end,
+            "meta" + SEP + "last_seq": head.seq,
+            "meta" + SEP + "source_end": head.source_end,
         }
-        if state.source_end is not None:
-            puts["sink" + SEP + "tier"] = state.source_end
-        for topic, q in state.queues if queues is None else queues:
-            qs = state.queues[(topic, q)]
-            cur = self._get(_qkey(topic, q)) or {}
-            dispatch = max(cur.get("dispatch") or 0, qs.commit)
-            puts[_qkey(topic, q)] = {"dispatch": dispatch, **qs.to_json()}
-        for seg in state.segments.values() if segments is None else segments:
+        if head.source_end is not None:
+            puts["sink" + SEP + "tier"] = head.source_end
+        for topic, q in queues:
+            puts[_qkey(topic, q)] = self._queue_value(topic, q, head.queues[(topic, q)])
+        for seg in segments:
             puts[_segkey(seg.topic, seg.queue_id, seg.base)] = seg.to_json()
         for name, when in dict(deletes).items():
             puts["del" + SEP + name] = when
         self._write(puts, [_segkey(s.topic, s.queue_id, s.base) for s in removed_segments])
+
+    def _queue_value(self, topic: str, q: int, state) -> dict:
+        cur = self._get(_qkey(topic, q)) or {}
+        return {"dispatch": max(cur.get("dispatch") or 0, state.commit), "commit": state.commit,
+                "sealed": state.sealed, "low": state.low, "segments": state.segments, "bytes": state.bytes}
+
+    def schedule_deletes(self, deletes: dict[str, float]) -> None:
+        """Objects to delete once the grace period after ``when`` has passed."""
+        self._write({"del" + SEP + name: when for name, when in deletes.items()})
 
     def record_sink(self, name: str, applied_phy: int) -> None:
         self._write({"sink" + SEP + name: applied_phy})
@@ -202,10 +209,14 @@ class MetadataStore:
     def forget_deletes(self, names: list[str]) -> None:
         self._write({}, ["del" + SEP + n for n in names])
 
-    def rebuild(self, state: TierState) -> None:
-        """Replace everything tier-derived with what ``state`` (read from the tier) says, quarantined
-        commitlog ranges included."""
+    def rebuild(self, view) -> None:
+        """Replace everything tier-derived with what ``view`` (a ``TierView`` of the tier) says,
+        quarantined commitlog ranges included.  Reads the whole tier: an offline repair."""
         stale = [k for k in self.db.keys() if k.startswith(("q" + SEP, "seg" + SEP, "meta" + SEP, "quarantine" + SEP))]
         self._write({}, stale)
-        self.record_commit(state)
-        self.record_quarantine(list(state.quarantined.values()))
+        for key in view.queue_keys():
+            self._write({_qkey(*key): self._queue_value(*key, view.state_of(key)),
+                         **{_segkey(*key, s.base): s.to_json() for s in view.segments_for(key)}})
+        self._write({"meta" + SEP + "last_seq": view.seq, "meta" + SEP + "source_end": view.source_end,
+                     **({"sink" + SEP + "tier": view.source_end} if view.source_end is not None else {})})
+        self.record_quarantine(list(view.quarantined.values()))

@@ -247,6 +247,8 @@ def check_config(conf: cfg.Config) -> list[str]:
     if not 0 <= conf.metrics.port <= 65535:
         problems.append(f"metrics.port {conf.metrics.port} is not a TCP port: use 1-65535, or 0 to turn metrics off")
     for parse, text in ((cfg.parse_retention, conf.tier.retention), (cfg.parse_ttl, conf.compaction.ttl),
+                        (lambda t: cfg.parse_topic_limits(t, "tier.retention_bytes", size=True), conf.tier.retention_bytes),
+                        (lambda t: cfg.parse_topic_limits(t, "tier.retention_messages"), conf.tier.retention_messages),
                         (lambda t: cfg.parse_duration(t, "commitlog.local_retention"), conf.commitlog.local_retention)):
         try:
             parse(text)
@@ -320,7 +322,9 @@ def _kafka_problems(conf: cfg.Config) -> list[str]:
 def cmd_run(args, conf: cfg.Config) -> int:
     from streaming.service import Service
 
-    cfg.parse_retention(conf.tier.retention)  # fail on a bad setting before Spark starts
+    from streaming.service import tiering_settings
+
+    tiering_settings(conf)  # fail on a bad retention setting before Spark starts
     return Service(conf).run(until_caught_up=args.until_caught_up)
 
 
@@ -369,7 +373,8 @@ def show_status(args, conf: cfg.Config) -> int:
 
     store = MetadataStore(metadata_path(conf), read_only=True)
     try:
-        queues, sinks, source_end = store.queues(), store.sinks(), store.source_end()
+        queues = store.queues(getattr(args, "topic", None), getattr(args, "limit", None))
+        sinks, source_end = store.sinks(), store.source_end()
         health, skipped = store.health(), store.skipped()
         quarantined = [{k: v for k, v in q.items() if k != "at"} for q in store.quarantined()]
     finally:
@@ -419,18 +424,27 @@ def _iso(epoch_s: float) -> str:
 
 
 def cmd_tier(args, conf: cfg.Config) -> int:
-    from connectors.tier.reader import TierReader
+    from connectors.tier.backend import open_backend
+    from connectors.tier.log import TierLog
     from state.metadata import MetadataStore
     from streaming.service import metadata_path
 
-    state = TierReader(conf.tier.location).state()
+    tier_log = TierLog(open_backend(conf.tier.location))
+    if args.tier_command == "upgrade":
+        seq = tier_log.upgrade()
+        log.info("the tier at %s %s", conf.tier.location,
+                 "already uses manifests" if seq is None else f"now uses manifests, as of commit record {seq}")
+        return 0
+    tier_log.upgrade()  # a first-layout tier is rebuilt from its manifests like any other
+    view = tier_log.view()
     store = MetadataStore(metadata_path(conf))
     try:
-        store.rebuild(state)
+        store.rebuild(view)
     finally:
         store.close()
-    emit([{"commit_records": state.seq + 1, "queues": len(state.queues), "segments": len(state.segments),
-           "staging_objects": len(state.staging), "tiered_to_phy": state.source_end}], args.format)
+    states = view.queue_states()
+    emit([{"commit_records": view.seq + 1, "queues": len(states), "segments": sum(q.segments for q in states.values()),
+           "staging_objects": len(view.staging), "tiered_to_phy": view.source_end}], args.format)
     return 0
 
 
@@ -553,7 +567,7 @@ def cmd_offset_for_time(args, conf: cfg.Config) -> int:
     ts = _parse_time(args.timestamp)
     reader = TierReader(conf.tier.location)
     state = reader.state()
-    if (args.topic, args.queue) not in state.queues:
+    if state.state_of((args.topic, args.queue)) is None:
         raise TierlogError(f"the tier at {conf.tier.location} has no queue {args.topic}/{args.queue}")
     offset = reader.offset_for_time(args.topic, args.queue, ts, args.boundary, state)
     emit([{"topic": args.topic, "queue_id": args.queue, "timestamp": ms_to_iso(ts), "boundary": args.boundary,
@@ -566,7 +580,8 @@ def cmd_queues(args, conf: cfg.Config) -> int:
 
     from connectors.tier.reader import TierReader
 
-    rows = [dataclasses.asdict(i) for i in TierReader(conf.tier.location).queue_infos()]
+    infos = TierReader(conf.tier.location).queue_infos(topic=args.topic)
+    rows = [dataclasses.asdict(i) for i in infos[: args.limit]]
     if not emit(rows, args.format, ["topic", "queue_id", "low", "commit", "sealed", "segments", "bytes"]):
         log.info("the tier at %s holds no queue yet", conf.tier.location)
     return 0
@@ -687,8 +702,10 @@ def cmd_demo(args, conf: cfg.Config) -> int:
     finally:
         if broker is not None:
             broker.stop()
-    say(f"3/3 done: {sum(q.commit - q.low for q in state.queues.values())} messages tiered in "
-        f"{len(state.queues)} queues, {len(state.segments)} sealed segments, {len(state.staging)} staging objects; "
+    states = state.queue_states()
+    say(f"3/3 done: {sum(q.commit - q.low for q in states.values())} messages tiered in "
+        f"{len(states)} queues, {sum(q.segments for q in states.values())} sealed segments, "
+        f"{len(state.staging)} staging objects; "
         f"the KV view holds the latest value of every key{kafka_line}\n")
     config_file = os.path.join(root, "tierlog.toml")
     segments = f"{conf.tier.location}/topic=*/queue=*/*.parquet"
@@ -811,15 +828,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refresh every SECONDS (default 2) until Ctrl-C; the table view redraws in place, "
                         "JSON prints each refresh after the last")
     p.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N refreshes")
+    p.add_argument("--topic", metavar="TOPIC", help="only this topic's queues")
+    p.add_argument("--limit", type=int, metavar="N", help="at most N queues, in name order")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser(
-        "tier", parents=[common, tier, printing], help="tier maintenance: rebuild-metadata",
-        description="rebuild-metadata: recreate the metadata store from the tier's commit log alone, "
-        "quarantined commitlog ranges included "
-        "(stop `tierlog run` first).",
+        "tier", parents=[common, tier, printing], help="tier maintenance: rebuild-metadata, upgrade",
+        description="rebuild-metadata: recreate the metadata store from the tier's commit log and manifests "
+        "alone, quarantined commitlog ranges included (stop `tierlog run` first). upgrade: rewrite the metadata "
+        "of a tier written by an older tierlog (one state object) as manifests, in place; `tierlog run` does "
+        "this itself on start. Data objects are not touched.",
     )
-    p.add_argument("tier_command", choices=["rebuild-metadata"])
+    p.add_argument("tier_command", choices=["rebuild-metadata", "upgrade"])
     p.set_defaults(func=cmd_tier)
 
     p = sub.add_parser(
@@ -875,8 +895,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "queues", parents=[common, tier, printing], help="list the queues in the tier",
         description="Every queue in the tier: its lowest retained and commit offsets, the sealed offset, "
-        "segments, and bytes.",
+        "segments, and bytes. Reads one small bucket object per group of queues, never the segments; "
+        "--topic reads only that topic's.",
     )
+    p.add_argument("--topic", metavar="TOPIC", help="only this topic's queues")
+    p.add_argument("--limit", type=int, metavar="N", help="at most N queues, in name order")
     p.set_defaults(func=cmd_queues)
 
     p = sub.add_parser(

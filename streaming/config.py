@@ -80,8 +80,17 @@ class TierConfig:
     retention: str = setting(
         "", "Time to live in the tier, `*=7d,orders=30d` (per topic, * for the rest); empty keeps forever."
     )
+    retention_bytes: str = setting(
+        "", "Bytes of sealed segments each queue keeps, `*=10GiB,orders=1TiB` (per topic, * for the rest); the "
+            "oldest segments go first, as Kafka's retention.bytes per partition. Empty: no limit."
+    )
+    retention_messages: str = setting(
+        "", "Messages each queue keeps, `*=1000000` (per topic, * for the rest); whole oldest segments go first. "
+            "Empty: no limit."
+    )
     delete_grace_s: float = setting(60.0, "Seconds a retired object stays readable before it is deleted.")
-    compact_every: int = setting(200, "Commit records between compactions of the tier's commit log.")
+    compact_every: int = setting(200, "Commit records between checkpoints of the tier's commit log (a checkpoint "
+                                      "also happens once the records since the last one reach 8 MiB).")
 
 
 @dataclass(frozen=True)
@@ -203,6 +212,10 @@ def _base_type(f: dataclasses.Field) -> type:
     return {"int": int, "float": float, "bool": bool, "str": str}.get(str(f.type), str)
 
 
+def _size_bytes(num: str, unit: str | None) -> int:
+    return int(num) * _UNITS[(unit or "")[:1].lower()]
+
+
 def _coerce(f: dataclasses.Field, value: Any, name: str, origin: str) -> Any:
     """Turn a TOML value or a string from the environment or a flag into the field's type."""
     kind = _base_type(f)
@@ -219,8 +232,7 @@ def _coerce(f: dataclasses.Field, value: Any, name: str, origin: str) -> Any:
         if isinstance(value, int):
             out = value
         elif isinstance(value, str) and f.metadata.get("size") and _SIZE.match(value):
-            num, unit = _SIZE.match(value).groups()
-            out = int(num) * _UNITS[(unit or "")[:1].lower()]
+            out = _size_bytes(*_SIZE.match(value).groups())
         elif isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
             out = int(value)
         else:
@@ -339,6 +351,21 @@ def parse_topic_durations(text: str, setting_name: str) -> dict[str, float] | No
         if not sep or not topic:
             raise ConfigError(f"setting {setting_name}: {item.strip()!r} is not TOPIC=DURATION (use * for every topic)")
         out[topic] = parse_duration(duration, setting_name)
+    return out
+
+
+def parse_topic_limits(text: str, setting_name: str, *, size: bool = False) -> dict[str, int] | None:
+    """``*=10GiB,orders=1TiB`` (or plain counts) to {topic: limit} (``*``: every other topic); empty gives None."""
+    if not text.strip():
+        return None
+    out = {}
+    for item in text.split(","):
+        topic, sep, value = item.strip().rpartition("=")
+        m = _SIZE.match(value) if size else re.match(r"^\s*(\d+)\s*$", value)
+        if not sep or not topic or not m:
+            what = "TOPIC=SIZE (like *=10GiB)" if size else "TOPIC=COUNT (like *=1000000)"
+            raise ConfigError(f"setting {setting_name}: {item.strip()!r} is not {what}; use * for every topic")
+        out[topic] = _size_bytes(*m.groups()) if size else int(m.group(1))
     return out
 
 

@@ -49,6 +49,8 @@ def tiering_settings(conf: cfg.Config) -> TieringSettings:
         segment_messages=t.segment_messages,
         segment_age_s=t.segment_age_s,
         retention_s=cfg.parse_retention(t.retention),
+        retention_bytes=cfg.parse_topic_limits(t.retention_bytes, "tier.retention_bytes", size=True),
+        retention_messages=cfg.parse_topic_limits(t.retention_messages, "tier.retention_messages"),
         compact_every=max(1, t.compact_every),
         delete_grace_s=t.delete_grace_s,
         driver_pid=os.getpid(),

@@ -110,21 +110,20 @@ class TierBatchReader(DataSourceReader):
         b = self.bounds
         parts: list[TierPartition] = []
         staged: dict[str, TierPartition] = {}
-        for (topic, queue_id), q in sorted(state.queues.items()):
+        topics = sorted(b.topics) if b.topics is not None else [None]
+        for key, q in sorted(kv for t in topics for kv in state.queue_states(t).items()):
+            topic, queue_id = key
             if (b.topics is not None and topic not in b.topics) or (b.queues is not None and queue_id not in b.queues):
                 continue
             lo, hi = max(q.low, b.offset[0]), min(q.commit, b.offset[1])
             if lo >= hi:
                 continue
-            for seg in state.segments_for((topic, queue_id)):
-                if seg.base < hi and seg.end >= lo and seg.max_ts >= b.ts[0] and seg.min_ts <= b.ts[1]:
-                    parts.append(TierPartition(seg.name, seg.size, [(topic, queue_id, lo, hi)]))
+            for seg in state.segments_for(key, lo, hi, b.ts[0], b.ts[1]):
+                parts.append(TierPartition(seg.name, seg.size, [(topic, queue_id, lo, hi)]))
             unsealed = max(lo, q.sealed)
-            for obj in state.staging_for((topic, queue_id)):
-                info = obj.queues[(topic, queue_id)]
-                if info["first"] < hi and info["last"] >= unsealed and info["max_ts"] >= b.ts[0] \
-                        and info["min_ts"] <= b.ts[1]:
-                    part = staged.setdefault(obj.name, TierPartition(obj.name, obj.size, []))
+            for info in state.staging_for(key) if q.commit > q.sealed else ():
+                if info.first < hi and info.last >= unsealed and info.max_ts >= b.ts[0] and info.min_ts <= b.ts[1]:
+                    part = staged.setdefault(info.name, TierPartition(info.name, info.size, []))
                     part.ranges.append((topic, queue_id, unsealed, hi))
         reader.backend.close()
         return parts + list(staged.values()) or [TierPartition("", 0, [])]

@@ -12,7 +12,7 @@ Per micro-batch (``TieringSink.process``, the foreachBatch):
    visible atomically; then one synced WriteBatch updates the metadata store.
 4. **seal** queues that reached the segment size, count or age, retire
    staging objects every queue of which is sealed, apply retention, and
-   compact the commit log now and then.
+   checkpoint the commit log into manifests now and then.
 
 Exactly once: the tier remembers the physical offset its last commit reached
 (``source_end``).  Rows below it are dropped before staging, so a replayed
@@ -39,7 +39,8 @@ from connectors.commitlog.arrow import dispatched_only
 from connectors.errors import TierlogError
 from connectors.tier import layout
 from connectors.tier.backend import open_backend
-from connectors.tier.log import Segment, StagingObject, TierLog
+from connectors.tier.log import TierLog
+from connectors.tier.manifest import Segment, StagingObject, record_keys
 from streaming.faults import crash_point
 
 log = logging.getLogger("tierlog.tiering")
@@ -67,7 +68,11 @@ class TieringSettings:
     segment_messages: int = 1_000_000
     segment_age_s: float = 600.0
     retention_s: dict | None = None  # topic -> seconds; "*" for every other topic; None keeps forever
-    compact_every: int = 200  # commit records between log compactions
+    retention_bytes: dict | None = None  # topic -> bytes of segments each queue keeps
+    retention_messages: dict | None = None  # topic -> messages each queue keeps
+    retention_check_s: float = 30.0  # every queue is checked for retention this often
+    compact_every: int = 200  # commit records between checkpoints
+    compact_bytes: int = 8 << 20  # or this many bytes of records, whichever comes first
     delete_grace_s: float = 60.0  # retired objects stay readable this long
     driver_pid: int = 0
 
@@ -156,32 +161,50 @@ class BatchReport:
 
 
 class TieringSink:
-    """The foreachBatch of the tiering query.  One instance per running query, on the driver."""
+    """The foreachBatch of the tiering query.  One instance per running query, on the driver.
+
+    It holds the tier's head (every queue's offsets, the live staging objects, the records since
+    the last root), never the tier's segments: those are in the tier's manifests and the metadata
+    store, and the sink reads a queue's oldest ones only when retention asks.
+    """
 
     def __init__(self, settings: TieringSettings, metadata, on_batch=None):
         self.settings = settings
         self.backend = open_backend(settings.location)
         self.log = TierLog(self.backend)
         self.metadata = metadata
-        self.state = self.log.read_state()
+        self.head = self.log.open_head()
         self.reconcile_metadata()
         self.lock = threading.RLock()  # held while a batch is processed; graceful stop waits on it
         self.on_batch = on_batch
-        self.records_since_compaction = 0
         self.uploads: list[tuple[str, float]] = []  # (kind, seconds) since the last batch report
+        self.swept_at = 0.0  # when retention last looked at every queue
 
     def reconcile_metadata(self) -> None:
         """Bring the metadata store up to the tier's commit log (a crash can leave it one record behind)."""
-        meta_seq = self.metadata.last_seq()
-        if meta_seq > self.state.seq:
+        meta_seq, head = self.metadata.last_seq(), self.head
+        if meta_seq > head.seq:
             raise TierlogError(
                 f"the metadata store ({self.metadata.path}) has commit record {meta_seq} but the tier "
-                f"{self.settings.location} ends at {self.state.seq}: was the tier replaced? Run "
+                f"{self.settings.location} ends at {head.seq}: was the tier replaced? Run "
                 "`tierlog tier rebuild-metadata` to rebuild the metadata from the tier"
             )
-        if meta_seq < self.state.seq:
-            log.info("metadata store is at commit record %d, tier at %d: catching up", meta_seq, self.state.seq)
-            self.metadata.record_commit(self.state)
+        if meta_seq == head.seq:
+            return
+        behind = [r for r in head.tail if r["seq"] > meta_seq]
+        if not behind or behind[0]["seq"] != meta_seq + 1:  # the records it missed were checkpointed
+            log.warning("metadata store is at commit record %d, the tier's last root past it: rebuilding it from "
+                        "the tier", meta_seq)
+            self.metadata.rebuild(self.log.view())
+            return
+        log.info("metadata store is at commit record %d, tier at %d: catching up", meta_seq, head.seq)
+        now = time.time()
+        for record in behind:
+            sealed = [Segment.from_json(d) for d in record["segments"]] if record["type"] == "seal" else []
+            expired = [Segment.from_json(d) for d in record["segments"]] if record["type"] == "expire" else []
+            deletes = {n: now for n in record.get("retire", ())} | {n: now for s in expired for n in (s.name, s.keys) if n}
+            self.metadata.record_commit(head, queues=record_keys(record), segments=sealed, removed_segments=expired,
+                                        deletes=deletes)
 
     # ------------------------------------------------------------ foreachBatch
 
@@ -199,7 +222,7 @@ class TieringSink:
     def _process(self, df, batch_id: int) -> BatchReport:
         report = BatchReport(batch_id, phases={}, uploads=self.uploads)  # seals below add theirs
         clock = _Clock(report.phases)
-        floor = self.state.source_end if self.state.source_end is not None else 0
+        floor = self.head.source_end if self.head.source_end is not None else 0
         staged = df.mapInArrow(make_stager(self.settings, floor), STAGED_DDL).toArrow().to_pylist()
         clock.lap("stage")
         if not staged:
@@ -226,10 +249,9 @@ class TieringSink:
                   "source_end": staged[-1]["end_phy"], "staging": [o.to_json() for o in objects]}
         if quarantined:
             record["quarantined"] = quarantined  # in the tier too, so the record outlives the metadata store
-        self.log.append(self.state, record)
-        self.records_since_compaction += 1
+        self.log.append(self.head, record)
         crash_point("logged")
-        self.metadata.record_commit(self.state, queues=touched, segments=[])
+        self.metadata.record_commit(self.head, queues=touched)
         if quarantined:
             self.metadata.record_quarantine(quarantined)
         clock.lap("commit")
@@ -237,7 +259,7 @@ class TieringSink:
         report.rows = sum(r["rows"] for r in staged)
         report.bytes = sum(r["bytes"] for r in staged)
         report.objects = len(staged)
-        report.source_end = self.state.source_end
+        report.source_end = self.head.source_end
         report.max_store_ts = max((s["max_ts"] for o in objects for s in o.queues.values()), default=None)
         report.seals = self.maintain()
         clock.lap("maintain")
@@ -245,7 +267,7 @@ class TieringSink:
 
     def _check_contiguous(self, staged: list[dict], batch_id: int) -> None:
         """Each part must start where the tier (or the previous part) ended, blank markers aside."""
-        expected = self.state.source_end
+        expected = self.head.source_end
         for row in staged:
             if expected is not None and row["first_phy"] != expected:
                 skipped = self._messages_between(expected, row["first_phy"])
@@ -265,7 +287,7 @@ class TieringSink:
             return []
         from connectors.commitlog.reader import CommitLogReader
 
-        start = self.state.source_end if self.state.source_end is not None else staged[0]["first_phy"]
+        start = self.head.source_end if self.head.source_end is not None else staged[0]["first_phy"]
         with CommitLogReader(self.settings.commitlog_dir, check_crc=self.settings.check_crc,
                              on_corrupt="quarantine") as reader:
             for _ in reader.record_batches(start, staged[-1]["end_phy"], columns=["phy_offset"]):
@@ -289,34 +311,36 @@ class TieringSink:
             return f"an unreadable range ({exc})"
         return f"{found} message(s)" if found else None
 
-    # ------------------------------------------------------------ sealing, retention, compaction
+    # ------------------------------------------------------------ sealing, retention, checkpoints
 
     def maintain(self, now_ms: int | None = None) -> int:
-        """Seal due queues, expire old segments, delete retired objects, compact the log."""
+        """Seal due queues, expire old segments, delete retired objects, checkpoint the log."""
         now_ms = now_ms or int(time.time() * 1000)
-        seals = self.seal(self.due_for_sealing(now_ms))
-        self.expire(now_ms)
+        due = self.due_for_sealing(now_ms)
+        seals = self.seal(due)
+        self.expire(now_ms, due)
         self.delete_retired(now_ms)
-        if self.records_since_compaction >= self.settings.compact_every:
-            self.log.compact(self.state)
-            self.records_since_compaction = 0
+        if len(self.head.tail) >= self.settings.compact_every or self.head.tail_bytes >= self.settings.compact_bytes:
+            self.checkpoint()
         return seals
+
+    def checkpoint(self) -> None:
+        """Fold the records since the last root into manifests; what it replaced is deleted after the grace."""
+        garbage = self.log.checkpoint(self.head, before_root=lambda: crash_point("checkpoint_written"))
+        crash_point("checkpointed")
+        if garbage:
+            self.metadata.schedule_deletes({n: time.time() for n in garbage})
 
     def due_for_sealing(self, now_ms: int) -> list[tuple[str, int]]:
         s = self.settings
-        unsealed: dict[tuple[str, int], list] = {}
-        for obj in self.state.staging.values():
-            for key, st in obj.queues.items():
-                if st["last"] < self.state.queues[key].sealed:
-                    continue
-                acc = unsealed.setdefault(key, [0, 0, now_ms])
-                acc[0] += st["rows"]
-                acc[1] += st["bytes"]
-                acc[2] = min(acc[2], obj.time_ms)
-        return sorted(
-            key for key, (rows, nbytes, oldest) in unsealed.items()
-            if rows >= s.segment_messages or nbytes >= s.segment_bytes or now_ms - oldest >= s.segment_age_s * 1000
-        )
+        due = []
+        for key, objs in self.head.unsealed().items():
+            rows = sum(o.queues[key]["rows"] for o in objs)
+            nbytes = sum(o.queues[key]["bytes"] for o in objs)
+            oldest = min(o.time_ms for o in objs)
+            if rows >= s.segment_messages or nbytes >= s.segment_bytes or now_ms - oldest >= s.segment_age_s * 1000:
+                due.append(key)
+        return sorted(due)
 
     def seal(self, keys: list[tuple[str, int]]) -> int:
         """Write one segment per queue in ``keys`` from its committed staging rows, then commit."""
@@ -324,11 +348,12 @@ class TieringSink:
             return 0
         wanted = set(keys)
         parts: dict[tuple[str, int], list[pa.Table]] = {k: [] for k in keys}
-        for obj in sorted({o.name: o for k in keys for o in self.state.staging_for(k)}.values(), key=lambda o: o.first_phy):
+        holding = sorted({o.name: o for k in keys for o in self.head.staging_for(k)}.values(), key=lambda o: o.first_phy)
+        for obj in holding:
             table = layout.from_parquet(self.backend.read(obj.name))
             for key, piece in split_by_queue(table).items():
                 if key in wanted:
-                    sealed = self.state.queues[key].sealed
+                    sealed = self.head.queues[key].sealed
                     parts[key].append(piece.filter(pc.greater_equal(piece["queue_offset"], sealed)))
         segments = []
         for (topic, q), pieces in parts.items():
@@ -348,16 +373,15 @@ class TieringSink:
                                     _ms(pc.min(ts)), _ms(pc.max(ts)), keys))
         sealed_after = {(s.topic, s.queue_id): s.end + 1 for s in segments}
         retire = [
-            o.name for o in self.state.staging.values()
-            if all(st["last"] < sealed_after.get(k, self.state.queues[k].sealed) for k, st in o.queues.items())
+            o.name for o in holding
+            if all(st["last"] < sealed_after.get(k, self.head.queues[k].sealed) for k, st in o.queues.items())
         ]
-        self.log.append(self.state, {"type": "seal", "segments": [s.to_json() for s in segments], "retire": retire})
+        self.log.append(self.head, {"type": "seal", "segments": [s.to_json() for s in segments], "retire": retire})
         crash_point("sealed")
         now = time.time()
         self.metadata.record_commit(
-            self.state, queues=list(sealed_after), segments=segments, deletes={n: now for n in retire}
+            self.head, queues=list(sealed_after), segments=segments, deletes={n: now for n in retire}
         )
-        self.records_since_compaction += 1
         return len(segments)
 
     def _timed_put(self, kind: str, name: str, data: bytes) -> None:
@@ -365,25 +389,48 @@ class TieringSink:
         self.backend.put(name, data)
         self.uploads.append((kind, time.monotonic() - started))
 
-    def expire(self, now_ms: int) -> None:
-        """Retention: drop sealed segments whose newest message is older than the topic's TTL."""
-        ttl = self.settings.retention_s
-        if not ttl:
+    def expire(self, now_ms: int, sealed: list[tuple[str, int]] = ()) -> None:
+        """Retention: drop each queue's oldest segments past its topic's time, bytes or message limit.
+
+        Limits by bytes and messages can only be crossed by a seal, so the queues just sealed are
+        checked every time; every queue is looked at once per ``retention_check_s`` (time passes
+        for all of them).  Segments go oldest first, so a queue's retained offsets stay contiguous.
+        """
+        s = self.settings
+        if not (s.retention_s or s.retention_bytes or s.retention_messages):
             return
+        keys = set(sealed)
+        if time.monotonic() - self.swept_at >= s.retention_check_s:
+            keys = set(self.head.queues)
+            self.swept_at = time.monotonic()
         expired = []
-        for seg in self.state.segments.values():
-            seconds = ttl.get(seg.topic, ttl.get("*"))
-            if seconds and now_ms - seg.max_ts > seconds * 1000:
-                expired.append(seg)
+        for key in sorted(keys):
+            expired.extend(self._expired(key, now_ms))
         if not expired:
             return
-        self.log.append(self.state, {"type": "expire", "segments": [s.name for s in expired]})
+        self.log.append(self.head, {"type": "expire", "segments": [seg.to_json() for seg in expired]})
         now = time.time()
         self.metadata.record_commit(
-            self.state, queues=list({(s.topic, s.queue_id) for s in expired}), segments=[],
-            removed_segments=expired, deletes={n: now for s in expired for n in (s.name, s.keys) if n},
+            self.head, queues={seg.key for seg in expired}, removed_segments=expired,
+            deletes={n: now for seg in expired for n in (seg.name, seg.keys) if n},
         )
-        self.records_since_compaction += 1
+
+    def _expired(self, key: tuple[str, int], now_ms: int) -> list[Segment]:
+        s, q = self.settings, self.head.queues[key]
+        ttl, max_bytes, max_messages = (_limit(s.retention_s, key[0]), _limit(s.retention_bytes, key[0]),
+                                        _limit(s.retention_messages, key[0]))
+        if ttl is None and max_bytes is None and max_messages is None:
+            return []
+        out, kept_bytes = [], q.bytes
+        for seg in self.metadata.oldest_segments(*key):
+            too_old = ttl is not None and now_ms - seg.max_ts > ttl * 1000
+            too_big = max_bytes is not None and kept_bytes - seg.size >= max_bytes
+            too_many = max_messages is not None and q.commit - (seg.end + 1) >= max_messages
+            if not (too_old or too_big or too_many):
+                break
+            out.append(seg)
+            kept_bytes -= seg.size
+        return out
 
     def delete_retired(self, now_ms: int) -> None:
         """Delete objects retired more than ``delete_grace_s`` ago; readers still on them had time."""
@@ -393,6 +440,10 @@ class TieringSink:
             self.backend.delete(name)
         if due:
             self.metadata.forget_deletes(due)
+
+
+def _limit(limits: dict | None, topic: str):
+    return None if not limits else limits.get(topic, limits.get("*"))
 
 
 class _Clock:

@@ -21,10 +21,11 @@ from tests.cli_runner import tierlog
 from tests.cli_runner import write_config as shared_config
 from tests.tiering_helpers import assert_tier_equals_commitlog, produce
 
-# (crash point, on which pass): 12 kills, covering every point at least once.
+# (crash point, on which pass): 14 kills, covering every point at least once.
 FAULTS = [
     ("staged", 1), ("uploaded", 1), ("dispatched", 2), ("logged", 1), ("committed", 2), ("seal_uploaded", 1),
-    ("sealed", 1), ("staged", 3), ("logged", 3), ("committed", 1), ("seal_uploaded", 2), ("dispatched", 1),
+    ("sealed", 1), ("checkpoint_written", 1), ("staged", 3), ("logged", 3), ("checkpointed", 1), ("committed", 1),
+    ("seal_uploaded", 2), ("dispatched", 1),
 ]
 
 
@@ -40,7 +41,7 @@ def run_service(config: Path, fault: str | None, fault_dir: Path) -> subprocess.
 
 
 def committed_offsets(conf) -> dict:
-    return {k: q.commit for k, q in TierReader(conf.tier.location).state().queues.items()}
+    return {k: q.commit for k, q in TierReader(conf.tier.location).state().queue_states().items()}
 
 
 @pytest.mark.timeout(1800)
@@ -48,13 +49,14 @@ def test_sigkill_at_every_point_then_restart_loses_and_duplicates_nothing(tmp_pa
     config = write_config(tmp_path)
     conf = cfg.load(str(config), env={})
     produce(conf, 600)
-    kills, previous = 0, {}
+    kills, previous, fired = 0, {}, set()
     for i, (point, nth) in enumerate(FAULTS):
         fault_dir = tmp_path / f"fault-{i}"
         fault_dir.mkdir()
         result = run_service(config, f"{point}:{nth}", fault_dir)
         if result.returncode == -signal.SIGKILL:
             kills += 1
+            fired.add(point)
         else:
             assert result.returncode == 0, result.stderr[-3000:]
         offsets = committed_offsets(conf)
@@ -64,7 +66,8 @@ def test_sigkill_at_every_point_then_restart_loses_and_duplicates_nothing(tmp_pa
 
     final = run_service(config, None, tmp_path)
     assert final.returncode == 0, final.stderr[-3000:]
-    assert kills >= 10, f"only {kills} runs were killed"
+    assert kills >= 12, f"only {kills} runs were killed"
+    assert fired >= {"checkpoint_written", "checkpointed"}, f"the checkpoint crash points never fired: {fired}"
     assert_tier_equals_commitlog(conf)
 
     state = TierReader(conf.tier.location).state()

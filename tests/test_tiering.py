@@ -104,7 +104,7 @@ def test_log_compaction_keeps_the_same_state(spark, tmp_path):
     produce(conf, 600)
     run_until_caught_up(spark, conf)
     names = [o.name for o in open_backend(conf.tier.location).list(layout.LOG_PREFIX)]
-    assert any(n.endswith(".checkpoint.json") for n in names)
+    assert any(n.endswith(".root.json") for n in names)
     assert len(names) < TierReader(conf.tier.location).state().seq  # old records were deleted
     assert_tier_equals_commitlog(conf)
 

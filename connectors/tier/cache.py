@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from connectors.tier.log import TierState
+from connectors.tier.view import TierView
 from connectors.tier.reader import GetResult, GetStatus, TierReader
 
 
@@ -88,7 +88,7 @@ class ReadAheadCache:
         self._windows: OrderedDict[tuple[str, int, int], _Window] = OrderedDict()
         self._factor: dict[tuple[str, int], int] = {}
         self._groups: dict[tuple[str, int], dict[str, _Group]] = {}
-        self._state: TierState | None = None
+        self._state: TierView | None = None
         self._state_at = 0.0
         self._lock = threading.Lock()
         _LIVE.add(self)
@@ -99,7 +99,7 @@ class ReadAheadCache:
         """``TierReader.get`` for consumer group ``group``, served from the cache when it can be."""
         with self._lock:
             state = self._current_state(topic, queue_id, offset)
-            q = state.queues.get((topic, queue_id))
+            q = state.state_of((topic, queue_id))
             if q is None or offset < q.low or offset >= q.commit:
                 return self.reader.get(topic, queue_id, offset, max_messages, state)
             end = min(q.commit, offset + max(1, max_messages))
@@ -120,9 +120,9 @@ class ReadAheadCache:
             self._advance(group, key, end)
             return GetResult(GetStatus.FOUND, rows, end, q.low, q.commit)
 
-    def _current_state(self, topic: str, queue_id: int, offset: int) -> TierState:
+    def _current_state(self, topic: str, queue_id: int, offset: int) -> TierView:
         now = time.monotonic()
-        q = self._state.queues.get((topic, queue_id)) if self._state else None
+        q = self._state.state_of((topic, queue_id)) if self._state else None
         if self._state is None or now - self._state_at > self.refresh_s or q is None or offset >= q.commit:
             self._state, self._state_at = self.reader.state(), now
         return self._state
@@ -133,8 +133,8 @@ class ReadAheadCache:
                 return w
         return None
 
-    def _load(self, state: TierState, topic: str, queue_id: int, start: int, end: int) -> _Window:
-        q = state.queues[(topic, queue_id)]
+    def _load(self, state: TierView, topic: str, queue_id: int, start: int, end: int) -> _Window:
+        q = state.state_of((topic, queue_id))
         wanted = min(end, q.commit)
         # Keep the rest of the row group the read decodes anyway, within a quarter of the memory bound.
         end = min(q.commit, max(wanted, self.reader.decoded_end(topic, queue_id, wanted - 1, state)))

@@ -1,7 +1,9 @@
 """Object names in a tier, and the Parquet form of its objects.
 
     _log/<seq, 20 digits>.json                      commit records (what is visible)
-    _log/<seq, 20 digits>.checkpoint.json           the whole committed state at <seq>
+    _log/<seq, 20 digits>.root.json                 the committed state at <seq>: a root of
+                                                    buckets, queue manifests and pages under
+                                                    _meta/ (see ``connectors.tier.manifest``)
     _staging/<first physical offset, 20 digits>.parquet
                                                     one micro-batch part, every queue, sorted
     topic=<topic>/queue=<queue>/<base queue offset, 20 digits>.parquet
@@ -25,6 +27,7 @@ import pyarrow.parquet as pq
 from connectors.commitlog.arrow import MESSAGE_SCHEMA, project_schema
 
 LOG_PREFIX = "_log/"
+META_PREFIX = "_meta/"
 STAGING_PREFIX = "_staging/"
 KEYS_PREFIX = "_keys/"
 KEY_INDEX_SCHEMA = pa.schema([("key", pa.string()), ("queue_offset", pa.int64())])
@@ -182,17 +185,37 @@ def log_name(seq: int) -> str:
     return f"{LOG_PREFIX}{seq:020d}.json"
 
 
-def checkpoint_name(seq: int) -> str:
+def root_name(seq: int) -> str:
+    return f"{LOG_PREFIX}{seq:020d}.root.json"
+
+
+def legacy_checkpoint_name(seq: int) -> str:
+    """A checkpoint of the first layout (the whole state in one object), read only to upgrade."""
     return f"{LOG_PREFIX}{seq:020d}.checkpoint.json"
 
 
-def parse_log_name(name: str) -> tuple[int, bool] | None:
-    """``(seq, is_checkpoint)`` for a commit-log object name, else None."""
+def bucket_name(bucket: int, seq: int) -> str:
+    return f"{META_PREFIX}buckets/{bucket:05d}/{seq:020d}.json"
+
+
+def queue_manifest_name(topic: str, queue_id: int, seq: int) -> str:
+    return f"{META_PREFIX}queues/topic={escape_topic(topic)}/queue={queue_id}/{seq:020d}.json"
+
+
+def page_name(topic: str, queue_id: int, base_offset: int, seq: int) -> str:
+    return f"{META_PREFIX}pages/topic={escape_topic(topic)}/queue={queue_id}/{base_offset:020d}.{seq:020d}.json"
+
+
+LOG_KINDS = {"json": "record", "root.json": "root", "checkpoint.json": "legacy"}
+
+
+def parse_log_name(name: str) -> tuple[int, str] | None:
+    """``(seq, kind)`` for a commit-log object name (kind: record, root or legacy), else None."""
     base = name[len(LOG_PREFIX) :]
     stem, _, rest = base.partition(".")
-    if not stem.isdigit() or rest not in ("json", "checkpoint.json"):
+    if not stem.isdigit() or rest not in LOG_KINDS:
         return None
-    return int(stem), rest == "checkpoint.json"
+    return int(stem), LOG_KINDS[rest]
 
 
 def to_parquet(table: pa.Table) -> bytes:

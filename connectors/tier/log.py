@@ -6,238 +6,400 @@ visible exactly when a record that adds it is, and stops being visible when a
 later record removes it.  Readers trust nothing else: an object in the tier
 that no record names (an upload whose commit never happened) is invisible.
 
-Record types:
+Record types (each carries ``"v": 2``, the layout):
 
 ``batch``   staging objects of one micro-batch, and each queue's new commit offset
 ``seal``    segments sealed from staging data, and the staging objects they retire
-``expire``  segments removed by retention
+``expire``  segments removed by retention, oldest first per queue
 
-A ``checkpoint`` holds the whole state at some seq, so the log can be
-compacted: readers start from the newest checkpoint and apply what follows.
+A *root* (``checkpoint``) folds the records into per-queue manifests and
+compacts the log; its cost is the queues the records touched, never the tier's
+history (``connectors.tier.manifest`` has the layout and why).
+
+Crash safety: a checkpoint writes pages, manifests and buckets under new
+names first, then the root, and only then deletes the records the root covers.
+A crash before the root leaves the old root and every record in place; the
+objects it wrote are referenced by nothing, so no reader sees them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from connectors.tier import layout
 from connectors.tier.backend import Backend
 from connectors.tier.errors import ObjectNotFound, TierLogError
+from connectors.tier.manifest import (
+    DEFAULT_BUCKETS, FORMAT, PAGE_SEGMENTS, PageRef, QueueKey, QueueManifest, QueueState, Segment, StagingObject,
+    StagingPart, apply_to_manifest, apply_to_state, bucket_of, check_record, dropped_pages, record_keys,
+)
+from connectors.tier.view import TierView
 
-QueueKey = tuple[str, int]
+log = logging.getLogger("tierlog.tier")
+
+IO_THREADS = 8  # manifests read or written at once by a checkpoint or a start
+CACHE_OBJECTS = 4096  # parsed metadata objects a TierLog keeps (every name it caches is immutable)
 
 
-@dataclass
-class StagingObject:
-    """One committed staging object and, per queue, the queue offsets and store times it holds."""
-
-    name: str
-    size: int
-    first_phy: int
-    queues: dict[QueueKey, dict]  # first, last, rows, bytes, min_ts, max_ts
-    time_ms: int = 0  # when it was committed; sealing by age counts from here, not from store times
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "size": self.size, "first_phy": self.first_phy, "time_ms": self.time_ms,
-                "queues": [[t, q, v] for (t, q), v in sorted(self.queues.items())]}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "StagingObject":
-        return cls(d["name"], d["size"], d["first_phy"], {(t, q): v for t, q, v in d["queues"]}, d.get("time_ms", 0))
+class TierLayoutError(TierLogError):
+    """The tier was written by an older tierlog, in a layout this one reads only to upgrade."""
 
 
 @dataclass
-class Segment:
-    """A sealed segment: queue offsets ``base`` .. ``end`` (inclusive) of one queue."""
-
-    name: str
-    topic: str
-    queue_id: int
-    base: int
-    end: int
-    rows: int
-    size: int
-    min_ts: int
-    max_ts: int
-    keys: str | None = None  # its key index object; None for segments sealed before there were any
-
-    @property
-    def dense(self) -> bool:
-        """Every offset from base to end is present, as sealing writes them: row i holds base + i."""
-        return self.rows == self.end - self.base + 1
-
-    def to_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None or k != "keys"}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Segment":
-        return cls(**d)
+class Listing:
+    records: list[int] = field(default_factory=list)
+    roots: list[int] = field(default_factory=list)
+    legacy: list[int] = field(default_factory=list)
 
 
-@dataclass
-class QueueState:
-    commit: int = 0  # next queue offset to be committed (everything below is in the tier)
-    sealed: int = 0  # next queue offset to be sealed (everything below is in segments)
-    low: int = 0  # lowest queue offset still retained in the tier
-
-    def to_json(self) -> dict:
-        return {"commit": self.commit, "sealed": self.sealed, "low": self.low}
+def empty_root(buckets: int = DEFAULT_BUCKETS) -> dict:
+    return {"type": "root", "v": FORMAT, "seq": -1, "source_end": None, "last_batch_id": -1, "quarantined": [],
+            "buckets": buckets, "versions": {}, "topics": {}}
 
 
-@dataclass
-class TierState:
-    """The committed view of a tier, as of commit record ``seq``."""
+class TierHead:
+    """The writer's working set: every queue's offsets and counts, the live staging objects, and
+    the records since the last root.  It never holds a segment: that is what keeps the service's
+    memory bounded by its queues and its unsealed data, not by the tier's history."""
 
-    seq: int = -1
-    source_end: int | None = None  # physical offset just past the last committed message
-    last_batch_id: int = -1
-    queues: dict[QueueKey, QueueState] = field(default_factory=dict)
-    staging: dict[str, StagingObject] = field(default_factory=dict)
-    segments: dict[str, Segment] = field(default_factory=dict)
-    # Corrupt commitlog ranges batches skipped (commitlog.on_corrupt = quarantine), by start offset:
-    # kept here so `tier rebuild-metadata` restores them with everything else.
-    quarantined: dict[int, dict] = field(default_factory=dict)
+    def __init__(self, root: dict):
+        self.bucket_versions: dict[int, int] = {int(b): v for b, v in root["versions"].items()}
+        self.seq = root["seq"]
+        self.source_end = root["source_end"]
+        self.last_batch_id = root["last_batch_id"]
+        self.buckets = root["buckets"]
+        self.quarantined = {q["start_phy"]: q for q in root.get("quarantined", ())}
+        self.topics: dict[str, int] = dict(root.get("topics", {}))
+        self.queues: dict[QueueKey, QueueState] = {}
+        self.versions: dict[QueueKey, int] = {}  # each queue's manifest version at the root
+        self.by_bucket: dict[int, set[QueueKey]] = {}
+        self.staging: dict[str, StagingObject] = {}  # live: holding a queue's unsealed rows
+        self.staging_by_queue: dict[QueueKey, list[str]] = {}  # live staging of a queue, oldest first
+        self.tail: list[dict] = []  # records since the root
+        self.tail_bytes = 0
 
-    # ------------------------------------------------------------ applying records
+    def _add_queue(self, key: QueueKey) -> None:
+        self.by_bucket.setdefault(bucket_of(key, self.buckets), set()).add(key)
+        self.topics[key[0]] = max(self.topics.get(key[0], 0), key[1] + 1)
 
-    def apply(self, record: dict) -> None:
-        seq = record["seq"]
-        if seq != self.seq + 1:
-            raise TierLogError(f"commit record {seq} follows {self.seq}: the tier's commit log has a gap")
+    def _add_staging(self, obj: StagingObject) -> None:
+        self.staging[obj.name] = obj
+        for key in obj.queues:
+            self.staging_by_queue.setdefault(key, []).append(obj.name)  # batches commit in offset order
+
+    def check(self, record: dict) -> None:
+        """Refuse a record that does not follow the head (a bad record is never written)."""
+        check_record(record)
+        if record["seq"] != self.seq + 1:
+            raise TierLogError(f"commit record {record['seq']} follows {self.seq}: the tier's commit log has a gap")
+        if record["type"] != "batch":
+            for key in record_keys(record):
+                if key not in self.queues:
+                    raise TierLogError(f"commit record {record['seq']} ({record['type']}) names queue "
+                                       f"{key[0]}/{key[1]}, which the tier does not hold")
+
+    def apply(self, record: dict, size: int = 0) -> None:
+        self.check(record)
+        for key in record_keys(record):
+            if key not in self.queues:
+                self._add_queue(key)
+            self.queues[key] = apply_to_state(self.queues.get(key), key, record)
         kind = record["type"]
         if kind == "batch":
             for obj in record["staging"]:
-                s = StagingObject.from_json(obj)
-                self.staging[s.name] = s
-                for key, stats in s.queues.items():
-                    q = self.queues.setdefault(key, QueueState(commit=stats["first"], sealed=stats["first"], low=stats["first"]))
-                    q.commit = max(q.commit, stats["last"] + 1)
-            for q in record.get("quarantined", ()):
-                self.quarantined[q["start_phy"]] = q
-            self.source_end = record["source_end"]
-            self.last_batch_id = record["batch_id"]
+                self._add_staging(StagingObject.from_json(obj))
+            self.quarantined.update({q["start_phy"]: q for q in record.get("quarantined", ())})
+            self.source_end, self.last_batch_id = record["source_end"], record["batch_id"]
         elif kind == "seal":
-            for d in record["segments"]:
-                seg = Segment.from_json(d)
-                self.segments[seg.name] = seg
-                q = self.queues[(seg.topic, seg.queue_id)]
-                q.sealed = max(q.sealed, seg.end + 1)
             for name in record["retire"]:
-                self.staging.pop(name, None)
-        elif kind == "expire":
-            for name in record["segments"]:
-                seg = self.segments.pop(name, None)
-                if seg is not None:
-                    q = self.queues[(seg.topic, seg.queue_id)]
-                    q.low = max(q.low, seg.end + 1)
-        else:
-            raise TierLogError(f"commit record {seq} has unknown type {kind!r}")
-        self.seq = seq
-
-    # ------------------------------------------------------------ (de)serialising
-
-    def to_json(self) -> dict:
-        return {
-            "seq": self.seq,
-            "source_end": self.source_end,
-            "last_batch_id": self.last_batch_id,
-            "queues": [[t, q, s.to_json()] for (t, q), s in sorted(self.queues.items())],
-            "staging": [s.to_json() for s in self.staging.values()],
-            "segments": [s.to_json() for s in self.segments.values()],
-            "quarantined": [q for _, q in sorted(self.quarantined.items())],
-        }
-
-    @classmethod
-    def from_json(cls, d: dict) -> "TierState":
-        return cls(
-            seq=d["seq"],
-            source_end=d["source_end"],
-            last_batch_id=d["last_batch_id"],
-            queues={(t, q): QueueState(**s) for t, q, s in d["queues"]},
-            staging={s["name"]: StagingObject.from_json(s) for s in d["staging"]},
-            segments={s["name"]: Segment.from_json(s) for s in d["segments"]},
-            quarantined={q["start_phy"]: q for q in d.get("quarantined", ())},  # absent in older checkpoints
-        )
-
-    # ------------------------------------------------------------ questions readers ask
+                obj = self.staging.pop(name, None)
+                for key in obj.queues if obj else ():
+                    if name in self.staging_by_queue.get(key, ()):
+                        self.staging_by_queue[key].remove(name)
+            for key in record_keys(record):
+                sealed = self.queues[key].sealed
+                live = [n for n in self.staging_by_queue.get(key, ()) if self.staging[n].queues[key]["last"] >= sealed]
+                if live:
+                    self.staging_by_queue[key] = live
+                else:
+                    self.staging_by_queue.pop(key, None)
+        self.seq = record["seq"]
+        self.tail.append(record)
+        self.tail_bytes += size
 
     def staging_for(self, key: QueueKey) -> list[StagingObject]:
-        """Committed staging objects holding unsealed rows of queue ``key``, oldest first."""
-        sealed = self.queues[key].sealed if key in self.queues else 0
-        return sorted(
-            (s for s in self.staging.values() if key in s.queues and s.queues[key]["last"] >= sealed),
-            key=lambda s: s.first_phy,
-        )
+        """Live staging objects holding unsealed rows of ``key``, oldest first."""
+        sealed = self.queues[key].sealed
+        return [self.staging[n] for n in self.staging_by_queue.get(key, ())
+                if self.staging[n].queues[key]["last"] >= sealed]
 
-    def segments_for(self, key: QueueKey) -> list[Segment]:
-        return sorted((s for s in self.segments.values() if (s.topic, s.queue_id) == key), key=lambda s: s.base)
+    def unsealed(self) -> dict[QueueKey, list[StagingObject]]:
+        """Every queue with unsealed rows, and the staging objects holding them."""
+        return {key: objs for key in list(self.staging_by_queue) if (objs := self.staging_for(key))}
 
 
 class TierLog:
     """Reads and appends the commit log of one tier.  Only one process appends (see the metadata lock)."""
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: Backend, buckets: int = DEFAULT_BUCKETS):
         self.backend = backend
+        self.new_buckets = buckets  # for a tier that has no root yet
+        self._cache: OrderedDict[str, dict] = OrderedDict()
+        self._cache_lock = threading.Lock()
 
-    def _listing(self) -> tuple[list[int], list[int]]:
-        records, checkpoints = [], []
+    # ------------------------------------------------------------ reading
+
+    def read_json(self, name: str) -> dict:
+        """A metadata object, parsed; cached, since every name this is asked for is never rewritten."""
+        with self._cache_lock:
+            if name in self._cache:
+                self._cache.move_to_end(name)
+                return self._cache[name]
+        value = json.loads(self.backend.read(name))
+        with self._cache_lock:
+            self._cache[name] = value
+            while len(self._cache) > CACHE_OBJECTS:
+                self._cache.popitem(last=False)
+        return value
+
+    def _listing(self) -> Listing:
+        out = Listing()
         for obj in self.backend.list(layout.LOG_PREFIX):
             parsed = layout.parse_log_name(obj.name)
             if parsed:
-                (checkpoints if parsed[1] else records).append(parsed[0])
-        return sorted(records), sorted(checkpoints)
+                {"record": out.records, "root": out.roots, "legacy": out.legacy}[parsed[1]].append(parsed[0])
+        out.records.sort(), out.roots.sort(), out.legacy.sort()
+        return out
 
-    def read_state(self, *, attempts: int = 5) -> TierState:
-        """The committed state: the newest checkpoint plus every record after it.
+    def _is_legacy(self, listing: Listing) -> bool:
+        if listing.roots:
+            return False
+        if listing.legacy:
+            return True
+        return bool(listing.records) and self.read_json(layout.log_name(listing.records[0])).get("v") != FORMAT
 
-        A compaction running at the same time may delete what was just listed;
-        the read is then started again.
+    def view(self, *, attempts: int = 5) -> TierView:
+        """The committed state: the newest root and every record after it.
+
+        A checkpoint running at the same time may delete what was just listed; the read
+        is then started again.
         """
         for attempt in range(attempts):
             try:
-                return self._read_state_once()
+                return self._view_once()
             except ObjectNotFound:
                 if attempt == attempts - 1:
                     raise
                 time.sleep(0.05 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def _read_state_once(self) -> TierState:
-        records, checkpoints = self._listing()
-        state = TierState()
-        if checkpoints:
-            data = json.loads(self.backend.read(layout.checkpoint_name(checkpoints[-1])))
-            state = TierState.from_json(data["state"])
-        for seq in records:
-            if seq <= state.seq:
-                continue
-            state.apply(json.loads(self.backend.read(layout.log_name(seq))))
-        return state
+    def _view_once(self) -> TierView:
+        listing = self._listing()
+        if self._is_legacy(listing):
+            raise TierLayoutError(
+                f"the tier at {self.backend.location} was written by an older tierlog (one state object "
+                "rewritten on every commit). Run `tierlog tier upgrade` (or start `tierlog run`, which upgrades "
+                "it) once to rewrite its metadata as manifests; its data objects are kept as they are"
+            )
+        root = self.read_json(layout.root_name(listing.roots[-1])) if listing.roots else empty_root(self.new_buckets)
+        tail = [self.read_json(layout.log_name(seq)) for seq in listing.records if seq > root["seq"]]
+        _check_sequence(root["seq"], tail)
+        return TierView(self, root, tail)
 
-    def append(self, state: TierState, record: dict) -> int:
-        """Write ``record`` as the next commit record and apply it to ``state``; returns its seq.
+    def open_head(self) -> TierHead:
+        """The writer's working set, read from the newest root (an older layout is upgraded first):
+        every bucket, and the manifests of the queues that have unsealed rows."""
+        listing = self._listing()
+        if self._is_legacy(listing):
+            self.upgrade(listing)
+            listing = self._listing()
+        root = self.read_json(layout.root_name(listing.roots[-1])) if listing.roots else empty_root(self.new_buckets)
+        head = TierHead(root)
+        buckets = sorted(head.bucket_versions.items())
+        for rows in _parallel(lambda bv: self.read_json(layout.bucket_name(*bv))["queues"], buckets):
+            for t, q, version, state in rows:
+                head._add_queue((t, q))
+                head.queues[(t, q)] = QueueState.from_json(state)
+                head.versions[(t, q)] = version
+        unsealed = [k for k, s in head.queues.items() if s.commit > s.sealed]
+        objects: dict[str, StagingObject] = {}
+        for key, m in zip(unsealed, _parallel(lambda k: self._manifest(k, head.versions[k]), unsealed)):
+            for p in m.staging:
+                if p.last >= m.state.sealed:
+                    obj = objects.setdefault(p.name, StagingObject(p.name, p.size, p.first_phy, {}, p.time_ms))
+                    obj.queues[key] = {"first": p.first, "last": p.last, "rows": p.rows, "bytes": p.bytes,
+                                       "min_ts": p.min_ts, "max_ts": p.max_ts}
+        for obj in sorted(objects.values(), key=lambda o: o.first_phy):
+            head._add_staging(obj)
+        for seq in listing.records:
+            if seq > head.seq:
+                head.apply(self.read_json(layout.log_name(seq)))
+        return head
 
-        The record is checked against ``state`` first, so a bad record is never written.
+    def _manifest(self, key: QueueKey, version: int | None) -> QueueManifest | None:
+        if version is None:
+            return None
+        return QueueManifest.from_json(self.read_json(layout.queue_manifest_name(*key, version)))
+
+    # ------------------------------------------------------------ writing
+
+    def append(self, head: TierHead, record: dict) -> int:
+        """Write ``record`` as the next commit record and apply it to ``head``; returns its seq.
+
+        The record is checked against ``head`` first, so a bad record is never written.  The
+        check and the write cost what the record names, not what the tier holds.
         """
-        record = {**record, "seq": state.seq + 1, "time_ms": int(time.time() * 1000)}
-        probe = TierState.from_json(state.to_json())
-        probe.apply(record)
-        self.backend.put(layout.log_name(record["seq"]), json.dumps(record, separators=(",", ":")).encode())
-        state.apply(record)
+        record = {**record, "v": FORMAT, "seq": head.seq + 1, "time_ms": int(time.time() * 1000)}
+        head.check(record)
+        data = json.dumps(record, separators=(",", ":")).encode()
+        self.backend.put(layout.log_name(record["seq"]), data)
+        head.apply(record, len(data))
         return record["seq"]
 
-    def compact(self, state: TierState) -> None:
-        """Write a checkpoint of ``state`` and delete the records and checkpoints it replaces."""
-        self.backend.put(
-            layout.checkpoint_name(state.seq),
-            json.dumps({"type": "checkpoint", "state": state.to_json()}, separators=(",", ":")).encode(),
-        )
-        records, checkpoints = self._listing()
-        for seq in records:
-            if seq <= state.seq:
-                self.backend.delete(layout.log_name(seq))
-        for seq in checkpoints:
-            if seq < state.seq:
-                self.backend.delete(layout.checkpoint_name(seq))
+    def checkpoint(self, head: TierHead, before_root=None) -> list[str]:
+        """Fold the records since the last root into the manifests of the queues they changed,
+        write a new root, and delete the records it covers.  Returns the metadata objects the new
+        root no longer names; the caller deletes them after a grace period (readers may be on them).
+        """
+        if not head.tail:
+            return []
+        seq = head.seq
+        by_key: dict[QueueKey, list[dict]] = {}
+        for record in head.tail:
+            for key in record_keys(record):
+                by_key.setdefault(key, []).append(record)
+
+        def fold(key: QueueKey) -> list[str]:
+            m = self._manifest(key, head.versions.get(key))
+            for record in by_key[key]:
+                m = apply_to_manifest(m, key, record)
+            if m.state != head.queues[key]:
+                raise TierLogError(f"queue {key[0]}/{key[1]}: its manifest folds to {m.state}, the head holds "
+                                   f"{head.queues[key]}")
+            garbage = [p.name for p in dropped_pages(m)]
+            if len(m.recent) >= PAGE_SEGMENTS:
+                name = layout.page_name(*key, m.recent[0].base, seq)
+                self.backend.put(name, _dumps({"v": FORMAT, "segments": [s.to_json() for s in m.recent]}))
+                m.pages.append(PageRef.of(name, m.recent))
+                m.recent = []
+            self.backend.put(layout.queue_manifest_name(*key, seq), _dumps(m.to_json()))
+            if key in head.versions:
+                garbage.append(layout.queue_manifest_name(*key, head.versions[key]))
+            return garbage
+
+        garbage = [name for names in _parallel(fold, list(by_key)) for name in names]
+        for key in by_key:
+            head.versions[key] = seq
+        garbage += self._write_buckets(head, {bucket_of(k, head.buckets) for k in by_key}, seq)
+        if before_root:
+            before_root()  # a test's crash point: everything but the root is written
+        self._write_root(head)
+        head.tail, head.tail_bytes = [], 0
+        self._delete_covered(seq)
+        return garbage
+
+    def _write_root(self, head: TierHead) -> None:
+        root = {"type": "root", "v": FORMAT, "seq": head.seq, "source_end": head.source_end,
+                "last_batch_id": head.last_batch_id, "time_ms": int(time.time() * 1000),
+                "quarantined": [q for _, q in sorted(head.quarantined.items())], "buckets": head.buckets,
+                "versions": {str(b): v for b, v in sorted(head.bucket_versions.items())},
+                "topics": dict(sorted(head.topics.items()))}
+        self.backend.put(layout.root_name(head.seq), _dumps(root))
+
+    def _write_buckets(self, head: TierHead, buckets: set[int], seq: int) -> list[str]:
+        versions = head.bucket_versions
+        garbage = [layout.bucket_name(b, versions[b]) for b in buckets if b in versions]
+
+        def write(b: int) -> None:
+            rows = [[t, q, head.versions[(t, q)], head.queues[(t, q)].to_json()] for t, q in sorted(head.by_bucket[b])]
+            self.backend.put(layout.bucket_name(b, seq), _dumps({"v": FORMAT, "queues": rows}))
+
+        _parallel(write, sorted(buckets))
+        versions.update({b: seq for b in buckets})
+        return garbage
+
+    def _delete_covered(self, seq: int) -> None:
+        listing = self._listing()
+        for s in listing.records:
+            if s <= seq:
+                self.backend.delete(layout.log_name(s))
+        for s in listing.roots:
+            if s < seq:
+                self.backend.delete(layout.root_name(s))
+        for s in listing.legacy:
+            self.backend.delete(layout.legacy_checkpoint_name(s))
+
+    # ------------------------------------------------------------ the first layout
+
+    def upgrade(self, listing: Listing | None = None) -> int | None:
+        """Rewrite a first-layout tier's metadata as manifests, in place.  Data objects stay; the
+        old checkpoint and records are deleted only after the new root is written, so a crash
+        leaves a tier that is upgraded again on the next start.  Returns the root's seq."""
+        from connectors.tier import legacy
+
+        listing = listing or self._listing()
+        if not self._is_legacy(listing):
+            return None
+        started = time.monotonic()
+        old = legacy.read_state(self.backend, listing.records, listing.legacy)
+        head = TierHead({**empty_root(self.new_buckets), "seq": old.seq, "source_end": old.source_end,
+                         "last_batch_id": old.last_batch_id,
+                         "quarantined": [q for _, q in sorted(old.quarantined.items())]})
+        segments: dict[QueueKey, list[Segment]] = {}
+        for seg in old.segments.values():
+            segments.setdefault(seg.key, []).append(seg)
+        manifests: dict[QueueKey, QueueManifest] = {}
+        for key, q in old.queues.items():
+            segs = sorted(segments.get(key, ()), key=lambda s: s.base)
+            state = QueueState(q.commit, q.sealed, q.low, len(segs), sum(s.size for s in segs))
+            parts = sorted((StagingPart(o.name, o.size, o.first_phy, st["first"], st["last"], st["rows"],
+                                        st.get("bytes", 0), st["min_ts"], st["max_ts"], o.time_ms)
+                            for o in old.staging.values() for k, st in o.queues.items()
+                            if k == key and st["last"] >= q.sealed), key=lambda p: p.first_phy)
+            manifests[key] = QueueManifest(state, parts, segs)
+            head._add_queue(key)
+            head.queues[key] = state
+            head.versions[key] = old.seq
+
+        def write(key: QueueKey) -> None:
+            m = manifests[key]
+            while len(m.recent) > PAGE_SEGMENTS:
+                page, m.recent = m.recent[:PAGE_SEGMENTS], m.recent[PAGE_SEGMENTS:]
+                name = layout.page_name(*key, page[0].base, old.seq)
+                self.backend.put(name, _dumps({"v": FORMAT, "segments": [s.to_json() for s in page]}))
+                m.pages.append(PageRef.of(name, page))
+            self.backend.put(layout.queue_manifest_name(*key, old.seq), _dumps(m.to_json()))
+
+        _parallel(write, list(manifests))
+        self._write_buckets(head, set(head.by_bucket), old.seq)
+        self._write_root(head)
+        self._delete_covered(old.seq)
+        log.warning("upgraded the tier at %s to manifests: %d queues, %d segments, commit record %d (%.1f s)",
+                    self.backend.location, len(manifests), len(old.segments), old.seq, time.monotonic() - started)
+        return old.seq
+
+
+def _check_sequence(root_seq: int, tail: list[dict]) -> None:
+    expected = root_seq + 1
+    for record in tail:
+        check_record(record)
+        if record["seq"] != expected:
+            raise TierLogError(f"commit record {record['seq']} follows {expected - 1}: the tier's commit log has a gap")
+        expected += 1
+
+
+def _dumps(value) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _parallel(fn, items: list) -> list:
+    if len(items) <= 1:
+        return [fn(i) for i in items]
+    with ThreadPoolExecutor(min(IO_THREADS, len(items)), thread_name_prefix="tier-meta") as pool:
+        return list(pool.map(fn, items))

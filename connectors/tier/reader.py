@@ -21,7 +21,10 @@ import pyarrow.compute as pc
 from connectors.commitlog.arrow import MESSAGE_SCHEMA, epoch_ms_array, project_schema
 from connectors.tier import layout
 from connectors.tier.backend import Backend, open_backend
-from connectors.tier.log import QueueKey, TierLog, TierState
+from connectors.tier.errors import ObjectNotFound
+from connectors.tier.log import TierLog
+from connectors.tier.manifest import QueueKey
+from connectors.tier.view import TierView
 
 
 READ_THREADS = 8  # objects read at once by one query (by_key, a range across segments and staging)
@@ -59,70 +62,87 @@ class QueueInfo:
 
 class TierReader:
     """Reads a tier given only its location.  Every method reads the committed state afresh
-    unless given one (``state()``), so results never pass a commit the reader has not seen."""
+    unless given one (``state()``), so results never pass a commit the reader has not seen.
+
+    A question about one queue reads the tier's root, the records after it, that queue's bucket
+    and manifest, and the pages its offsets fall in: its cost does not grow with the tier.
+    """
 
     def __init__(self, location: str | Backend):
         self.backend = open_backend(location) if isinstance(location, str) else location
         self.log = TierLog(self.backend)
         self._pool: ThreadPoolExecutor | None = None  # made on the first read of several objects
 
-    def state(self) -> TierState:
-        return self.log.read_state()
+    def state(self) -> TierView:
+        return self.log.view()
 
-    def queues(self, state: TierState | None = None) -> list[QueueKey]:
-        return sorted((state or self.state()).queues)
+    def _fresh(self, question: Callable[[TierView], object], state: TierView | None):
+        """``question(state)``; on a fresh view, asked again if a checkpoint deleted what the view named."""
+        if state is not None:
+            return question(state)
+        for attempt in range(5):
+            try:
+                return question(self.state())
+            except ObjectNotFound:
+                if attempt == 4:
+                    raise
+        raise AssertionError("unreachable")
 
-    def read_queue(self, topic: str, queue_id: int, state: TierState | None = None) -> pa.Table:
+    def queues(self, state: TierView | None = None, topic: str | None = None) -> list[QueueKey]:
+        return self._fresh(lambda st: st.queue_keys(topic), state)
+
+    def read_queue(self, topic: str, queue_id: int, state: TierView | None = None) -> pa.Table:
         """Every committed message of one queue, in queue-offset order."""
-        state = state or self.state()
-        q = state.queues.get((topic, queue_id))
-        if q is None:
-            return MESSAGE_SCHEMA.empty_table()
-        return self._range(topic, queue_id, q.low, q.commit, state)
+        def question(st: TierView) -> pa.Table:
+            q = st.state_of((topic, queue_id))
+            if q is None:
+                return MESSAGE_SCHEMA.empty_table()
+            return self._range(topic, queue_id, q.low, q.commit, st)
+        return self._fresh(question, state)
 
-    def read_all(self, state: TierState | None = None) -> pa.Table:
+    def read_all(self, state: TierView | None = None) -> pa.Table:
         """Every committed message, queue by queue (a staging object's row groups are cut at queue
         boundaries, so reading it once per queue decodes each row once)."""
-        state = state or self.state()
-        tables = [self.read_queue(t, q, state) for t, q in self.queues(state)]
-        return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
+        def question(st: TierView) -> pa.Table:
+            tables = [self.read_queue(t, q, st) for t, q in st.queue_keys()]
+            return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
+        return self._fresh(question, state)
 
     # ------------------------------------------------------------ queries
 
     def get(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
-            state: TierState | None = None) -> GetResult:
+            state: TierView | None = None) -> GetResult:
         """Up to ``max_messages`` committed messages of one queue from queue offset ``offset``."""
-        state = state or self.state()
-        q = state.queues.get((topic, queue_id))
-        empty = MESSAGE_SCHEMA.empty_table()
-        if q is None:
-            return GetResult(GetStatus.NO_QUEUE, empty, 0, 0, 0)
-        if offset < q.low:
-            return GetResult(GetStatus.OFFSET_TOO_SMALL, empty, q.low, q.low, q.commit)
-        if offset >= q.commit:
-            status = GetStatus.OFFSET_OVERFLOW_ONE if offset == q.commit else GetStatus.OFFSET_OVERFLOW_BADLY
-            return GetResult(status, empty, q.commit, q.low, q.commit)
-        end = min(q.commit, offset + max(1, max_messages))
-        table = self._range(topic, queue_id, offset, end, state)
-        return GetResult(GetStatus.FOUND, table, end, q.low, q.commit)
+        def question(st: TierView) -> GetResult:
+            q = st.state_of((topic, queue_id))
+            empty = MESSAGE_SCHEMA.empty_table()
+            if q is None:
+                return GetResult(GetStatus.NO_QUEUE, empty, 0, 0, 0)
+            if offset < q.low:
+                return GetResult(GetStatus.OFFSET_TOO_SMALL, empty, q.low, q.low, q.commit)
+            if offset >= q.commit:
+                status = GetStatus.OFFSET_OVERFLOW_ONE if offset == q.commit else GetStatus.OFFSET_OVERFLOW_BADLY
+                return GetResult(status, empty, q.commit, q.low, q.commit)
+            end = min(q.commit, offset + max(1, max_messages))
+            table = self._range(topic, queue_id, offset, end, st)
+            return GetResult(GetStatus.FOUND, table, end, q.low, q.commit)
+        return self._fresh(question, state)
 
-    def _range(self, topic: str, queue_id: int, start: int, end: int, state: TierState,
+    def _range(self, topic: str, queue_id: int, start: int, end: int, state: TierView,
                columns: list[str] | None = None) -> pa.Table:
         """Committed rows of one queue with ``start <= queue_offset < end``, in offset order."""
         key = (topic, queue_id)
-        q = state.queues[key]
+        q = state.queue(key)
         start, end = max(start, q.low), min(end, q.commit)
-        reads = [partial(self._segment_range, seg, start, end, columns)
-                 for seg in state.segments_for(key) if seg.base < end and seg.end >= start]
+        reads = [partial(self._segment_range, seg, start, end, columns) for seg in state.segments_for(key, start, end)]
         # Staging rows below the sealed offset are also in a segment: read them from there only.
         unsealed_from = max(start, q.sealed)
         filters = [("topic", "=", topic), ("queue_id", "=", queue_id), ("queue_offset", ">=", unsealed_from),
                    ("queue_offset", "<", end)]
-        for obj in state.staging_for(key):
-            info = obj.queues[key]
-            if info["first"] < end and info["last"] >= unsealed_from:
-                reads.append(partial(layout.read_object_rows, self.backend, obj.name, filters, columns,
-                                     size=obj.size))
+        for part in state.staging_for(key):
+            if part.first < end and part.last >= unsealed_from:
+                reads.append(partial(layout.read_object_rows, self.backend, part.name, filters, columns,
+                                     size=part.size))
         parts = self._parallel(reads)
         schema = MESSAGE_SCHEMA if columns is None else project_schema(columns)
         table = pa.concat_tables(parts) if parts else schema.empty_table()
@@ -150,18 +170,18 @@ class TierReader:
         return layout.read_object_rows(self.backend, seg.name, [("queue_offset", ">=", start), ("queue_offset", "<", end)],
                                        columns, size=seg.size)
 
-    def decoded_end(self, topic: str, queue_id: int, offset: int, state: TierState) -> int:
+    def decoded_end(self, topic: str, queue_id: int, offset: int, state: TierView) -> int:
         """One past the last offset of the Parquet row group holding ``offset`` when that is in a
         sealed segment: a read of ``offset`` decodes the whole group anyway.  Else ``offset + 1``.
         A hint for how much to keep (segments written with another group size are read right)."""
-        for seg in state.segments_for((topic, queue_id)):
+        for seg in state.segments_for((topic, queue_id), offset, offset + 1):
             if seg.base <= offset <= seg.end and seg.dense:
                 group = (offset - seg.base) // layout.ROW_GROUP_ROWS + 1
                 return min(seg.end + 1, seg.base + group * layout.ROW_GROUP_ROWS)
         return offset + 1
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower",
-                        state: TierState | None = None) -> int:
+                        state: TierView | None = None) -> int:
         """Like RocketMQ's searchOffset, over what the tier retains of one queue.
 
         ``lower``: the smallest offset whose store time is at or after ``timestamp_ms``
@@ -172,12 +192,15 @@ class TierReader:
         """
         if boundary not in ("lower", "upper"):
             raise ValueError(f"boundary must be lower or upper, not {boundary!r}")
-        state = state or self.state()
-        q = state.queues.get((topic, queue_id))
+        return self._fresh(lambda st: self._offset_for_time(topic, queue_id, timestamp_ms, boundary, st), state)
+
+    def _offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str, state: TierView) -> int:
+        q = state.state_of((topic, queue_id))
         if q is None or q.commit <= q.low:
             return 0 if q is None else q.commit
-        pieces = self._time_index(topic, queue_id, state)
         lower = boundary == "lower"
+        # Only pages whose store times reach the bound are read: ``lower`` wants times at or after it.
+        pieces = self._time_index(topic, queue_id, state, *((timestamp_ms, 2**62) if lower else (-(2**62), timestamp_ms)))
         for first, last, min_ts, max_ts in (pieces if lower else reversed(pieces)):
             if (max_ts < timestamp_ms) if lower else (min_ts > timestamp_ms):
                 continue
@@ -189,18 +212,19 @@ class TierReader:
                 return (pc.min if lower else pc.max)(offsets).as_py()
         return q.commit if lower else q.low
 
-    def _time_index(self, topic: str, queue_id: int, state: TierState) -> list[tuple[int, int, int, int]]:
-        """(first offset, last offset, min store time, max store time) of each object, in offset order."""
+    def _time_index(self, topic: str, queue_id: int, state: TierView, min_ts: int = -(2**62),
+                    max_ts: int = 2**62) -> list[tuple[int, int, int, int]]:
+        """(first offset, last offset, min store time, max store time) of each object holding store
+        times in ``[min_ts, max_ts]``, in offset order."""
         key = (topic, queue_id)
-        pieces = [(s.base, s.end, s.min_ts, s.max_ts) for s in state.segments_for(key)]
-        q = state.queues[key]
-        for obj in state.staging_for(key):
-            info = obj.queues[key]
-            pieces.append((max(info["first"], q.sealed), info["last"], info["min_ts"], info["max_ts"]))
+        pieces = [(s.base, s.end, s.min_ts, s.max_ts) for s in state.segments_for(key, min_ts=min_ts, max_ts=max_ts)]
+        q = state.queue(key)
+        for part in state.staging_for(key):
+            pieces.append((max(part.first, q.sealed), part.last, part.min_ts, part.max_ts))
         return sorted(p for p in pieces if p[1] >= q.low and p[0] < q.commit)
 
     def by_key(self, topic: str, key: str, begin_ms: int | None = None, end_ms: int | None = None,
-               state: TierState | None = None) -> pa.Table:
+               state: TierView | None = None) -> pa.Table:
         """Every committed message of ``topic`` whose key is ``key``, stored in ``[begin_ms, end_ms]``
         (either end open when None), in physical order.
 
@@ -208,22 +232,21 @@ class TierReader:
         index (written at seal time, sorted by key) lists the key; then only the row
         groups holding those offsets are read.  Staging objects are filtered by key.
         """
-        state = state or self.state()
+        return self._fresh(lambda st: self._by_key(topic, key, begin_ms, end_ms, st), state)
+
+    def _by_key(self, topic: str, key: str, begin_ms: int | None, end_ms: int | None, state: TierView) -> pa.Table:
         lo = -(2**62) if begin_ms is None else begin_ms
         hi = 2**62 if end_ms is None else end_ms
         parts, staged = [], {}
-        for (t, queue_id), q in sorted(state.queues.items()):
-            if t != topic:
-                continue
-            for seg in state.segments_for((t, queue_id)):
-                if seg.max_ts >= lo and seg.min_ts <= hi and seg.end >= q.low:
-                    parts.append(partial(self._segment_rows_for_key, seg, key))
-            for obj in state.staging_for((t, queue_id)):
-                info = obj.queues[(t, queue_id)]
-                if info["last"] >= q.sealed and info["max_ts"] >= lo and info["min_ts"] <= hi:
-                    staged.setdefault(obj.name, (obj, {}))[1][queue_id] = q.sealed
-        for obj, sealed in staged.values():  # each staging object read once, for all its queues
-            parts.append(partial(self._staging_rows_for_key, obj, topic, key, sealed))
+        for queue_key in state.queue_keys(topic):
+            q = state.queue(queue_key)
+            for seg in state.segments_for(queue_key, min_ts=lo, max_ts=hi):
+                parts.append(partial(self._segment_rows_for_key, seg, key))
+            for part in state.staging_for(queue_key):
+                if part.last >= q.sealed and part.max_ts >= lo and part.min_ts <= hi:
+                    staged.setdefault(part.name, (part, {}))[1][queue_key[1]] = q.sealed
+        for part, sealed in staged.values():  # each staging object read once, for all its queues
+            parts.append(partial(self._staging_rows_for_key, part, topic, key, sealed))
         parts = self._parallel(parts)
         table = pa.concat_tables(parts) if parts else MESSAGE_SCHEMA.empty_table()
         ts = epoch_ms_array(table["store_ts"])
@@ -257,21 +280,22 @@ class TierReader:
         return rows.filter(pa.array(keep, pa.bool_()))
 
     @staticmethod
-    def _committed(table: pa.Table, state: TierState) -> pa.Array:
+    def _committed(table: pa.Table, state: TierView) -> pa.Array:
         """Rows within their queue's retained, committed range."""
-        keep = [state.queues[(t, q)].low <= o < state.queues[(t, q)].commit
-                for t, q, o in zip(table["topic"].to_pylist(), table["queue_id"].to_pylist(),
-                                   table["queue_offset"].to_pylist())]
+        states = {}
+        keep = []
+        for t, q, o in zip(table["topic"].to_pylist(), table["queue_id"].to_pylist(), table["queue_offset"].to_pylist()):
+            s = states.get((t, q)) or states.setdefault((t, q), state.state_of((t, q)))
+            keep.append(s.low <= o < s.commit)
         return pa.array(keep, pa.bool_())
 
-    def queue_infos(self, state: TierState | None = None) -> list[QueueInfo]:
-        """Every queue with its retained range, sealed offset, segments and bytes."""
-        state = state or self.state()
-        out = []
-        for key in self.queues(state):
-            q = state.queues[key]
-            segments = state.segments_for(key)
-            staged = sum(obj.queues[key].get("bytes", 0) for obj in state.staging_for(key))
-            out.append(QueueInfo(key[0], key[1], q.low, q.commit, q.sealed, len(segments),
-                                 sum(s.size for s in segments) + staged))
-        return out
+    def queue_infos(self, state: TierView | None = None, topic: str | None = None) -> list[QueueInfo]:
+        """Every queue (of ``topic``) with its retained range, sealed offset, segments and bytes.
+        Reads the buckets only, and the manifests of queues with unsealed rows (for their bytes)."""
+        def question(st: TierView) -> list[QueueInfo]:
+            out = []
+            for key, q in sorted(st.queue_states(topic).items()):
+                staged = sum(p.bytes for p in st.staging_for(key)) if q.commit > q.sealed else 0
+                out.append(QueueInfo(key[0], key[1], q.low, q.commit, q.sealed, q.segments, q.bytes + staged))
+            return out
+        return self._fresh(question, state)

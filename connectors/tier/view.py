@@ -1,0 +1,135 @@
+"""``TierView``: the committed state of a tier as one reader sees it, loaded as it is asked.
+
+A view is the newest root and the commit records after it.  Nothing per queue is read until a
+question needs it: ``state_of`` reads one bucket, ``queue`` one queue manifest, and
+``segments_for`` only the pages whose offsets (or store times) the question covers.  Whole-tier
+properties (``queues``, ``segments``, ``staging``) exist for tests and offline tools, and cost
+what the tier holds.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from connectors.tier import layout
+from connectors.tier.manifest import (
+    QueueKey, QueueManifest, QueueState, Segment, StagingPart, apply_to_manifest, apply_to_state, bucket_of,
+    record_keys,
+)
+
+_FAR = 2**63 - 1
+
+
+class TierView:
+    def __init__(self, log, root: dict, tail: list[dict]):
+        self.log = log
+        self.root = root
+        self.tail = tail
+        self.buckets = root["buckets"]
+        self.seq = tail[-1]["seq"] if tail else root["seq"]
+        self.source_end = root["source_end"]
+        self.last_batch_id = root["last_batch_id"]
+        self.quarantined = {q["start_phy"]: q for q in root.get("quarantined", ())}
+        self._topics = dict(root.get("topics", {}))
+        self._tail_by_key: dict[QueueKey, list[dict]] = {}
+        for record in tail:
+            for key in record_keys(record):
+                self._tail_by_key.setdefault(key, []).append(record)
+                self._topics[key[0]] = max(self._topics.get(key[0], 0), key[1] + 1)
+            if record["type"] == "batch":
+                self.source_end, self.last_batch_id = record["source_end"], record["batch_id"]
+                self.quarantined.update({q["start_phy"]: q for q in record.get("quarantined", ())})
+        self._bucket_cache: dict[int, dict[QueueKey, tuple[int, list]]] = {}
+        self._manifests: dict[QueueKey, QueueManifest | None] = {}
+
+    # ------------------------------------------------------------ one queue
+
+    def _bucket(self, b: int) -> dict[QueueKey, tuple[int, list]]:
+        """Queue -> (manifest version, state row) for the queues of bucket ``b`` at the root."""
+        if b not in self._bucket_cache:
+            version = self.root["versions"].get(str(b))
+            rows = self.log.read_json(layout.bucket_name(b, version))["queues"] if version is not None else []
+            self._bucket_cache[b] = {(t, q): (v, state) for t, q, v, state in rows}
+        return self._bucket_cache[b]
+
+    def state_of(self, key: QueueKey) -> QueueState | None:
+        """The queue's offsets and counts (one bucket read; no manifest), or None."""
+        if key in self._manifests:
+            m = self._manifests[key]
+            return None if m is None else m.state
+        entry = self._bucket(bucket_of(key, self.buckets)).get(key)
+        state = QueueState.from_json(entry[1]) if entry else None
+        for record in self._tail_by_key.get(key, ()):
+            state = apply_to_state(state, key, record)
+        return state
+
+    def queue(self, key: QueueKey) -> QueueManifest | None:
+        """Everything the tier holds of one queue, or None when it has no such queue."""
+        if key not in self._manifests:
+            entry = self._bucket(bucket_of(key, self.buckets)).get(key)
+            m = None
+            if entry is not None:
+                m = QueueManifest.from_json(self.log.read_json(layout.queue_manifest_name(*key, entry[0])))
+            for record in self._tail_by_key.get(key, ()):
+                m = apply_to_manifest(m, key, record)
+            self._manifests[key] = m
+        return self._manifests[key]
+
+    def segments_for(self, key: QueueKey, lo: int = -1, hi: int = _FAR, min_ts: int = -_FAR,
+                     max_ts: int = _FAR) -> list[Segment]:
+        """Retained segments of ``key`` overlapping offsets ``[lo, hi)`` and store times
+        ``[min_ts, max_ts]``, by base.  Reads only the pages those bounds fall in."""
+        m = self.queue(key)
+        if m is None:
+            return []
+        found = []
+        for page in m.pages_between(lo, hi):
+            if page.max_ts >= min_ts and page.min_ts <= max_ts:
+                found.extend(Segment.from_json(s) for s in self.log.read_json(page.name)["segments"])
+        found.extend(m.recent)
+        lo = max(lo, m.state.low)
+        return sorted((s for s in found if s.end >= lo and s.base < hi and s.max_ts >= min_ts and s.min_ts <= max_ts),
+                      key=lambda s: s.base)
+
+    def staging_for(self, key: QueueKey) -> list[StagingPart]:
+        """Committed staging parts holding unsealed rows of ``key``, oldest first."""
+        m = self.queue(key)
+        return [] if m is None else [p for p in m.staging if p.last >= m.state.sealed]
+
+    # ------------------------------------------------------------ listing
+
+    def topics(self) -> dict[str, int]:
+        """Topic -> one past its highest queue id."""
+        return dict(self._topics)
+
+    def queue_keys(self, topic: str | None = None) -> list[QueueKey]:
+        """The queues the tier holds (of ``topic`` only: reads as many buckets as it has queue ids)."""
+        return sorted(self.queue_states(topic))
+
+    def queue_states(self, topic: str | None = None) -> dict[QueueKey, QueueState]:
+        if topic is None:
+            buckets = range(self.buckets)
+        else:
+            n = self._topics.get(topic, 0)
+            buckets = sorted({bucket_of((topic, q), self.buckets) for q in range(min(n, self.buckets))})
+        keys = {k for b in buckets for k in self._bucket(b) if topic is None or k[0] == topic}
+        keys |= {k for k in self._tail_by_key if topic is None or k[0] == topic}
+        return {k: s for k in keys if (s := self.state_of(k)) is not None}
+
+    # ------------------------------------------------------------ the whole tier (tests, offline tools)
+
+    @cached_property
+    def queues(self) -> dict[QueueKey, QueueManifest]:
+        return {k: self.queue(k) for k in self.queue_keys()}
+
+    @cached_property
+    def segments(self) -> dict[str, Segment]:
+        return {s.name: s for k in self.queues for s in self.segments_for(k)}
+
+    @cached_property
+    def staging(self) -> dict[str, list[tuple[QueueKey, StagingPart]]]:
+        out: dict[str, list] = {}
+        for k in self.queues:
+            for p in self.staging_for(k):
+                out.setdefault(p.name, []).append((k, p))
+        return out
