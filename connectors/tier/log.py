@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -37,7 +38,8 @@ from connectors.tier.backend import Backend
 from connectors.tier.errors import ObjectNotFound, TierLogError
 from connectors.tier.manifest import (
     DEFAULT_BUCKETS, FORMAT, PAGE_SEGMENTS, PageRef, QueueKey, QueueManifest, QueueState, Segment, StagingObject,
-    StagingPart, apply_to_manifest, apply_to_state, bucket_of, check_record, dropped_pages, record_keys,
+    StagingPart, add_counts, apply_to_manifest, apply_to_state, bucket_of, check_record, dropped_pages, home_bucket,
+    record_keys,
 )
 from connectors.tier.view import TierView
 
@@ -60,7 +62,7 @@ class Listing:
 
 def empty_root(buckets: int = DEFAULT_BUCKETS) -> dict:
     return {"type": "root", "v": FORMAT, "seq": -1, "source_end": None, "last_batch_id": -1, "quarantined": [],
-            "buckets": buckets, "versions": {}, "topics": {}}
+            "buckets": buckets, "versions": {}}
 
 
 class TierHead:
@@ -75,7 +77,10 @@ class TierHead:
         self.last_batch_id = root["last_batch_id"]
         self.buckets = root["buckets"]
         self.quarantined = {q["start_phy"]: q for q in root.get("quarantined", ())}
-        self.topics: dict[str, int] = dict(root.get("topics", {}))
+        self.topics: dict[str, int] = {}  # topic -> one past its highest queue id
+        self.topics_by_home: dict[int, set[str]] = {}
+        self.changed_buckets: set[int] = set()  # buckets to rewrite at the next checkpoint
+        self.filtered: dict[str, dict[str, int]] = {k: dict(v) for k, v in root.get("filtered", {}).items()}
         self.queues: dict[QueueKey, QueueState] = {}
         self.versions: dict[QueueKey, int] = {}  # each queue's manifest version at the root
         self.by_bucket: dict[int, set[QueueKey]] = {}
@@ -85,8 +90,17 @@ class TierHead:
         self.tail_bytes = 0
 
     def _add_queue(self, key: QueueKey) -> None:
-        self.by_bucket.setdefault(bucket_of(key, self.buckets), set()).add(key)
-        self.topics[key[0]] = max(self.topics.get(key[0], 0), key[1] + 1)
+        b = bucket_of(key, self.buckets)
+        self.by_bucket.setdefault(b, set()).add(key)
+        self.changed_buckets.add(b)
+        self._count_topic(key[0], key[1] + 1)
+
+    def _count_topic(self, topic: str, n: int) -> None:
+        if n > self.topics.get(topic, 0):
+            self.topics[topic] = n
+            home = home_bucket(topic, self.buckets)
+            self.topics_by_home.setdefault(home, set()).add(topic)
+            self.changed_buckets.add(home)
 
     def _add_staging(self, obj: StagingObject) -> None:
         self.staging[obj.name] = obj
@@ -110,11 +124,13 @@ class TierHead:
             if key not in self.queues:
                 self._add_queue(key)
             self.queues[key] = apply_to_state(self.queues.get(key), key, record)
+            self.changed_buckets.add(bucket_of(key, self.buckets))
         kind = record["type"]
         if kind == "batch":
             for obj in record["staging"]:
                 self._add_staging(StagingObject.from_json(obj))
             self.quarantined.update({q["start_phy"]: q for q in record.get("quarantined", ())})
+            add_counts(self.filtered, record.get("filtered", {}))
             self.source_end, self.last_batch_id = record["source_end"], record["batch_id"]
         elif kind == "seal":
             for name in record["retire"]:
@@ -222,11 +238,14 @@ class TierLog:
         root = self.read_json(layout.root_name(listing.roots[-1])) if listing.roots else empty_root(self.new_buckets)
         head = TierHead(root)
         buckets = sorted(head.bucket_versions.items())
-        for rows in _parallel(lambda bv: self.read_json(layout.bucket_name(*bv))["queues"], buckets):
-            for t, q, version, state in rows:
+        for bucket in _parallel(lambda bv: self.read_json(layout.bucket_name(*bv)), buckets):
+            for t, q, version, state in bucket["queues"]:
                 head._add_queue((t, q))
                 head.queues[(t, q)] = QueueState.from_json(state)
                 head.versions[(t, q)] = version
+            for t, n in bucket.get("topics", {}).items():
+                head._count_topic(t, n)
+        head.changed_buckets.clear()
         unsealed = [k for k, s in head.queues.items() if s.commit > s.sealed]
         objects: dict[str, StagingObject] = {}
         for key, m in zip(unsealed, _parallel(lambda k: self._manifest(k, head.versions[k]), unsealed)):
@@ -296,7 +315,7 @@ class TierLog:
         garbage = [name for names in _parallel(fold, list(by_key)) for name in names]
         for key in by_key:
             head.versions[key] = seq
-        garbage += self._write_buckets(head, {bucket_of(k, head.buckets) for k in by_key}, seq)
+        garbage += self._write_buckets(head, head.changed_buckets, seq)
         if before_root:
             before_root()  # a test's crash point: everything but the root is written
         self._write_root(head)
@@ -309,7 +328,7 @@ class TierLog:
                 "last_batch_id": head.last_batch_id, "time_ms": int(time.time() * 1000),
                 "quarantined": [q for _, q in sorted(head.quarantined.items())], "buckets": head.buckets,
                 "versions": {str(b): v for b, v in sorted(head.bucket_versions.items())},
-                "topics": dict(sorted(head.topics.items()))}
+                "filtered": head.filtered}
         self.backend.put(layout.root_name(head.seq), _dumps(root))
 
     def _write_buckets(self, head: TierHead, buckets: set[int], seq: int) -> list[str]:
@@ -317,11 +336,14 @@ class TierLog:
         garbage = [layout.bucket_name(b, versions[b]) for b in buckets if b in versions]
 
         def write(b: int) -> None:
-            rows = [[t, q, head.versions[(t, q)], head.queues[(t, q)].to_json()] for t, q in sorted(head.by_bucket[b])]
-            self.backend.put(layout.bucket_name(b, seq), _dumps({"v": FORMAT, "queues": rows}))
+            rows = [[t, q, head.versions[(t, q)], head.queues[(t, q)].to_json()]
+                    for t, q in sorted(head.by_bucket.get(b, ()))]
+            topics = {t: head.topics[t] for t in sorted(head.topics_by_home.get(b, ()))}
+            self.backend.put(layout.bucket_name(b, seq), _dumps({"v": FORMAT, "queues": rows, "topics": topics}))
 
         _parallel(write, sorted(buckets))
         versions.update({b: seq for b in buckets})
+        head.changed_buckets = set()
         return garbage
 
     def _delete_covered(self, seq: int) -> None:
@@ -377,7 +399,7 @@ class TierLog:
             self.backend.put(layout.queue_manifest_name(*key, old.seq), _dumps(m.to_json()))
 
         _parallel(write, list(manifests))
-        self._write_buckets(head, set(head.by_bucket), old.seq)
+        self._write_buckets(head, head.changed_buckets, old.seq)
         self._write_root(head)
         self._delete_covered(old.seq)
         log.warning("upgraded the tier at %s to manifests: %d queues, %d segments, commit record %d (%.1f s)",
@@ -398,8 +420,19 @@ def _dumps(value) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
+_pool: ThreadPoolExecutor | None = None
+_pool_pid = 0
+_pool_lock = threading.Lock()
+
+
 def _parallel(fn, items: list) -> list:
+    """``fn`` over ``items`` on a process-wide pool of ``IO_THREADS`` (made once: starting threads for
+    each checkpoint cost more than its writes); never called from inside the pool."""
+    global _pool, _pool_pid
     if len(items) <= 1:
         return [fn(i) for i in items]
-    with ThreadPoolExecutor(min(IO_THREADS, len(items)), thread_name_prefix="tier-meta") as pool:
-        return list(pool.map(fn, items))
+    with _pool_lock:
+        if _pool is None or _pool_pid != os.getpid():  # a forked child has no threads of its parent's pool
+            _pool, _pool_pid = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="tier-meta"), os.getpid()
+        pool = _pool
+    return list(pool.map(fn, items))

@@ -5,7 +5,8 @@ Like Iceberg's manifest list and manifests, and Kafka's remote-log metadata kept
     _log/<seq>.json                      a commit record: what one batch, seal or expiry changed
     _log/<seq>.root.json                 a root: the committed state at <seq>, in small pieces
     _meta/buckets/<bucket>/<seq>.json    a bucket: one line per queue hashed to it (offsets, counts,
-                                         the version of its queue manifest)
+                                         the version of its queue manifest), and the queue-id count
+                                         of each topic whose home it is
     _meta/queues/topic=<t>/queue=<q>/<seq>.json
                                          a queue manifest: offsets, the queue's unsealed staging
                                          parts, its newest segments, and its full pages
@@ -42,6 +43,11 @@ def bucket_of(key: QueueKey, buckets: int) -> int:
     """A queue's bucket.  A topic's queues sit in consecutive buckets from its hash, so the
     queues of one topic are found by reading as many buckets as it has queue ids."""
     return (zlib.crc32(key[0].encode()) + key[1]) % buckets
+
+
+def home_bucket(topic: str, buckets: int) -> int:
+    """The bucket that records how many queue ids ``topic`` has (that of its queue 0)."""
+    return bucket_of((topic, 0), buckets)
 
 
 @dataclass
@@ -149,7 +155,7 @@ class PageRef:
                    max(s.max_ts for s in segments), len(segments))
 
 
-@dataclass
+@dataclass(slots=True)
 class QueueState:
     """A queue's offsets and what it retains: the small part every bucket line carries."""
 
@@ -288,3 +294,11 @@ def dropped_pages(m: QueueManifest) -> list[PageRef]:
     if gone:
         m.pages = [p for p in m.pages if p.end >= m.state.low]
     return gone
+
+
+def add_counts(into: dict[str, dict[str, int]], counts: dict[str, dict[str, int]]) -> dict:
+    """Add nested ``{sink: {class: n}}`` counts (messages a sink's topic filter left out) to ``into``."""
+    for sink, by_class in counts.items():
+        for cls, n in by_class.items():
+            into.setdefault(sink, {})[cls] = into.get(sink, {}).get(cls, 0) + n
+    return into

@@ -9,6 +9,7 @@ offset are never returned.
 from __future__ import annotations
 
 import enum
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -199,9 +200,7 @@ class TierReader:
         if q is None or q.commit <= q.low:
             return 0 if q is None else q.commit
         lower = boundary == "lower"
-        # Only pages whose store times reach the bound are read: ``lower`` wants times at or after it.
-        pieces = self._time_index(topic, queue_id, state, *((timestamp_ms, 2**62) if lower else (-(2**62), timestamp_ms)))
-        for first, last, min_ts, max_ts in (pieces if lower else reversed(pieces)):
+        for first, last, min_ts, max_ts in self._time_pieces(topic, queue_id, state, lower, timestamp_ms):
             if (max_ts < timestamp_ms) if lower else (min_ts > timestamp_ms):
                 continue
             rows = self._range(topic, queue_id, first, last + 1, state, ["queue_offset", "store_ts"])
@@ -212,16 +211,17 @@ class TierReader:
                 return (pc.min if lower else pc.max)(offsets).as_py()
         return q.commit if lower else q.low
 
-    def _time_index(self, topic: str, queue_id: int, state: TierView, min_ts: int = -(2**62),
-                    max_ts: int = 2**62) -> list[tuple[int, int, int, int]]:
-        """(first offset, last offset, min store time, max store time) of each object holding store
-        times in ``[min_ts, max_ts]``, in offset order."""
+    def _time_pieces(self, topic: str, queue_id: int, state: TierView, lower: bool, timestamp_ms: int):
+        """(first offset, last offset, min store time, max store time) of each object that may hold
+        the answer, walking from the low end (``lower``) or the high end.  Pages of segments are read
+        only as the walk reaches them, so a search that ends early reads few."""
         key = (topic, queue_id)
-        pieces = [(s.base, s.end, s.min_ts, s.max_ts) for s in state.segments_for(key, min_ts=min_ts, max_ts=max_ts)]
         q = state.queue(key)
-        for part in state.staging_for(key):
-            pieces.append((max(part.first, q.sealed), part.last, part.min_ts, part.max_ts))
-        return sorted(p for p in pieces if p[1] >= q.low and p[0] < q.commit)
+        bounds = {"min_ts": timestamp_ms} if lower else {"max_ts": timestamp_ms}
+        segments = ((s.base, s.end, s.min_ts, s.max_ts) for s in state.segments_in_order(key, reverse=not lower, **bounds))
+        staged = sorted((max(p.first, q.sealed), p.last, p.min_ts, p.max_ts) for p in state.staging_for(key))
+        pieces = itertools.chain(segments, staged) if lower else itertools.chain(reversed(staged), segments)
+        return (p for p in pieces if p[1] >= q.low and p[0] < q.commit)
 
     def by_key(self, topic: str, key: str, begin_ms: int | None = None, end_ms: int | None = None,
                state: TierView | None = None) -> pa.Table:

@@ -9,12 +9,13 @@ what the tier holds.
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, partial
+from typing import Iterator
 
 from connectors.tier import layout
 from connectors.tier.manifest import (
-    QueueKey, QueueManifest, QueueState, Segment, StagingPart, apply_to_manifest, apply_to_state, bucket_of,
-    record_keys,
+    QueueKey, QueueManifest, QueueState, Segment, StagingPart, add_counts, apply_to_manifest, apply_to_state,
+    bucket_of, home_bucket, record_keys,
 )
 
 _FAR = 2**63 - 1
@@ -30,15 +31,17 @@ class TierView:
         self.source_end = root["source_end"]
         self.last_batch_id = root["last_batch_id"]
         self.quarantined = {q["start_phy"]: q for q in root.get("quarantined", ())}
-        self._topics = dict(root.get("topics", {}))
+        self._tail_topics: dict[str, int] = {}  # queue-id counts the records after the root raised
+        self.filtered: dict[str, dict[str, int]] = {k: dict(v) for k, v in root.get("filtered", {}).items()}
         self._tail_by_key: dict[QueueKey, list[dict]] = {}
         for record in tail:
             for key in record_keys(record):
                 self._tail_by_key.setdefault(key, []).append(record)
-                self._topics[key[0]] = max(self._topics.get(key[0], 0), key[1] + 1)
+                self._tail_topics[key[0]] = max(self._tail_topics.get(key[0], 0), key[1] + 1)
             if record["type"] == "batch":
                 self.source_end, self.last_batch_id = record["source_end"], record["batch_id"]
                 self.quarantined.update({q["start_phy"]: q for q in record.get("quarantined", ())})
+                add_counts(self.filtered, record.get("filtered", {}))
         self._bucket_cache: dict[int, dict[QueueKey, tuple[int, list]]] = {}
         self._manifests: dict[QueueKey, QueueManifest | None] = {}
 
@@ -46,11 +49,18 @@ class TierView:
 
     def _bucket(self, b: int) -> dict[QueueKey, tuple[int, list]]:
         """Queue -> (manifest version, state row) for the queues of bucket ``b`` at the root."""
+        return self._read_bucket(b)[0]
+
+    def _read_bucket(self, b: int) -> tuple[dict[QueueKey, tuple[int, list]], dict[str, int]]:
         if b not in self._bucket_cache:
             version = self.root["versions"].get(str(b))
-            rows = self.log.read_json(layout.bucket_name(b, version))["queues"] if version is not None else []
-            self._bucket_cache[b] = {(t, q): (v, state) for t, q, v, state in rows}
+            data = self.log.read_json(layout.bucket_name(b, version)) if version is not None else {"queues": []}
+            self._bucket_cache[b] = ({(t, q): (v, state) for t, q, v, state in data["queues"]}, data.get("topics", {}))
         return self._bucket_cache[b]
+
+    def queue_ids(self, topic: str) -> int:
+        """One past the highest queue id ``topic`` has (its home bucket, and the records after the root)."""
+        return max(self._read_bucket(home_bucket(topic, self.buckets))[1].get(topic, 0), self._tail_topics.get(topic, 0))
 
     def state_of(self, key: QueueKey) -> QueueState | None:
         """The queue's offsets and counts (one bucket read; no manifest), or None."""
@@ -85,11 +95,28 @@ class TierView:
         found = []
         for page in m.pages_between(lo, hi):
             if page.max_ts >= min_ts and page.min_ts <= max_ts:
-                found.extend(Segment.from_json(s) for s in self.log.read_json(page.name)["segments"])
+                found.extend(self._page(page))
         found.extend(m.recent)
         lo = max(lo, m.state.low)
         return sorted((s for s in found if s.end >= lo and s.base < hi and s.max_ts >= min_ts and s.min_ts <= max_ts),
                       key=lambda s: s.base)
+
+    def segments_in_order(self, key: QueueKey, min_ts: int = -_FAR, max_ts: int = _FAR,
+                          reverse: bool = False) -> Iterator[Segment]:
+        """Retained segments of ``key`` whose store times overlap ``[min_ts, max_ts]``, by base (from
+        the highest with ``reverse``), reading each page only when the walk reaches it."""
+        m = self.queue(key)
+        if m is None:
+            return
+        low = m.state.low
+        chunks = [partial(self._page, p) for p in m.pages if p.end >= low and p.max_ts >= min_ts and p.min_ts <= max_ts]
+        chunks.append(lambda: m.recent)
+        for chunk in reversed(chunks) if reverse else chunks:
+            found = [s for s in chunk() if s.end >= low and s.max_ts >= min_ts and s.min_ts <= max_ts]
+            yield from sorted(found, key=lambda s: s.base, reverse=reverse)
+
+    def _page(self, page) -> list[Segment]:
+        return [Segment.from_json(s) for s in self.log.read_json(page.name)["segments"]]
 
     def staging_for(self, key: QueueKey) -> list[StagingPart]:
         """Committed staging parts holding unsealed rows of ``key``, oldest first."""
@@ -99,8 +126,12 @@ class TierView:
     # ------------------------------------------------------------ listing
 
     def topics(self) -> dict[str, int]:
-        """Topic -> one past its highest queue id."""
-        return dict(self._topics)
+        """Topic -> one past its highest queue id (reads every bucket)."""
+        out = dict(self._tail_topics)
+        for b in range(self.buckets):
+            for t, n in self._read_bucket(b)[1].items():
+                out[t] = max(out.get(t, 0), n)
+        return out
 
     def queue_keys(self, topic: str | None = None) -> list[QueueKey]:
         """The queues the tier holds (of ``topic`` only: reads as many buckets as it has queue ids)."""
@@ -110,7 +141,7 @@ class TierView:
         if topic is None:
             buckets = range(self.buckets)
         else:
-            n = self._topics.get(topic, 0)
+            n = self.queue_ids(topic)
             buckets = sorted({bucket_of((topic, q), self.buckets) for q in range(min(n, self.buckets))})
         keys = {k for b in buckets for k in self._bucket(b) if topic is None or k[0] == topic}
         keys |= {k for k in self._tail_by_key if topic is None or k[0] == topic}
