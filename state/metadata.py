@@ -124,6 +124,14 @@ class MetadataStore:
         """Sinks that are waiting (for a broker that is away, say): name -> state, since, error."""
         return {key.split(SEP)[1]: v for key, v in self._prefix("health" + SEP)}
 
+    def filtered(self) -> dict[str, dict[str, int]]:
+        """Per sink, per topic class: messages its topic filter left out (counted as the tier commits)."""
+        out: dict[str, dict[str, int]] = {}
+        for key, n in self._prefix("filtered" + SEP):
+            _, sink, cls = key.split(SEP)
+            out.setdefault(sink, {})[cls] = n
+        return out
+
     def skipped(self) -> list[dict]:
         """Messages a sink skipped on purpose (``kafka.on_too_large = "skip"``), oldest first."""
         return [v for _, v in self._prefix("skip" + SEP)]
@@ -164,9 +172,11 @@ class MetadataStore:
         segments: list[Segment] = (),
         removed_segments: list[Segment] = (),
         deletes: dict[str, float] = (),
+        filtered: dict[str, dict[str, int]] | None = None,
     ) -> None:
         """Mirror ``head`` (a ``TierHead`` just advanced by a commit record) in one atomic, synced
-        WriteBatch: the offsets of ``queues`` and the segments the record added and removed."""
+        WriteBatch: the offsets of ``queues``, the segments the record added and removed, and
+        ``filtered``, how many messages of the batch each sink left out, by topic class."""
         puts: dict[str, object] = {
             "meta" + SEP + "last_seq": head.seq,
             "meta" + SEP + "source_end": head.source_end,
@@ -179,6 +189,10 @@ class MetadataStore:
             puts[_segkey(seg.topic, seg.queue_id, seg.base)] = seg.to_json()
         for name, when in dict(deletes).items():
             puts["del" + SEP + name] = when
+        for sink, by_class in (filtered or {}).items():
+            for cls, n in by_class.items():
+                key = f"filtered{SEP}{sink}{SEP}{cls}"
+                puts[key] = (self._get(key) or 0) + n
         self._write(puts, [_segkey(s.topic, s.queue_id, s.base) for s in removed_segments])
 
     def _queue_value(self, topic: str, q: int, state) -> dict:
@@ -212,7 +226,8 @@ class MetadataStore:
     def rebuild(self, view) -> None:
         """Replace everything tier-derived with what ``view`` (a ``TierView`` of the tier) says,
         quarantined commitlog ranges included.  Reads the whole tier: an offline repair."""
-        stale = [k for k in self.db.keys() if k.startswith(("q" + SEP, "seg" + SEP, "meta" + SEP, "quarantine" + SEP))]
+        stale = [k for k in self.db.keys()
+                 if k.startswith(("q" + SEP, "seg" + SEP, "meta" + SEP, "quarantine" + SEP, "filtered" + SEP))]
         self._write({}, stale)
         for key in view.queue_keys():
             self._write({_qkey(*key): self._queue_value(*key, view.state_of(key)),
@@ -220,3 +235,5 @@ class MetadataStore:
         self._write({"meta" + SEP + "last_seq": view.seq, "meta" + SEP + "source_end": view.source_end,
                      **({"sink" + SEP + "tier": view.source_end} if view.source_end is not None else {})})
         self.record_quarantine(list(view.quarantined.values()))
+        self._write({f"filtered{SEP}{sink}{SEP}{cls}": n for sink, by_class in view.filtered.items()
+                     for cls, n in by_class.items()})

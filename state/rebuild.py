@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from connectors.commitlog.arrow import dispatched_mask, project_schema
 from connectors.commitlog.reader import CommitLogReader
+from connectors.commitlog.topics import TopicFilter
 from connectors.errors import TierlogError
 from connectors.tier import snapshots
 from connectors.tier.backend import open_backend
@@ -53,10 +54,12 @@ class RebuildReport:
     expired: int = 0
 
 
-def keyed_rows(table: pa.Table) -> pa.Table:
-    """The Arrow twin of ``state.latest.keyed_messages``: keyed messages that entered a queue,
-    with ``deleted`` in place of ``op``."""
+def keyed_rows(table: pa.Table, topics: TopicFilter | None = None) -> pa.Table:
+    """The Arrow twin of ``state.latest.keyed_messages``: keyed messages that entered a queue
+    (of the topics ``topics`` accepts), with ``deleted`` in place of ``op``."""
     keep = pc.and_(pc.is_valid(table["key"]), dispatched_mask(table["sysflag"]))
+    if topics is not None and table.num_rows:
+        keep = pc.and_(keep, topics.mask(table["topic"]))
     table = table.filter(keep)
     return table.append_column("deleted", pc.equal(table["op"], "delete"))
 
@@ -70,6 +73,7 @@ def rebuild_view(
     ttl: dict[str, float] | None = None,
     key_property: str = "KEYS",
     progress: Callable[[str], None] = log.info,
+    topics: TopicFilter | None = None,
 ) -> RebuildReport:
     if source not in SOURCES:
         raise TierlogError(f"unknown rebuild source {source!r}: use one of {', '.join(SOURCES)}")
@@ -83,9 +87,9 @@ def rebuild_view(
         if source == "snapshot":
             cursor = _from_snapshots(kv, tier_location, report, progress)
         if source in ("snapshot", "tier"):
-            cursor = _from_tier(kv, tier_location, cursor, report, progress)
+            cursor = _from_tier(kv, tier_location, cursor, report, progress, topics)
         report.applied_through = _from_commitlog(kv, commitlog_dir, cursor, key_property, report, progress,
-                                                 must_start_at_zero=source == "commitlog")
+                                                 must_start_at_zero=source == "commitlog", topics=topics)
         if ttl:
             report.expired = len(kv.expire(_now_ms()))
     _swap(building, kv_path)
@@ -111,7 +115,8 @@ def _from_snapshots(kv: KVView, tier_location: str, report: RebuildReport, progr
         backend.close()
 
 
-def _from_tier(kv: KVView, tier_location: str, cursor: int, report: RebuildReport, progress) -> int:
+def _from_tier(kv: KVView, tier_location: str, cursor: int, report: RebuildReport, progress,
+               topics: TopicFilter | None = None) -> int:
     reader = TierReader(tier_location)
     state = reader.state()
     if state.source_end is None or state.source_end <= cursor:
@@ -122,7 +127,7 @@ def _from_tier(kv: KVView, tier_location: str, cursor: int, report: RebuildRepor
         table = reader.read_queue(topic, queue_id, state)
         table = table.filter(pc.greater_equal(table["phy_offset"], cursor))
         if table.num_rows:
-            kv.apply_table(keyed_rows(table))
+            kv.apply_table(keyed_rows(table, topics))
             report.tier_messages += table.num_rows
         if time.monotonic() >= next_report:
             progress(f"tier: {i + 1} of {len(queues)} queue(s), {report.tier_messages} message(s) so far")
@@ -132,7 +137,7 @@ def _from_tier(kv: KVView, tier_location: str, cursor: int, report: RebuildRepor
 
 
 def _from_commitlog(kv: KVView, commitlog_dir: str, cursor: int, key_property: str, report: RebuildReport,
-                    progress, *, must_start_at_zero: bool) -> int:
+                    progress, *, must_start_at_zero: bool, topics: TopicFilter | None = None) -> int:
     with CommitLogReader(commitlog_dir) as reader:
         first, end = reader.first_offset(), reader.end_offset()
         if first > cursor and (must_start_at_zero or cursor < end):
@@ -142,17 +147,18 @@ def _from_commitlog(kv: KVView, commitlog_dir: str, cursor: int, key_property: s
                 "(`tierlog kv rebuild --from tier`) or restore those files"
             )
         start = max(cursor, first)
-        report.commitlog_messages += replay_commitlog(kv, reader, start, end, key_property)
+        report.commitlog_messages += replay_commitlog(kv, reader, start, end, key_property, topics)
         kv.apply([], applied_through=max(end, cursor))
         progress(f"commitlog: {report.commitlog_messages} message(s) from physical offset {start} to {end}")
         return max(end, cursor)
 
 
-def replay_commitlog(kv: KVView, reader: CommitLogReader, start: int, end: int, key_property: str = "KEYS") -> int:
+def replay_commitlog(kv: KVView, reader: CommitLogReader, start: int, end: int, key_property: str = "KEYS",
+                     topics: TopicFilter | None = None) -> int:
     """Apply every keyed message in ``[start, end)`` of the commitlog to ``kv``; returns how many were read."""
     count, next_report = 0, time.monotonic() + 5
     for batch in reader.record_batches(start, end, key_property=key_property, columns=REPLAY_COLUMNS):
-        kv.apply_table(keyed_rows(pa.Table.from_batches([batch])))
+        kv.apply_table(keyed_rows(pa.Table.from_batches([batch]), topics))
         count += batch.num_rows
         if time.monotonic() >= next_report:
             done = batch.column("phy_offset")[-1].as_py() - start
@@ -162,10 +168,11 @@ def replay_commitlog(kv: KVView, reader: CommitLogReader, start: int, end: int, 
     return count
 
 
-def latest_changes(reader: CommitLogReader, start: int, end: int, key_property: str = "KEYS") -> pa.Table:
+def latest_changes(reader: CommitLogReader, start: int, end: int, key_property: str = "KEYS",
+                   topics: TopicFilter | None = None) -> pa.Table:
     """Each key's latest change in ``[start, end)`` of the commitlog, in physical order
     (topic, key, phy_offset, queue_id, queue_offset, store_ts, deleted, body)."""
-    parts = [keyed_rows(pa.Table.from_batches([b]))
+    parts = [keyed_rows(pa.Table.from_batches([b]), topics)
              for b in reader.record_batches(start, end, key_property=key_property, columns=REPLAY_COLUMNS)]
     columns = ["topic", "key", "phy_offset", "queue_id", "queue_offset", "store_ts", "deleted", "body"]
     if not parts:

@@ -172,9 +172,43 @@ def cmd_inspect(args, conf: cfg.Config) -> int:
     with CommitLogReader(conf.commitlog.dir, check_crc=conf.commitlog.check_crc) as reader:
         if not reader.files():
             raise ConfigError(f"commitlog.dir {conf.commitlog.dir!r} holds no commitlog files")
+        if args.summary:
+            emit(_topic_summary(reader, args, conf), args.format, SUMMARY_COLUMNS)
+            return 0
         rows = _inspect_rows(reader, args, conf.commitlog.key_property)
         emit(rows, args.format, INSPECT_COLUMNS if args.format == "table" else None)
     return 0
+
+
+SUMMARY_COLUMNS = ["topic", "class", "messages", "not_dispatched", "bytes", "tier", "compaction", "mirror"]
+
+
+def _topic_summary(reader, args, conf: cfg.Config) -> list[dict]:
+    """Per topic: its class, messages (and transaction halves or rollbacks that never enter a
+    queue), bytes, and whether each sink takes it under the effective [topics] settings."""
+    import pyarrow as pa
+
+    from connectors.commitlog.arrow import dispatched_mask
+    from connectors.commitlog.topics import topic_class
+
+    filters = cfg.topic_filters(conf)
+    totals: dict[str, list[int]] = {}
+    start, end = (reader.first_offset() if args.from_phy is None else args.from_phy), reader.end_offset()
+    next_report = time.monotonic() + 5
+    for batch in reader.record_batches(start, end, columns=["topic", "sysflag", "size", "phy_offset"]):
+        table = pa.table({"topic": batch.column("topic"), "size": batch.column("size").cast(pa.int64()),
+                          "entered": dispatched_mask(batch.column("sysflag")).cast(pa.int64())})
+        grouped = table.group_by("topic").aggregate([("entered", "sum"), ("entered", "count"), ("size", "sum")])
+        for topic, n_in, n, size in zip(*(grouped[c].to_pylist() for c in
+                                          ("topic", "entered_sum", "entered_count", "size_sum"))):
+            t = totals.setdefault(topic, [0, 0, 0])
+            t[0], t[1], t[2] = t[0] + n_in, t[1] + n - n_in, t[2] + size
+        if time.monotonic() >= next_report:
+            log.info("summary: read %d of %d bytes", batch.column("phy_offset")[-1].as_py() - start, end - start)
+            next_report = time.monotonic() + 5
+    return [{"topic": topic, "class": topic_class(topic), "messages": m, "not_dispatched": nd, "bytes": b,
+             **{sink: "yes" if f.accepts(topic) else "no" for sink, f in filters.items()}}
+            for topic, (m, nd, b) in sorted(totals.items())]
 
 
 def _inspect_rows(reader, args, key_property: str) -> Iterator[dict]:
@@ -249,6 +283,7 @@ def check_config(conf: cfg.Config) -> list[str]:
     for parse, text in ((cfg.parse_retention, conf.tier.retention), (cfg.parse_ttl, conf.compaction.ttl),
                         (lambda t: cfg.parse_topic_limits(t, "tier.retention_bytes", size=True), conf.tier.retention_bytes),
                         (lambda t: cfg.parse_topic_limits(t, "tier.retention_messages"), conf.tier.retention_messages),
+                        (lambda _: cfg.topic_filters(conf), None),
                         (lambda t: cfg.parse_duration(t, "commitlog.local_retention"), conf.commitlog.local_retention)):
         try:
             parse(text)
@@ -375,7 +410,7 @@ def show_status(args, conf: cfg.Config) -> int:
     try:
         queues = store.queues(getattr(args, "topic", None), getattr(args, "limit", None))
         sinks, source_end = store.sinks(), store.source_end()
-        health, skipped = store.health(), store.skipped()
+        health, skipped, filtered = store.health(), store.skipped(), store.filtered()
         quarantined = [{k: v for k, v in q.items() if k != "at"} for q in store.quarantined()]
     finally:
         store.close()
@@ -398,6 +433,7 @@ def show_status(args, conf: cfg.Config) -> int:
                   "state": health[name]["state"] if name in health else "ok",
                   "since": _iso(health[name]["since"]) if name in health else None,
                   "skipped": sum(1 for x in skipped if x["sink"] == name),
+                  "filtered": _filtered_text(filtered.get(_FILTER_OF.get(name, name), {})),
                   "error": health.get(name, {}).get("error")} for name in enabled_sinks(conf)]
     if args.format == "json":
         emit([{"kind": "queue", **r} for r in rows] + [{"kind": "sink", **r} for r in sink_rows]
@@ -415,6 +451,15 @@ def show_status(args, conf: cfg.Config) -> int:
             print()
         emit([{k: v for k, v in summary.items() if k != "sinks"}], "table")
     return 0
+
+
+# The topic filter each sink follows: the KV view and the changelog follow [topics] compaction.
+_FILTER_OF = {"kv": "compaction", "changelog": "compaction"}
+
+
+def _filtered_text(by_class: dict[str, int]) -> str:
+    """``system=12 retry=3``: messages a sink's topic filter left out, by topic class."""
+    return " ".join(f"{cls}={n}" for cls, n in sorted(by_class.items())) or "0"
 
 
 def _iso(epoch_s: float) -> str:
@@ -638,6 +683,7 @@ def _kv_rebuild(args, conf: cfg.Config) -> int:
     report = rebuild_view(
         kv_path(conf), commitlog_dir=conf.commitlog.dir, tier_location=conf.tier.location,
         source=args.source, ttl=cfg.parse_ttl(conf.compaction.ttl), key_property=conf.commitlog.key_property,
+        topics=cfg.topic_filters(conf)["compaction"],
     )
     emit([dataclasses.asdict(report)], args.format)
     return 0
@@ -797,6 +843,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", type=int, help="only this queue id")
     p.add_argument("--from-queue-offset", type=int, metavar="N", help="with --topic and --queue: from queue offset N")
     p.add_argument("--limit", type=int, default=20, metavar="N", help="at most N messages (default 20)")
+    p.add_argument("--summary", action="store_true",
+                   help="instead of messages: per topic its class (business, retry, system), messages, bytes and "
+                        "which sinks take it under [topics]; reads the whole commitlog (or from --from-phy)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser(

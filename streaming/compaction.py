@@ -63,6 +63,7 @@ class CompactionSettings:
     snapshot_keep: int = 2
     on_corrupt: str = "fail"
     driver_pid: int = 0
+    topics: object = None  # the TopicFilter of [topics] compaction; None takes every topic
 
 
 @dataclass
@@ -161,7 +162,7 @@ class CompactionSink:
         if committed is None or (applied is not None and applied >= committed):
             return 0
         start = self._reader.first_offset() if applied is None else applied
-        count = replay_commitlog(self.kv, self._reader, start, committed, self.key_property)
+        count = replay_commitlog(self.kv, self._reader, start, committed, self.key_property, self.settings.topics)
         self.kv.apply([], applied_through=committed)
         self._record_sink(KV_SINK, committed)
         log.info("the KV view was behind the compaction checkpoint: replayed %d message(s) from physical "
@@ -186,7 +187,7 @@ class CompactionSink:
             return
         start = self._reader.first_offset() if sent_through is None else sent_through
         if start < committed:
-            changes = latest_changes(self._reader, start, committed, self.key_property)
+            changes = latest_changes(self._reader, start, committed, self.key_property, self.settings.topics)
             self.changelog.publish(changes)
             log.info("changelog: caught up %d changed key(s) from physical offset %d to %d", changes.num_rows,
                      start, committed)

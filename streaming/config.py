@@ -177,9 +177,27 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class TopicsConfig:
+    include: str = setting("*", "Topics any sink may take: comma-separated globs (`orders-*,users`).")
+    exclude: str = setting("", "Topics no sink takes: comma-separated globs (a broker's cluster and broker names, "
+                               "which it registers as system topics at start, say).")
+    tier: str = setting("business,retry", "Topic classes the tier keeps: any of business, retry (%RETRY%, %DLQ%), "
+                                          "system (RocketMQ's own topics).")
+    compaction: str = setting("business", "Topic classes the KV view, its snapshots and the Kafka changelog keep.")
+    mirror: str = setting("business", "Topic classes the Kafka mirror sends.")
+    tier_include: str = setting("", "Topics the tier keeps whatever their class (globs).")
+    tier_exclude: str = setting("", "Topics the tier leaves out (globs).")
+    compaction_include: str = setting("", "Topics the KV view and changelog keep whatever their class (globs).")
+    compaction_exclude: str = setting("", "Topics the KV view and changelog leave out (globs).")
+    mirror_include: str = setting("", "Topics the Kafka mirror sends whatever their class (globs).")
+    mirror_exclude: str = setting("", "Topics the Kafka mirror leaves out (globs).")
+
+
+@dataclass(frozen=True)
 class Config:
     commitlog: CommitlogConfig = field(default_factory=CommitlogConfig)
     source: SourceConfig = field(default_factory=SourceConfig)
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
     tier: TierConfig = field(default_factory=TierConfig)
     state: StateConfig = field(default_factory=StateConfig)
     compaction: CompactionConfig = field(default_factory=CompactionConfig)
@@ -366,6 +384,28 @@ def parse_topic_limits(text: str, setting_name: str, *, size: bool = False) -> d
             what = "TOPIC=SIZE (like *=10GiB)" if size else "TOPIC=COUNT (like *=1000000)"
             raise ConfigError(f"setting {setting_name}: {item.strip()!r} is not {what}; use * for every topic")
         out[topic] = _size_bytes(*m.groups()) if size else int(m.group(1))
+    return out
+
+
+def _globs(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def topic_filters(conf: "Config") -> dict:
+    """Each sink's ``TopicFilter`` (tier, compaction, mirror) from ``[topics]``."""
+    from connectors.commitlog.topics import CLASSES, TopicFilter
+
+    t = conf.topics
+    out = {}
+    for sink in ("tier", "compaction", "mirror"):
+        classes = _globs(getattr(t, sink))
+        unknown = [c for c in classes if c not in CLASSES]
+        if unknown:
+            raise ConfigError(f"setting topics.{sink}: {', '.join(map(repr, unknown))} is not a topic class; "
+                              f"use any of {', '.join(CLASSES)}")
+        out[sink] = TopicFilter(frozenset(classes), _globs(t.include) or ("*",),
+                                _globs(t.exclude) + _globs(getattr(t, f"{sink}_exclude")),
+                                _globs(getattr(t, f"{sink}_include")))
     return out
 
 

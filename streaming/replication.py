@@ -41,6 +41,7 @@ from typing import Callable, Iterator
 import pyarrow as pa
 
 from connectors.commitlog.reader import CommitLogReader
+from connectors.commitlog.topics import TopicFilter
 from connectors.errors import TierlogError
 from connectors.kafka.errors import KafkaSinkError, KafkaUnavailable
 from connectors.kafka.mirror import MIRROR_COLUMNS, MirrorSink, slot_of
@@ -84,6 +85,7 @@ class SendTask:
     driver_pid: int
     partitions: dict  # Kafka topic -> partition count, where known
     positions: dict  # "topic\x00partition" -> position, where known
+    topics: TopicFilter | None = None  # the messages of the topics it accepts are sent
 
 
 def send_slot(task: SendTask, slot: int) -> dict:
@@ -91,7 +93,7 @@ def send_slot(task: SendTask, slot: int) -> dict:
     too_large: list = []
     sink = MirrorSink(task.kafka, owns=lambda topic, p: slot_of(topic, p, task.slots) == slot,
                       on_skip=lambda phy, why: too_large.append([phy, why]), shared_producer=True,
-                      driver_pid=task.driver_pid)
+                      driver_pid=task.driver_pid, topics=task.topics)
     sink.seed(task.partitions, {tuple(_split(k)): v for k, v in task.positions.items()})
     error, retriable = None, False
     try:
@@ -136,8 +138,10 @@ class MirrorQuery:
     def __init__(self, kafka: KafkaSettings, commitlog_dir: str, checkpoint: str, metadata=None, *,
                  key_property: str = "KEYS", check_crc: bool = True, on_corrupt: str = "fail", tasks: int = 0,
                  should_stop: Callable[[], bool] = lambda: False,
-                 on_batch: Callable[[MirrorReport], None] | None = None, driver_pid: int = 0):
+                 on_batch: Callable[[MirrorReport], None] | None = None, driver_pid: int = 0,
+                 topics: TopicFilter | None = None):
         self.kafka = kafka
+        self.topics = topics
         self.commitlog_dir = commitlog_dir
         self.checkpoint = checkpoint
         self.metadata = metadata
@@ -190,7 +194,8 @@ class MirrorQuery:
         attempt = 0
         while pending:
             task = SendTask(self.kafka, self.commitlog_dir, start, end, slots_total, self.key_property,
-                            self.check_crc, self.on_corrupt, self.driver_pid, dict(self._partitions), dict(self._positions))
+                            self.check_crc, self.on_corrupt, self.driver_pid, dict(self._partitions), dict(self._positions),
+                            self.topics)
             outcomes = (spark.range(0, len(pending), 1, len(pending))
                         .mapInArrow(make_sender(task, pending), OUTCOME_DDL).toArrow().to_pylist())
             report.attempts += 1

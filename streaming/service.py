@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -52,6 +53,7 @@ def tiering_settings(conf: cfg.Config) -> TieringSettings:
         retention_bytes=cfg.parse_topic_limits(t.retention_bytes, "tier.retention_bytes", size=True),
         retention_messages=cfg.parse_topic_limits(t.retention_messages, "tier.retention_messages"),
         compact_every=max(1, t.compact_every),
+        filters=cfg.topic_filters(conf),
         delete_grace_s=t.delete_grace_s,
         driver_pid=os.getpid(),
     )
@@ -82,6 +84,7 @@ def compaction_settings(conf: cfg.Config) -> CompactionSettings:
         snapshot_keep=max(1, c.snapshot_keep),
         on_corrupt=conf.commitlog.on_corrupt,
         driver_pid=os.getpid(),
+        topics=cfg.topic_filters(conf)["compaction"],
     )
 
 
@@ -329,9 +332,12 @@ class Service:
                     kafka, conf.commitlog.dir, checkpoint_path(conf, "mirror"), metadata,
                     key_property=conf.commitlog.key_property, check_crc=conf.commitlog.check_crc,
                     on_corrupt=conf.commitlog.on_corrupt, tasks=conf.kafka.mirror_tasks, should_stop=self.stopping.is_set,
-                    on_batch=self._on_mirror_batch, driver_pid=os.getpid(),
+                    on_batch=self._on_mirror_batch, driver_pid=os.getpid(), topics=cfg.topic_filters(conf)["mirror"],
                 )
-            return self._run_queries(spark, until_caught_up)
+            code = self._run_queries(spark, until_caught_up)
+            if code == 0:
+                self.sink.flush()  # a clean stop leaves a root that covers every commit
+            return code
         finally:
             for name, sink in self.sinks.items():
                 if hasattr(sink, "close"):
@@ -357,7 +363,8 @@ class Service:
         if name in ("tiering", "mirror"):
             stream = refs_stream(spark, source_options(conf))
         else:
-            stream = compaction_stream(spark, source_options(conf))
+            stream = compaction_stream(spark, {**source_options(conf),
+                                               "topics": cfg.topic_filters(conf)["compaction"].to_json()})
         writer = (
             stream.writeStream.queryName(name)
             .foreachBatch(process)
@@ -481,16 +488,20 @@ class Service:
 
 _OUR_ERRORS = ("CorruptRecordError", "KVError", "OffsetLogError", "SkippedMessagesError", "LogLayoutError", "OffsetOutOfRangeError",
                "BucketNotFound", "AccessDenied", "TransientTierError", "TierError", "TierlogError",
-               "ConfigError", "MetadataError", "TierLogError")
+               "ConfigError", "MetadataError", "TierLogError", "TierLayoutError", "TopicNameError")
+
+
+_OUR_TRACEBACK_LINE = re.compile(r"^(?:connectors|streaming|state)\.[\w.]+\.\w+: (.*)$")
 
 
 def _root_cause(text: str) -> str:
     """The line of a Spark/Python traceback that carries tierlog's own error, else the first line."""
     for line in text.splitlines():
         stripped = line.strip()
+        ours = _OUR_TRACEBACK_LINE.match(stripped)  # any error class of tierlog's own packages
+        if ours:
+            return ours.group(1)
         for name in _OUR_ERRORS:
-            if stripped.startswith(("connectors.", "streaming.", "state.")) and f".{name}: " in stripped:
-                return stripped.split(": ", 1)[1]
             if stripped.startswith(f"{name}: "):
                 return stripped.split(": ", 1)[1]
     return text.strip().splitlines()[0] if text.strip() else "unknown error"

@@ -21,6 +21,8 @@ Options (all optional except ``path``):
                        records, for queries that read the bytes themselves (tiering)
 ``columns``            comma-separated columns of the message row to produce (all by
                        default); columns not asked for are not decoded at all
+``topics``             a topic filter (``TopicFilter.to_json()``): only messages of the
+                       topics it accepts are produced (needs the ``topic`` column)
 =====================  ====================================================
 """
 
@@ -31,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+
+from connectors.commitlog.topics import TopicFilter
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -62,6 +66,7 @@ class SourceOptions:
     key_property: str = "KEYS"
     refs_only: bool = False
     columns: tuple[str, ...] | None = None
+    topics: TopicFilter | None = None
 
     @classmethod
     def parse(cls, options: dict) -> "SourceOptions":
@@ -88,7 +93,19 @@ class SourceOptions:
             key_property=opts.get("keyproperty", "KEYS"),
             refs_only=_bool(opts, "refsonly", "refsOnly", False),
             columns=parse_columns(opts.get("columns")),
+            topics=_topics(opts.get("topics"), parse_columns(opts.get("columns")), _bool(opts, "refsonly", "refsOnly", False)),
         )
+
+
+def _topics(raw: str | None, columns: tuple[str, ...] | None, refs_only: bool) -> TopicFilter | None:
+    if not raw:
+        return None
+    if refs_only or (columns is not None and "topic" not in columns):
+        raise ConfigError("option topics needs the topic column: leave refsOnly off and include topic in columns")
+    try:
+        return TopicFilter.from_json(raw)
+    except (ValueError, KeyError) as exc:
+        raise ConfigError(f"option topics={raw!r} is not a topic filter: {exc}") from None
 
 
 def _on_corrupt(value: str) -> str:
@@ -161,9 +178,12 @@ def read_partition(opts: SourceOptions, partition: CommitLogPartition):
                     [pa.array(starts), pa.array(np.asarray(span.sizes, np.int32))], schema=REFS_SCHEMA
                 )
         else:
-            yield from reader.record_batches(
+            for batch in reader.record_batches(
                 partition.start, partition.end, key_property=opts.key_property, columns=opts.columns
-            )
+            ):
+                if opts.topics is not None and batch.num_rows:
+                    batch = batch.filter(opts.topics.mask(batch.column("topic")))
+                yield batch
 
 
 class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

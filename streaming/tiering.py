@@ -36,21 +36,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.commitlog.arrow import dispatched_only
+from connectors.commitlog.topics import filtered_counts
 from connectors.errors import TierlogError
 from connectors.tier import layout
 from connectors.tier.backend import open_backend
 from connectors.tier.log import TierLog
-from connectors.tier.manifest import Segment, StagingObject, record_keys
+from connectors.tier.manifest import Segment, StagingObject, add_counts, record_keys
 from streaming.faults import crash_point
 
 log = logging.getLogger("tierlog.tiering")
 
 STAGED_SCHEMA = pa.schema(
     [("name", pa.string()), ("size", pa.int64()), ("first_phy", pa.int64()), ("end_phy", pa.int64()),
-     ("rows", pa.int64()), ("bytes", pa.int64()), ("queues", pa.string()), ("upload_s", pa.float64())]
+     ("rows", pa.int64()), ("bytes", pa.int64()), ("queues", pa.string()), ("upload_s", pa.float64()),
+     ("filtered", pa.string())]
 )
 STAGED_DDL = ("name string, size bigint, first_phy bigint, end_phy bigint, rows bigint, bytes bigint, queues string, "
-              "upload_s double")
+              "upload_s double, filtered string")
 
 
 class SkippedMessagesError(TierlogError):
@@ -73,6 +75,7 @@ class TieringSettings:
     retention_check_s: float = 30.0  # every queue is checked for retention this often
     compact_every: int = 200  # commit records between checkpoints
     compact_bytes: int = 8 << 20  # or this many bytes of records, whichever comes first
+    filters: dict | None = None  # sink -> TopicFilter; the tier keeps what filters["tier"] accepts
     delete_grace_s: float = 60.0  # retired objects stay readable this long
     driver_pid: int = 0
 
@@ -121,23 +124,26 @@ def make_stager(settings: TieringSettings, floor: int):
                              on_corrupt=settings.on_corrupt) as reader:
             batches_ = list(reader.record_batches(lo, hi, key_property=settings.key_property))
         table = dispatched_only(pa.Table.from_batches(batches_, schema=batches_[0].schema if batches_ else None))
-        table = layout.sort_rows(table)
-        stats = queue_stats(table)
-        data = layout.to_staging_parquet(table)
-        name = layout.staging_name(lo)
-        backend = open_backend(settings.location)
-        started = time.monotonic()
-        try:
-            backend.put(name, data)
-        finally:
-            backend.close()
-        upload_s = time.monotonic() - started
-        crash_point("staged", settings.driver_pid)
-        yield pa.RecordBatch.from_pylist(
-            [{"name": name, "size": len(data), "first_phy": lo, "end_phy": hi, "rows": table.num_rows,
-              "bytes": int(pc.sum(table["size"]).as_py() or 0), "queues": json.dumps(stats), "upload_s": upload_s}],
-            schema=STAGED_SCHEMA,
-        )
+        # Every sink's filter is counted here, where each message passes exactly once.
+        filtered = filtered_counts(table["topic"], settings.filters) if settings.filters and table.num_rows else {}
+        if settings.filters and "tier" in filtered:
+            table = table.filter(settings.filters["tier"].mask(table["topic"]))
+        summary = {"name": "", "size": 0, "first_phy": lo, "end_phy": hi, "rows": 0, "bytes": 0, "queues": "[]",
+                   "upload_s": 0.0, "filtered": json.dumps(filtered)}
+        if table.num_rows:  # else nothing to stage: the range still counts as tiered
+            table = layout.sort_rows(table)
+            data = layout.to_staging_parquet(table)
+            name = layout.staging_name(lo)
+            backend = open_backend(settings.location)
+            started = time.monotonic()
+            try:
+                backend.put(name, data)
+            finally:
+                backend.close()
+            summary.update(name=name, size=len(data), rows=table.num_rows, bytes=int(pc.sum(table["size"]).as_py() or 0),
+                           queues=json.dumps(queue_stats(table)), upload_s=time.monotonic() - started)
+            crash_point("staged", settings.driver_pid)
+        yield pa.RecordBatch.from_pylist([summary], schema=STAGED_SCHEMA)
 
     return stage
 
@@ -204,7 +210,7 @@ class TieringSink:
             expired = [Segment.from_json(d) for d in record["segments"]] if record["type"] == "expire" else []
             deletes = {n: now for n in record.get("retire", ())} | {n: now for s in expired for n in (s.name, s.keys) if n}
             self.metadata.record_commit(head, queues=record_keys(record), segments=sealed, removed_segments=expired,
-                                        deletes=deletes)
+                                        deletes=deletes, filtered=record.get("filtered"))
 
     # ------------------------------------------------------------ foreachBatch
 
@@ -229,13 +235,16 @@ class TieringSink:
             report.replay = True
             return report
         staged.sort(key=lambda r: r["first_phy"])
-        report.uploads.extend(("staging", r["upload_s"]) for r in staged)
+        report.uploads.extend(("staging", r["upload_s"]) for r in staged if r["name"])
         self._check_contiguous(staged, batch_id)
+        filtered: dict = {}
+        for r in staged:
+            add_counts(filtered, json.loads(r["filtered"]))
         quarantined = self._quarantined(staged)
         crash_point("uploaded")
         now_ms = int(time.time() * 1000)
         objects = []
-        for row in staged:
+        for row in (r for r in staged if r["name"]):
             queues = {(t, q): {"first": lo, "last": hi, "rows": n, "bytes": b, "min_ts": tmin, "max_ts": tmax}
                       for t, q, lo, hi, n, b, tmin, tmax in json.loads(row["queues"])}
             objects.append(StagingObject(row["name"], row["size"], row["first_phy"], queues, now_ms))
@@ -249,16 +258,18 @@ class TieringSink:
                   "source_end": staged[-1]["end_phy"], "staging": [o.to_json() for o in objects]}
         if quarantined:
             record["quarantined"] = quarantined  # in the tier too, so the record outlives the metadata store
+        if filtered:
+            record["filtered"] = filtered  # so a metadata store that missed this record counts it on catch-up
         self.log.append(self.head, record)
         crash_point("logged")
-        self.metadata.record_commit(self.head, queues=touched)
+        self.metadata.record_commit(self.head, queues=touched, filtered=filtered)
         if quarantined:
             self.metadata.record_quarantine(quarantined)
         clock.lap("commit")
         crash_point("committed")
         report.rows = sum(r["rows"] for r in staged)
         report.bytes = sum(r["bytes"] for r in staged)
-        report.objects = len(staged)
+        report.objects = len(objects)
         report.source_end = self.head.source_end
         report.max_store_ts = max((s["max_ts"] for o in objects for s in o.queues.values()), default=None)
         report.seals = self.maintain()
@@ -323,6 +334,13 @@ class TieringSink:
         if len(self.head.tail) >= self.settings.compact_every or self.head.tail_bytes >= self.settings.compact_bytes:
             self.checkpoint()
         return seals
+
+    def flush(self) -> None:
+        """On a clean stop: fold the records since the last root into manifests, so readers and the
+        next start read a root and nothing after it."""
+        with self.lock:
+            if self.head.tail:
+                self.checkpoint()
 
     def checkpoint(self) -> None:
         """Fold the records since the last root into manifests; what it replaced is deleted after the grace."""

@@ -54,22 +54,27 @@ def test_hostile_topic_names_are_escaped_and_nothing_lands_outside_the_tier(tmp_
     assert len(reader.read_all()) == len(replay(conf.commitlog.dir))
 
 
-def test_topic_names_kafka_refuses_stop_the_sink_naming_the_setting_until_mapped():
+def test_topic_names_kafka_refuses_get_a_legal_name_and_a_collision_stops_naming_both():
     """RocketMQ allows '%' and '|' (its retry and dead-letter topics are %RETRY%group and %DLQ%group);
-    Kafka does not. Such a topic is never sent under a mangled name: the sink says how to map it."""
+    Kafka does not. Such a topic gets a deterministic legal name (Debezium's rule: '_' for each
+    other character); two topics that would share one stop the sink with both and the setting named."""
     from connectors.kafka.errors import KafkaSinkError, TopicNameError
-    from connectors.kafka.settings import TopicRouter
+    from connectors.kafka.settings import TopicRouter, legal_topic
 
     route = TopicRouter("{topic}", {"%DLQ%g": "dlq-g"}, "kafka.mirror_topic")
     assert route("orders") == "orders" and route("%DLQ%g") == "dlq-g"
-    for topic in ("%RETRY%g", "a|b", "../x", "x" * 250, "."):
-        try:
-            route(topic)
-        except TopicNameError as exc:
-            assert isinstance(exc, KafkaSinkError) and not exc.retriable
-            assert repr(topic) in str(exc) and "kafka.mirror_topic_map" in str(exc), str(exc)
-        else:
-            raise AssertionError(f"{topic!r} was routed to Kafka as {route(topic)!r}")
+    assert route("%RETRY%g") == "_RETRY_g" and route("a|b") == "a_b" and route(".") == "_"
+    long = route("%DLQ%" + "x" * 250)
+    assert legal_topic(long) and len(long) <= 249 and long == TopicRouter("{topic}", {}, "s")("%DLQ%" + "x" * 250)
+    for topic in ("../x", "üx", "c d"):
+        assert legal_topic(route(topic)), topic
+    with pytest.raises(TopicNameError) as caught:
+        route("_RETRY_g")  # a legal topic of its own, where %RETRY%g went
+    assert isinstance(caught.value, KafkaSinkError) and not caught.value.retriable
+    assert "'%RETRY%g'" in str(caught.value) and "'_RETRY_g'" in str(caught.value)
+    assert "kafka.mirror_topic_map" in str(caught.value)
+    with pytest.raises(TopicNameError, match="kafka.mirror_topic_map maps"):
+        TopicRouter("{topic}", {"a": "b%c"}, "kafka.mirror_topic")("a")
 
 
 # A compaction batch that Spark has started but that has not yet reached its sink (injected: it

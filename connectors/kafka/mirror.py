@@ -22,8 +22,10 @@ import zlib
 from typing import Callable, Iterable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from connectors.commitlog.arrow import dispatched_only, epoch_ms
+from connectors.commitlog.topics import TopicFilter
 from connectors.kafka.records import source_headers
 from connectors.kafka.settings import TopicRouter
 from connectors.kafka.sink import KafkaSink
@@ -40,8 +42,9 @@ def slot_of(topic: str, partition: int, slots: int) -> int:
 class MirrorSink(KafkaSink):
     name = "mirror"
 
-    def __init__(self, settings, **kwargs):
+    def __init__(self, settings, *, topics: TopicFilter | None = None, **kwargs):
         super().__init__(settings, **kwargs)
+        self.topics = topics  # None sends every topic
         self.route = TopicRouter(settings.mirror_topic, settings.mirror_topic_map, "kafka.mirror_topic")
 
     def publish(self, batches: Callable[[], Iterable[pa.RecordBatch]], *, once: bool = False) -> None:
@@ -55,6 +58,10 @@ class MirrorSink(KafkaSink):
 
     def send_batch(self, batch: pa.RecordBatch) -> None:
         batch = dispatched_only(batch)
+        if self.topics is not None and batch.num_rows:
+            batch = batch.filter(self.topics.mask(batch.column("topic")))
+        for topic in pc.unique(batch.column("topic")).to_pylist():
+            self.route(topic)  # every topic routed before anything is sent: a name collision sends nothing
         columns = [batch.column(c).to_pylist() for c in ("topic", "queue_id", "queue_offset", "phy_offset", "key",
                                                            "body", "properties")]
         columns.append(epoch_ms(batch.column("store_ts")))

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import re
+import zlib
 from dataclasses import dataclass, field
 
 from connectors.kafka.errors import TopicNameError
+
+log = logging.getLogger("tierlog.kafka")
 
 # Kafka's own rule for topic names (kafka.common.internals.Topic).
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
@@ -37,24 +41,60 @@ class KafkaSettings:
 
 
 class TopicRouter:
-    """A RocketMQ topic's Kafka topic: the explicit map first, else the template (``{topic}``)."""
+    """A RocketMQ topic's Kafka topic: the explicit map first, else the template (``{topic}``).
+
+    A template name Kafka would refuse (``%RETRY%group``: ``%`` is not allowed) is made legal as
+    Debezium does: every other character becomes ``_``, and a name past 249 characters is cut
+    and given a hash of the whole, with one warning per topic.  Two RocketMQ topics that end up
+    on one Kafka topic that way stop the sink with both named: their messages would mix and the
+    restart read-back could not tell them apart.  An explicit map wins, and must be legal itself.
+    """
 
     def __init__(self, template: str, mapping: dict[str, str], setting: str):
         self.template, self.mapping, self.setting = template, mapping, setting
         self._cache: dict[str, str] = {}
+        self._owner: dict[str, str] = {}  # Kafka topic -> the RocketMQ topic routed to it
 
     def __call__(self, topic: str) -> str:
         name = self._cache.get(topic)
         if name is None:
-            name = self.mapping.get(topic) or self.template.replace("{topic}", topic)
-            if not _LEGAL_TOPIC.match(name) or name in (".", ".."):
+            name = self._route(topic)
+            other = self._owner.setdefault(name, topic)
+            if other != topic and not (topic in self.mapping and other in self.mapping):
                 raise TopicNameError(
-                    f"RocketMQ topic {topic!r} maps to Kafka topic {name!r}, which Kafka refuses (1-249 of "
-                    f"letters, digits, '.', '_', '-'): map it to a legal name in {self.setting}_map, "
-                    f"e.g. {self.setting}_map = \"{topic}=<name>\""
+                    f"RocketMQ topics {other!r} and {topic!r} both map to Kafka topic {name!r}: map one of them "
+                    f"to another name in {self.setting}_map, e.g. {self.setting}_map = \"{topic}=<name>\""
                 )
             self._cache[topic] = name
         return name
+
+    def _route(self, topic: str) -> str:
+        if topic in self.mapping:
+            name = self.mapping[topic]
+            if not legal_topic(name):
+                raise TopicNameError(f"{self.setting}_map maps RocketMQ topic {topic!r} to {name!r}, which Kafka "
+                                     "refuses (1-249 of letters, digits, '.', '_', '-')")
+            return name
+        wanted = self.template.replace("{topic}", topic)
+        name = kafka_safe(wanted)
+        if name != wanted:
+            log.warning("RocketMQ topic %r would be Kafka topic %r, which Kafka refuses: using %r (set %s_map to "
+                        "choose another name)", topic, wanted, name, self.setting)
+        return name
+
+
+def legal_topic(name: str) -> bool:
+    return bool(_LEGAL_TOPIC.match(name)) and name not in (".", "..")
+
+
+def kafka_safe(name: str) -> str:
+    """``name`` as a legal Kafka topic: other characters as ``_``; past 249, cut with a hash of the whole."""
+    safe = re.sub(r"[^a-zA-Z0-9._-]", "_", name) or "_"
+    if safe in (".", ".."):
+        safe = safe.replace(".", "_")
+    if len(safe) > 249:
+        safe = f"{safe[:240]}-{zlib.crc32(name.encode()):08x}"
+    return safe
 
 
 def parse_topic_map(text: str, setting: str) -> dict[str, str]:
