@@ -111,7 +111,9 @@ class TierBatchReader(DataSourceReader):
         parts: list[TierPartition] = []
         staged: dict[str, TierPartition] = {}
         topics = sorted(b.topics) if b.topics is not None else [None]
-        for key, q in sorted(kv for t in topics for kv in state.queue_states(t).items()):
+        queues = sorted(kv for t in topics for kv in state.queue_states(t).items())
+        state.prefetch([k for k, q in queues if q.segments or q.commit > q.sealed])
+        for key, q in queues:
             topic, queue_id = key
             if (b.topics is not None and topic not in b.topics) or (b.queues is not None and queue_id not in b.queues):
                 continue

@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from connectors.tier import layout
@@ -41,11 +39,11 @@ from connectors.tier.manifest import (
     StagingPart, add_counts, apply_to_manifest, apply_to_state, bucket_of, check_record, dropped_pages, home_bucket,
     record_keys,
 )
+from connectors.tier.pool import io_map
 from connectors.tier.view import TierView
 
 log = logging.getLogger("tierlog.tier")
 
-IO_THREADS = 8  # manifests read or written at once by a checkpoint or a start
 CACHE_OBJECTS = 4096  # parsed metadata objects a TierLog keeps (every name it caches is immutable)
 
 
@@ -166,6 +164,7 @@ class TierLog:
     def __init__(self, backend: Backend, buckets: int = DEFAULT_BUCKETS):
         self.backend = backend
         self.new_buckets = buckets  # for a tier that has no root yet
+        self.cache_objects = CACHE_OBJECTS
         self._cache: OrderedDict[str, dict] = OrderedDict()
         self._cache_lock = threading.Lock()
 
@@ -180,7 +179,7 @@ class TierLog:
         value = json.loads(self.backend.read(name))
         with self._cache_lock:
             self._cache[name] = value
-            while len(self._cache) > CACHE_OBJECTS:
+            while len(self._cache) > self.cache_objects:
                 self._cache.popitem(last=False)
         return value
 
@@ -238,7 +237,7 @@ class TierLog:
         root = self.read_json(layout.root_name(listing.roots[-1])) if listing.roots else empty_root(self.new_buckets)
         head = TierHead(root)
         buckets = sorted(head.bucket_versions.items())
-        for bucket in _parallel(lambda bv: self.read_json(layout.bucket_name(*bv)), buckets):
+        for bucket in io_map(lambda bv: self.read_json(layout.bucket_name(*bv)), buckets):
             for t, q, version, state in bucket["queues"]:
                 head._add_queue((t, q))
                 head.queues[(t, q)] = QueueState.from_json(state)
@@ -248,7 +247,7 @@ class TierLog:
         head.changed_buckets.clear()
         unsealed = [k for k, s in head.queues.items() if s.commit > s.sealed]
         objects: dict[str, StagingObject] = {}
-        for key, m in zip(unsealed, _parallel(lambda k: self._manifest(k, head.versions[k]), unsealed)):
+        for key, m in zip(unsealed, io_map(lambda k: self._manifest(k, head.versions[k]), unsealed)):
             for p in m.staging:
                 if p.last >= m.state.sealed:
                     obj = objects.setdefault(p.name, StagingObject(p.name, p.size, p.first_phy, {}, p.time_ms))
@@ -312,7 +311,7 @@ class TierLog:
                 garbage.append(layout.queue_manifest_name(*key, head.versions[key]))
             return garbage
 
-        garbage = [name for names in _parallel(fold, list(by_key)) for name in names]
+        garbage = [name for names in io_map(fold, list(by_key)) for name in names]
         for key in by_key:
             head.versions[key] = seq
         garbage += self._write_buckets(head, head.changed_buckets, seq)
@@ -341,7 +340,7 @@ class TierLog:
             topics = {t: head.topics[t] for t in sorted(head.topics_by_home.get(b, ()))}
             self.backend.put(layout.bucket_name(b, seq), _dumps({"v": FORMAT, "queues": rows, "topics": topics}))
 
-        _parallel(write, sorted(buckets))
+        io_map(write, sorted(buckets))
         versions.update({b: seq for b in buckets})
         head.changed_buckets = set()
         return garbage
@@ -398,7 +397,7 @@ class TierLog:
                 m.pages.append(PageRef.of(name, page))
             self.backend.put(layout.queue_manifest_name(*key, old.seq), _dumps(m.to_json()))
 
-        _parallel(write, list(manifests))
+        io_map(write, list(manifests))
         self._write_buckets(head, head.changed_buckets, old.seq)
         self._write_root(head)
         self._delete_covered(old.seq)
@@ -418,21 +417,3 @@ def _check_sequence(root_seq: int, tail: list[dict]) -> None:
 
 def _dumps(value) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
-
-
-_pool: ThreadPoolExecutor | None = None
-_pool_pid = 0
-_pool_lock = threading.Lock()
-
-
-def _parallel(fn, items: list) -> list:
-    """``fn`` over ``items`` on a process-wide pool of ``IO_THREADS`` (made once: starting threads for
-    each checkpoint cost more than its writes); never called from inside the pool."""
-    global _pool, _pool_pid
-    if len(items) <= 1:
-        return [fn(i) for i in items]
-    with _pool_lock:
-        if _pool is None or _pool_pid != os.getpid():  # a forked child has no threads of its parent's pool
-            _pool, _pool_pid = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="tier-meta"), os.getpid()
-        pool = _pool
-    return list(pool.map(fn, items))

@@ -105,7 +105,9 @@ class TierReader:
         """Every committed message, queue by queue (a staging object's row groups are cut at queue
         boundaries, so reading it once per queue decodes each row once)."""
         def question(st: TierView) -> pa.Table:
-            tables = [self.read_queue(t, q, st) for t, q in st.queue_keys()]
+            keys = st.queue_keys()
+            st.prefetch(keys)
+            tables = [self.read_queue(t, q, st) for t, q in keys]
             return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
         return self._fresh(question, state)
 
@@ -238,7 +240,9 @@ class TierReader:
         lo = -(2**62) if begin_ms is None else begin_ms
         hi = 2**62 if end_ms is None else end_ms
         parts, staged = [], {}
-        for queue_key in state.queue_keys(topic):
+        keys = state.queue_keys(topic)
+        state.prefetch(keys)
+        for queue_key in keys:
             q = state.queue(queue_key)
             for seg in state.segments_for(queue_key, min_ts=lo, max_ts=hi):
                 parts.append(partial(self._segment_rows_for_key, seg, key))

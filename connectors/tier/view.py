@@ -13,6 +13,7 @@ from functools import cached_property, partial
 from typing import Iterator
 
 from connectors.tier import layout
+from connectors.tier.pool import io_map
 from connectors.tier.manifest import (
     QueueKey, QueueManifest, QueueState, Segment, StagingPart, add_counts, apply_to_manifest, apply_to_state,
     bucket_of, home_bucket, record_keys,
@@ -85,6 +86,19 @@ class TierView:
             self._manifests[key] = m
         return self._manifests[key]
 
+    def prefetch(self, keys) -> None:
+        """Read the manifests of ``keys`` at once (an S3 request mostly waits), so a walk over many
+        queues does not pay one round trip after another.  At most half the log's cache at a time."""
+        names = []
+        for key in keys:
+            if key not in self._manifests:
+                entry = self._bucket(bucket_of(key, self.buckets)).get(key)
+                if entry is not None:
+                    names.append(layout.queue_manifest_name(*key, entry[0]))
+        chunk = self.log.cache_objects // 2
+        for i in range(0, len(names), chunk):
+            io_map(self.log.read_json, names[i:i + chunk])
+
     def segments_for(self, key: QueueKey, lo: int = -1, hi: int = _FAR, min_ts: int = -_FAR,
                      max_ts: int = _FAR) -> list[Segment]:
         """Retained segments of ``key`` overlapping offsets ``[lo, hi)`` and store times
@@ -151,7 +165,9 @@ class TierView:
 
     @cached_property
     def queues(self) -> dict[QueueKey, QueueManifest]:
-        return {k: self.queue(k) for k in self.queue_keys()}
+        keys = self.queue_keys()
+        self.prefetch(keys)
+        return {k: self.queue(k) for k in keys}
 
     @cached_property
     def segments(self) -> dict[str, Segment]:
