@@ -209,3 +209,26 @@ def test_every_sysflag_combination_decodes_the_same_on_both_paths_and_enters_a_q
     assert table["body"].to_pylist() == [m.body for m in stored]
     assert table["born_host"].to_pylist() == [m.born_host for m in decoded]
     assert dispatched_mask(table["sysflag"]).to_pylist() == [m.sysflag & 0xC in (0, 0x8) for m in stored]
+
+
+def test_inspect_summary_says_per_topic_its_class_counts_and_which_sinks_take_it(tmp_path):
+    import json
+
+    from tests.cli_runner import tierlog, write_config
+
+    config = write_config(tmp_path, topics={"mirror": "business,retry", "tier_exclude": "users"})
+    conf = cfg.load(str(config), env={})
+    ledger = write(conf, broker_log(80))
+    result = tierlog("inspect", "--summary", "--format", "json", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    rows = {r["topic"]: r for r in map(json.loads, result.stdout.splitlines())}
+    for topic in {m.topic for _, m in ledger}:
+        mine = [(c, m) for c, m in ledger if m.topic == topic]
+        cls = mine[0][0]
+        assert rows[topic]["class"] == cls, topic
+        assert rows[topic]["messages"] == sum(1 for _, m in mine if entered(m))
+        assert rows[topic]["not_dispatched"] == sum(1 for _, m in mine if not entered(m))
+        assert rows[topic]["bytes"] == sum(m.size for _, m in mine)
+        assert rows[topic]["tier"] == ("yes" if cls != "system" and topic != "users" else "no")
+        assert rows[topic]["compaction"] == ("yes" if cls == "business" else "no")
+        assert rows[topic]["mirror"] == ("yes" if cls != "system" else "no")
