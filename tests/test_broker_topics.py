@@ -21,6 +21,7 @@ from connectors.tier.reader import TierReader
 from state.metadata import MetadataStore
 from streaming import config as cfg
 from streaming.service import Service, metadata_path
+from tests.cli_runner import sink_offsets
 from tests.kafka_helpers import changelog_records, compacted, kafka_conf, read_topic
 from tests.kv_helpers import view_contents
 from tests.tiering_helpers import make_conf
@@ -106,7 +107,12 @@ def test_a_broker_log_is_tiered_viewed_and_mirrored_by_topic_class(spark, tmp_pa
     assert {c for c, _ in ledger} == {"business", "retry", "system"}
     run(spark, conf)
     ledger += write(conf, broker_log(150, seed=1))
+    ledger += write(conf, [("system", Message(topic="RMQ_SYS_TRACE_TOPIC", body=b"last"))])  # no sink takes it
     run(spark, conf)
+    # A message no sink takes still moves every sink's applied offset: nothing waits on it.
+    end = ledger[-1][1].phy_offset + ledger[-1][1].size
+    sinks = sink_offsets(conf)
+    assert sinks["tier"] == sinks["kv"] == sinks["mirror"] == sinks["changelog"] == end, sinks
 
     # The tier: business and retry messages that entered a queue, each exactly once.
     tiered = TierReader(conf.tier.location).read_all().to_pylist()
