@@ -196,6 +196,7 @@ def test_every_sysflag_combination_decodes_the_same_on_both_paths_and_enters_a_q
     """An INNER_BATCH record is one row: its body is the encoded inner batch, as stored; its queue
     offset is the first of the batch.  Both decoders agree, and only NOT_TYPE and COMMIT enter a queue."""
     from connectors.commitlog.arrow import dispatched_mask
+    from connectors.commitlog.compression import compress
     from connectors.commitlog.reader import CommitLogReader
 
     messages = []
@@ -203,16 +204,20 @@ def test_every_sysflag_combination_decodes_the_same_on_both_paths_and_enters_a_q
         v6 = {"born_host": "[::1]:1234" if flag & 0x10 else "127.0.0.1:1234",
               "store_host": "[::2]:10911" if flag & 0x20 else "127.0.0.1:10911"}
         props = {"KEYS": f"k{i}"} | ({"INNER_NUM": "3", "INNER_BASE": "0"} if flag & 0x80 else {})
-        messages.append(Message(topic=f"t{i % 3}", queue_id=i % 2, body=b"b%d" % i, properties=props, sysflag=flag, **v6))
+        body = b"b%d" % i
+        if flag & 0x1:  # stored as the Java client stores it: compressed by the codec bits 8-10 name
+            body = compress(body, {0: "zlib", 0x100: "lz4", 0x200: "zstd", 0x300: "zlib"}[flag & 0x700])
+        messages.append(Message(topic=f"t{i % 3}", queue_id=i % 2, body=body, properties=props, sysflag=flag, **v6))
     with CommitLogWriter(str(tmp_path), file_size=FILE, fsync="never") as writer:
         stored = writer.append_many(messages)
     with CommitLogReader(str(tmp_path)) as reader:
         decoded = list(reader.messages(0))
         table = __import__("pyarrow").Table.from_batches(list(reader.record_batches(0, reader.end_offset())))
-    assert [(m.phy_offset, m.sysflag, m.body, m.topic) for m in decoded] == \
-        [(m.phy_offset, m.sysflag, m.body, m.topic) for m in stored]
-    assert table["sysflag"].to_pylist() == [m.sysflag for m in stored]
-    assert table["body"].to_pylist() == [m.body for m in stored]
+    # Read as a consumer's client reads: the body inflated and the compressed flag cleared.
+    expected = [(m.phy_offset, m.sysflag & ~0x1, b"b%d" % i, m.topic) for i, m in enumerate(stored)]
+    assert [(m.phy_offset, m.sysflag, m.body, m.topic) for m in decoded] == expected
+    assert table["sysflag"].to_pylist() == [e[1] for e in expected]
+    assert table["body"].to_pylist() == [e[2] for e in expected]
     assert table["born_host"].to_pylist() == [m.born_host for m in decoded]
     assert dispatched_mask(table["sysflag"]).to_pylist() == [m.sysflag & 0xC in (0, 0x8) for m in stored]
 

@@ -421,3 +421,47 @@ def test_quarantine_skips_exactly_the_corrupt_record_and_lists_it(log_dir, rel, 
             assert (q.file, q.start, q.end) == (os.path.join(log_dir, fmt.file_name(base)), target.phy_offset,
                                                 target.phy_offset + target.size)
             assert reason.split()[0].lower() in q.reason.lower()
+
+
+# ------------------------------------------------------------------ what a real broker writes
+# Found by tests/test_rocketmq_broker.py on RocketMQ 5.5's own commitlog, and pinned here with our writer.
+
+
+def test_a_broker_pre_creates_the_next_file_and_the_frontier_stays_in_the_last_one_with_data(log_dir):
+    """RocketMQ's AllocateMappedFileService creates the next mapped file, all zeros, before the
+    current one is full; the end of the log is still where the data ends."""
+    written = fill(log_dir, 60)
+    last = sorted(f for f in os.listdir(log_dir) if f.isdigit())[-1]
+    with open(os.path.join(log_dir, fmt.file_name(int(last) + FILE)), "wb") as f:
+        f.truncate(FILE)
+    end = written[-1].phy_offset + written[-1].size
+    with CommitLogReader(log_dir, check_crc=True) as r:
+        assert r.end_offset() == end
+        table = pa.Table.from_batches(list(r.record_batches(0, r.end_offset())), schema=MESSAGE_SCHEMA)
+    assert table.num_rows == len(written)
+    assert replay(log_dir) == [message_row(m) for m in written]
+
+
+@pytest.mark.parametrize("codec, flag", [("zlib", 0x300), ("zlib", 0x0), ("lz4", 0x100), ("zstd", 0x200)])
+def test_a_compressed_body_reads_as_the_producer_sent_it(log_dir, codec, flag):
+    """The Java client compresses bodies over 4 KiB (sysflag bit 0, codec in bits 8-10; 0 is a
+    pre-5.0 client's zlib).  Both decoders inflate it and clear bit 0, as the consumer's client does."""
+    from connectors.commitlog.compression import compress
+
+    payload = b"order line " * 1000
+    with CommitLogWriter(log_dir, file_size=FILE * 4, fsync="never") as w:
+        stored = w.append_many([Message(topic="t", body=compress(payload, codec), sysflag=flag | 0x1),
+                                Message(topic="t", body=b"plain", sysflag=flag)])
+    assert stored[0].size < len(payload)
+    got = replay(log_dir)
+    assert [(r["body"], r["sysflag"]) for r in got] == [(payload, flag), (b"plain", flag)]
+    assert [(r["body"], r["sysflag"]) for r in arrow_rows(log_dir)] == [(payload, flag), (b"plain", flag)]
+
+
+def test_a_body_that_does_not_inflate_stops_reading_at_its_offset(log_dir):
+    with CommitLogWriter(log_dir, file_size=FILE, fsync="never") as w:
+        ok, bad = w.append_many([Message(topic="t", body=b"fine"), Message(topic="t", body=b"not zlib", sysflag=0x301)])
+    for read in (replay, arrow_rows):
+        with pytest.raises(CorruptRecordError, match="flagged zlib-compressed does not inflate") as exc:
+            read(log_dir)
+        assert exc.value.offset == bad.phy_offset

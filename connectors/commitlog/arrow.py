@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.commitlog import compression
 from connectors.commitlog import format as fmt
 
 MESSAGE_SCHEMA = pa.schema(
@@ -251,6 +252,9 @@ def decode_batch(
                 raise BatchDecodeError(i, "body CRC mismatch")
 
     body = _slices(buffer, u8, body_at, body_len)
+    if (sysflag & fmt.COMPRESSED_FLAG).any():
+        body = _inflated(body, sysflag)
+        sysflag = sysflag & ~fmt.COMPRESSED_FLAG
     topic = _to_string(_slices(buffer, u8, topic_at, topic_len))
     props = _properties(_to_string(_slices(buffer, u8, props_at, props_len)))
     ts = pa.timestamp("us", tz="UTC")
@@ -289,6 +293,20 @@ def decode_batch(
     }
     schema = MESSAGE_SCHEMA if columns is None else project_schema(columns)
     return pa.RecordBatch.from_arrays([builders[f.name]() for f in schema], schema=schema)
+
+
+def _inflated(body: pa.Array, sysflag: np.ndarray) -> pa.Array:
+    """``body`` with the compressed ones inflated (see ``compression``)."""
+    rows = np.flatnonzero(sysflag & fmt.COMPRESSED_FLAG)
+    out = []
+    for i in rows:
+        try:
+            out.append(compression.decompress(body[int(i)].as_py(), int(sysflag[i])))
+        except compression.BodyCompressionError as exc:
+            raise BatchDecodeError(int(i), str(exc)) from exc
+    mask = np.zeros(len(body), dtype=bool)
+    mask[rows] = True
+    return pc.replace_with_mask(body, pa.array(mask), pa.array(out, body.type))
 
 
 def _offset_msg_ids(u8, host_at, width, phy, uniq: pa.Array) -> pa.Array:

@@ -11,6 +11,8 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
+from connectors.commitlog import compression
+
 # §2 magic codes, as unsigned 32-bit values (what ">I" unpacks).
 MAGIC_V1 = 0xDAA320A7
 MAGIC_V2 = 0xDAA320AB
@@ -288,13 +290,14 @@ def implied_size(buf, pos: int) -> int | None:
     return record_size(body_len, topic_len, props_len, sysflag, v2)
 
 
-def decode(buf, pos: int = 0, *, check_crc: bool = False, expect_phy: int | None = None) -> Message:
+def decode(buf, pos: int = 0, *, check_crc: bool = False, expect_phy: int | None = None, inflate: bool = True) -> Message:
     """Decode the message record that starts at ``buf[pos]``.
 
     Checks what the broker checks on recovery: the magic, that TOTALSIZE equals
     the §4.1 formula and fits in ``buf``; with ``check_crc`` the body CRC; and,
     when ``expect_phy`` is given, that the stored PHYSICALOFFSET is where the
-    record really lies (a moved or renamed file fails this).
+    record really lies (a moved or renamed file fails this).  A compressed body
+    is inflated and its flag cleared (``compression``) unless ``inflate`` is false.
     Raises :class:`RecordError`.
     """
     if len(buf) - pos < MIN_RECORD_SIZE:
@@ -345,6 +348,12 @@ def decode(buf, pos: int = 0, *, check_crc: bool = False, expect_phy: int | None
         raise RecordError(f"body CRC mismatch: stored {crc}, computed {body_crc(body)}", size)
     if expect_phy is not None and phy != expect_phy:
         raise RecordError(f"stored physical offset {phy} is not the record's position {expect_phy}", size)
+    if inflate and sysflag & COMPRESSED_FLAG:  # as the consumer's client does: inflate, clear the flag
+        try:
+            body = compression.decompress(body, sysflag)
+        except compression.BodyCompressionError as exc:
+            raise RecordError(str(exc), size) from exc
+        sysflag &= ~COMPRESSED_FLAG
     return Message(
         topic=topic_bytes.decode("utf-8", "replace"),
         body=body,

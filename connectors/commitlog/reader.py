@@ -256,7 +256,8 @@ class CommitLogReader:
         """Is the last record before the frontier complete?  A broker copies it in front to back."""
         buf = self._map(f)
         try:
-            m = fmt.decode(buf, pos, check_crc=True, expect_phy=f.base + pos)
+            # Whether it is whole, not whether its body inflates: a bad body is corruption, not a tail.
+            m = fmt.decode(buf, pos, check_crc=True, expect_phy=f.base + pos, inflate=False)
         except fmt.RecordError:
             return False
         # The CRC covers only the body: check the bytes after it were copied too.  Serialized
@@ -562,7 +563,12 @@ class CommitLogReader:
         files = self.files()
         if not files:
             return 0
-        start = files[-1].base
+        # A broker creates the next file before the current one is full (AllocateMappedFileService):
+        # the frontier is in the last file that holds a record, not always in the last file.
+        last = len(files) - 1
+        while last > 0 and (files[last].length < 8 or self._map(files[last])[:8] == _ZERO8):
+            last -= 1
+        start = files[last].base
         for known in (hint, self._frontier):
             if known is not None and start < known <= files[-1].end:
                 start = known

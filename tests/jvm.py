@@ -1,0 +1,107 @@
+"""The Java programs the tests run, fetched by ``./dev`` from Maven Central (see ``tests/jvm/``).
+
+``./dev test`` resolves each ``tests/jvm/NAME/pom.xml`` once into ``.cache/jvm/NAME.classpath``
+(the jars stay in Maven's local repository) and compiles the RocketMQ helper into
+``.cache/jvm/classes``.  Nothing here downloads.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+CACHE = ROOT / ".cache" / "jvm"
+
+
+class JvmMissing(RuntimeError):
+    pass
+
+
+def classpath(name: str) -> str:
+    """The class path of ``tests/jvm/NAME``; raises naming the command that makes it."""
+    path = CACHE / f"{name}.classpath"
+    if not path.exists():
+        raise JvmMissing(f"{path} is missing: run `./dev setup` (it fetches tests/jvm/{name}/pom.xml "
+                         "from Maven Central once, with Maven and a JDK 17)")
+    return path.read_text().strip()
+
+
+def java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    return os.path.join(home, "bin", "java") if home else "java"
+
+
+def free_ports(n: int = 1, *, around: tuple[int, ...] = (0,)) -> list[int]:
+    """``n`` loopback ports, each with ``port + d`` free for every ``d`` in ``around`` (a RocketMQ
+    broker also listens on its port - 2 and + 1)."""
+    found: list[int] = []
+    while len(found) < n:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + min(around) < 1024 or port + max(around) > 65535:
+            continue
+        if all(_free(port + d) for d in around) and not set(found) & {port + d for d in around}:
+            found.append(port)
+    return found
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class JavaProcess:
+    """One JVM started in the background with its output in ``log``; ``stop()`` ends it."""
+
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict | None = None):
+        self.name, self.argv, self.log, self.env = name, argv, log, env
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen([java(), *self.argv], stdout=out, stderr=subprocess.STDOUT,
+                                            env={**os.environ, **(self.env or {})}, start_new_session=True)
+
+    def wait_until(self, ready, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode} before {what}: see {self.log}")
+            if time.monotonic() > deadline:
+                self.stop(kill=True)
+                raise RuntimeError(f"{self.name}: no {what} within {timeout_s:.0f} s: see {self.log}")
+            time.sleep(0.1)
+
+    def log_has(self, text: str) -> bool:
+        return text in self.log.read_text(errors="replace")
+
+    def stop(self, *, kill: bool = False, timeout_s: float = 30.0) -> None:
+        """SIGTERM (the JVM's shutdown hooks run) or, with ``kill``, SIGKILL; then wait."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.terminate()
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
