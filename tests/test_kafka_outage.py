@@ -1,15 +1,10 @@
-"""Cut the Kafka broker off for 30 s while the service runs and a producer appends; let it back.
+"""Stop the Kafka broker (Apache Kafka, SIGKILL) for 30 s while the service runs and a producer
+appends; start it again on the same port and data.
 
-Every client reaches the broker (tansu) through a TCP proxy; the outage closes
-the proxy's port and every open connection, so clients see connection refused
-and lose their requests in flight, as when a broker stops.  The broker itself
-stays up: tansu keeping topics in S3 loses records it acknowledged when stopped
-under load, leaving gaps in its offsets (tests/chaos/tcpproxy.py has the
-numbers), and a CI run failed on exactly that (the mirror could not read a
-partition's last records back past the gap).  While Kafka is unreachable the
-mirror and changelog wait with backoff and say so in ``tierlog status``, the
-tier keeps going, and the safepoint stays at what Kafka has.  After it is back,
-everything arrives exactly once.
+Clients lose their connections and their requests in flight, and batches the transaction
+coordinator had open are aborted on its restart.  While Kafka is down the mirror and changelog
+wait with backoff and say so in ``tierlog status``, the tier keeps going, and the safepoint stays
+at what Kafka has.  After it is back, everything arrives exactly once.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ import time
 import pytest
 
 from streaming import config as cfg
-from tests.chaos.tcpproxy import proxied_broker
+from tests.kafka_broker import ApacheKafka
 from tests.cli_runner import cli_command, cli_env, tierlog
 from tests.kafka_helpers import assert_mirror_equals_oracle, changelog_oracle, changelog_records, compacted
 from tests.kv_helpers import append, kv_messages
@@ -33,12 +28,10 @@ OUTAGE_S = 30
 
 
 @pytest.fixture
-def kafka_proxy(tmp_path):
-    """tansu behind a proxy its clients go through: ``down()`` is the outage, ``up()`` the return."""
-    broker, proxy = proxied_broker(str(tmp_path / "tansu.log"))
-    yield proxy
-    proxy.down()
-    broker.stop()
+def kafka(tmp_path):
+    """A Kafka of this test's own, since the test stops it."""
+    with ApacheKafka(tmp_path / "kafka") as broker:
+        yield broker
 
 
 def status(config) -> dict | None:
@@ -61,10 +54,10 @@ def keep_appending(conf, stop: threading.Event, per_second: int = 100) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, kafka_proxy, kafka_prefix):
+def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, kafka, kafka_prefix):
     from tests.test_kafka_crash import write_config
 
-    config = write_config(tmp_path, f"127.0.0.1:{kafka_proxy.port}", kafka_prefix)
+    config = write_config(tmp_path, kafka.bootstrap, kafka_prefix)
     with open(config, "a") as fh:
         fh.write("delivery_timeout_s = 10\n[spark]\ntrigger_interval_s = 0.5\n")
     conf = cfg.load(str(config), env={})
@@ -78,7 +71,7 @@ def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, kafka_proxy,
                  "the mirror's first batch")
         producer.start()
         time.sleep(5)
-        kafka_proxy.down()
+        kafka.stop(kill=True)
         down_at = time.monotonic()
         seen_waiting = None
         while time.monotonic() - down_at < OUTAGE_S:
@@ -86,7 +79,7 @@ def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, kafka_proxy,
             now = status(config)
             if now["sinks"]["mirror"]["state"] == "waiting":
                 seen_waiting = now
-        kafka_proxy.up()
+        kafka.start()
         assert seen_waiting is not None, "status never said the mirror was waiting for Kafka"
         sinks = seen_waiting["sinks"]
         assert sinks["mirror"]["error"] and sinks["tier"]["applied_phy"] > sinks["mirror"]["applied_phy"]
@@ -105,7 +98,7 @@ def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, kafka_proxy,
             wait_for(caught_up, 300, "every sink to reach the end of the log")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\nend {end}, last status {json.dumps(last[0]['sinks'])}\nservice log:\n"
-                                 + _tail(tmp_path / "service.log") + "\ntansu log:\n" + _tail(tmp_path / "tansu.log")) from None
+                                 + _tail(tmp_path / "service.log") + "\nkafka log:\n" + _tail(tmp_path / "kafka" / "kafka.out")) from None
     finally:
         stop.set()
         service.send_signal(signal.SIGTERM)

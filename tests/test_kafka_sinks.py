@@ -92,3 +92,61 @@ def test_a_changelog_turned_on_later_starts_from_the_view(spark, tmp_path, kafka
     assert {k: v for k, v in got.items() if v is not None} == {k: v for k, v in expected.items() if v is not None}
     assert all(expected[k] is None for k, v in got.items() if v is None)
     assert_mirror_equals_oracle(conf, TOPICS)  # the mirror starts from the log's beginning
+
+
+def test_kafkas_log_cleaner_compacts_the_changelog_to_the_kv_view(spark, tmp_path, kafka_bootstrap, kafka_prefix):
+    """The broker's log cleaner really runs (tests/kafka_broker.py: segments roll after 2 s, 1%
+    dirty is enough): it removes superseded changes, and what is left is still the latest per key."""
+    import time
+
+    from tests.kafka_helpers import iter_topic
+
+    conf = kafka_conf(make_conf(tmp_path, str(tmp_path / "tier"), compaction=COMPACTION), kafka_bootstrap, kafka_prefix)
+    for round_ in range(3):
+        append(conf, kv_messages(800, keys=40, seed=round_, topics=2))
+        run(spark, conf)
+        time.sleep(2.5)  # past log.roll.ms, so the next append rolls the segment and the cleaner may take it
+    topic = conf.kafka.changelog_topic.replace("{topic}", "t0")
+    deadline = time.monotonic() + 90
+    while True:
+        offsets: dict[int, list[int]] = {}
+        for partition, record in iter_topic(conf.kafka.bootstrap, topic):
+            offsets.setdefault(partition, []).append(record.offset)
+        cleaned = sum(o[-1] - o[0] + 1 - len(o) for o in offsets.values())  # offsets the cleaner removed
+        if cleaned:
+            break
+        assert time.monotonic() < deadline, "Kafka's log cleaner removed nothing from the changelog"
+        append(conf, kv_messages(50, keys=40, seed=99, topics=2))  # an append rolls the aged segment
+        run(spark, conf)
+        time.sleep(1)
+    assert compacted(changelog_records(conf, TOPICS)) == changelog_oracle(conf)
+
+
+def test_a_consumer_group_reads_the_mirror(spark, tmp_path, kafka_bootstrap, kafka_prefix):
+    """Group subscription on a real broker: a consumer group gets its partitions assigned and reads
+    every mirrored message once, then commits its offsets."""
+    import time
+
+    from kafka import KafkaConsumer
+
+    conf = kafka_conf(make_conf(tmp_path, str(tmp_path / "tier")), kafka_bootstrap, kafka_prefix)
+    append(conf, kv_messages(600, keys=100, seed=7, topics=2))
+    run(spark, conf)
+    want = {m["phy_offset"] for m in __import__("tests.oracle", fromlist=["replay"]).replay(conf.commitlog.dir)}
+    consumer = KafkaConsumer(*(conf.kafka.mirror_topic.replace("{topic}", t) for t in TOPICS),
+                             bootstrap_servers=conf.kafka.bootstrap, group_id=f"{kafka_prefix}-readers",
+                             auto_offset_reset="earliest", enable_auto_commit=False)
+    got: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(got) < len(want):
+            assert time.monotonic() < deadline, f"the group read {len(got)} of {len(want)} records"
+            for records in consumer.poll(timeout_ms=500).values():
+                got += [int(dict(r.headers)["tierlog.phy"]) for r in records]
+        assert consumer.assignment(), "the group was never assigned a partition"
+        consumer.commit()
+        committed = sum(consumer.committed(tp) or 0 for tp in consumer.assignment())
+    finally:
+        consumer.close()
+    assert sorted(got) == sorted(want)
+    assert committed == len(want)

@@ -3,7 +3,7 @@
 One run:
 
 1. starts a real S3 server (moto, a process of its own) behind a faulty proxy
-   (:mod:`tests.chaos.s3proxy`), tansu behind a TCP proxy that can cut it off
+   (:mod:`tests.chaos.s3proxy`), Apache Kafka behind a TCP proxy that can cut it off
    (:mod:`tests.chaos.tcpproxy`), a producer process appending at ``rate``
    messages/s, and ``tierlog run`` (tiering, compaction, both Kafka sinks) as
    a process of its own;
@@ -198,9 +198,8 @@ class ChaosRun:
         broker = None
         try:
             self._wait(lambda: self._try(lambda: self._s3().create_bucket(Bucket="tier")), 30, "moto to start")
-            # The broker keeps its topics in memory and stays up; an outage cuts it off at a TCP proxy
-            # its clients go through (see tcpproxy for why it is not stopped).
-            broker, self.kafka_proxy = proxied_broker(str(self.dir / "tansu.log"))
+            # The broker stays up; an outage cuts it off at a TCP proxy its clients go through.
+            broker, self.kafka_proxy = proxied_broker(self.dir / "kafka")
             self.config_path = self._write_config()
             self.conf = cfg.load(str(self.config_path), env={})
             yield
@@ -210,7 +209,7 @@ class ChaosRun:
                     _kill_group(proc)
             if broker is not None:
                 self.kafka_proxy.down()
-                broker.stop()
+                broker.stop(kill=True)
             self.proxy.stop()
             moto.kill()
             moto.wait()
@@ -348,7 +347,7 @@ class ChaosRun:
             r.problems.append("the compacted changelog differs from the latest value per key")
 
     def _read_timeout_s(self) -> float:
-        """How long reading a Kafka topic back may take: tansu serves a few 10k records a second."""
+        """How long reading a Kafka topic back may take: allow 5,000 records a second, and a minute."""
         return 60 + self.report.produced / 5000
 
     @staticmethod

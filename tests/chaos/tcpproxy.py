@@ -3,10 +3,9 @@
 The broker advertises the proxy's address, so every client connection goes
 through it.  ``down()`` closes the port and every open connection (clients see
 connection refused and their in-flight requests fail, as when a broker stops);
-``up()`` opens it again on the same port.  The broker itself keeps running:
-tansu keeping topics in S3 was measured to lose acknowledged records when
-stopped under load (78 of 34,348 on SIGINT, 25 of 38,411 on SIGKILL, with gaps
-in its offsets), which would test the broker rather than tierlog.
+``up()`` opens it again on the same port.  The broker itself keeps running, so
+cuts can come many times a run and cost no broker restart; the outage test in
+``tests/test_kafka_outage.py`` stops and restarts the broker itself.
 """
 
 from __future__ import annotations
@@ -15,7 +14,10 @@ import socket
 import threading
 import time
 
-from connectors.kafka.embedded import EmbeddedBroker, free_port
+from pathlib import Path
+
+from connectors.kafka.embedded import free_port
+from tests.kafka_broker import ApacheKafka
 
 
 class TcpFaultProxy:
@@ -84,14 +86,16 @@ class TcpFaultProxy:
                     self._conns.discard(s)
 
 
-def proxied_broker(log_path: str) -> tuple[EmbeddedBroker, TcpFaultProxy]:
-    """A started tansu (topics in memory) that advertises a proxy in front of it, and that proxy, up."""
-    proxy = TcpFaultProxy(free_port(), port=free_port())
-    broker = EmbeddedBroker(port=proxy.upstream[1], advertised_port=proxy.port, log_path=log_path).start()
+def proxied_broker(root: Path) -> tuple[ApacheKafka, TcpFaultProxy]:
+    """A started Apache Kafka under ``root`` that advertises a proxy in front of it, and that proxy, up."""
+    port = free_port()
+    broker = ApacheKafka(root, advertised_port=port)
+    proxy = TcpFaultProxy(broker.port, port=port)
+    broker.start()
     try:
         proxy.up()
     except BaseException:
-        broker.stop()
+        broker.stop(kill=True)
         raise
     return broker, proxy
 
