@@ -9,7 +9,9 @@ its first start, and on every later start compares it with the config,
 naming the setting that changed and what to do.
 
 The checkpoint may be a local directory or any Hadoop path Spark can write
-(``s3a://``, ``hdfs://``); the latter are written through Spark's JVM.
+(``s3a://``, ``hdfs://``); the latter are read and written through Spark's JVM,
+by :class:`Checkpoint`, which is also where the queries learn the offset range
+of a batch from Spark's offset log.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 
-from connectors.errors import ConfigError
+from connectors.errors import ConfigError, TierlogError
 from streaming import config as cfg
 
 FINGERPRINT = "tierlog-checkpoint.json"
@@ -32,6 +34,35 @@ WHY = {
     "spark.shuffle_partitions": "its state is split into that many partitions",
     "state store provider": "its state is stored in that provider's format",
 }
+
+
+def location_problem(conf: cfg.Config) -> str | None:
+    """Why Spark could not use ``checkpoint.dir`` (or a jar of ``spark.jars``), naming the setting;
+    None when it can.  s3a:// needs Hadoop's s3a file system, which pyspark does not ship."""
+    jars = [j.strip() for j in conf.spark.jars.split(",") if j.strip()]
+    for jar in jars:
+        if not os.path.isfile(jar.removeprefix("file://")):
+            return f"spark.jars: {jar!r} does not exist"
+    root = conf.checkpoint.dir
+    if root.startswith("s3a://") and not any("hadoop-aws" in os.path.basename(j) for j in jars):
+        return (f"checkpoint.dir {root!r} needs Hadoop's s3a file system, which pyspark does not include: put "
+                "hadoop-aws (the version of pyspark's Hadoop client) and the AWS SDK v2 bundle in spark.jars")
+    return None
+
+
+def s3a_settings() -> dict[str, str]:
+    """Spark settings that point s3a:// at the S3 endpoint the tier uses (AWS_ENDPOINT_URL_S3), so
+    one set of AWS_* variables serves the tier and the checkpoints."""
+    out = {"spark.hadoop.fs.s3a.aws.credentials.provider":
+           "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        out["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        out["spark.hadoop.fs.s3a.path.style.access"] = "true"
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        out["spark.hadoop.fs.s3a.endpoint.region"] = region
+    return out
 
 
 def guarded_settings(conf: cfg.Config, query: str, spark) -> dict[str, str]:
@@ -53,7 +84,7 @@ def check_or_record(spark, path: str, query: str, settings: dict[str, str]) -> N
     A checkpoint made before fingerprints existed adopts the current settings, except what
     Spark's own offset log says about shuffle partitions and the state store provider.
     """
-    store = _Files(spark, path)
+    store = Checkpoint(path, spark)
     text = store.read(FINGERPRINT)
     recorded = json.loads(text)["settings"] if text else _from_offset_log(store)
     for name, value in settings.items():
@@ -67,7 +98,7 @@ def check_or_record(spark, path: str, query: str, settings: dict[str, str]) -> N
         store.write(FINGERPRINT, json.dumps({"query": query, "settings": settings}, indent=1))
 
 
-def _from_offset_log(store: "_Files") -> dict[str, str]:
+def _from_offset_log(store: "Checkpoint") -> dict[str, str]:
     """Shuffle partitions and provider from the newest entry of Spark's offset log, if any."""
     batches = [int(n) for n in store.list("offsets") if n.isdigit()]
     if not batches:
@@ -85,16 +116,47 @@ def _from_offset_log(store: "_Files") -> dict[str, str]:
     return out
 
 
-class _Files:
-    """Small files in a checkpoint: the local file system, or Hadoop's through Spark's JVM."""
+class OffsetLogError(TierlogError):
+    """Spark's offset log of a checkpoint lacks or garbles the entry of a batch."""
 
-    def __init__(self, spark, root: str):
+
+class Checkpoint:
+    """One query's checkpoint: its small files, on the local file system or, for any other scheme,
+    through Hadoop's file system in Spark's JVM (so ``spark`` is needed only then)."""
+
+    def __init__(self, root: str, spark=None):
         self.root = root
-        self.local = "://" not in root
+        self.local = "://" not in root or root.startswith("file://")
+        if root.startswith("file://"):
+            self.root = root[len("file://"):]
         if not self.local:
+            if spark is None:
+                from pyspark.sql import SparkSession
+
+                spark = SparkSession.getActiveSession()
+            if spark is None:
+                raise ConfigError(f"checkpoint {root} is read through Spark's Hadoop file system, and no Spark "
+                                  "session is running here")
             jvm = self._jvm = spark.sparkContext._jvm
             self._path = lambda name: jvm.org.apache.hadoop.fs.Path(f"{root.rstrip('/')}/{name}")
             self._fs = self._path("").getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+    def batch_end(self, batch_id: int) -> int:
+        """The physical offset batch ``batch_id`` ends at, from the offset log Spark wrote before running it."""
+        name = f"offsets/{batch_id}"
+        text = self.read(name)
+        try:
+            if text is None:
+                raise ValueError("no such file")
+            lines = [line for line in text.splitlines() if line.strip()]
+            return int(json.loads(lines[-1])["phy_offset"])
+        except (ValueError, KeyError, IndexError) as exc:
+            raise OffsetLogError(f"cannot read where batch {batch_id} ends from {self.root}/{name}: {exc}") from None
+
+    def last_committed_end(self) -> int | None:
+        """Where the last batch Spark committed ends; None before the first commit."""
+        ids = [int(n) for n in self.list("commits") if n.isdigit()]
+        return self.batch_end(max(ids)) if ids else None
 
     def read(self, name: str) -> str | None:
         if self.local:

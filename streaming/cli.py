@@ -278,6 +278,11 @@ def check_config(conf: cfg.Config) -> list[str]:
                 problems.append(f"{name} {path!r} {problem}")
     if conf.tier.location.startswith("s3://"):
         problems += _s3_problems(conf.tier.location)
+    from streaming.checkpoints import location_problem
+
+    problem = location_problem(conf)
+    if problem:
+        problems.append(problem)
     if not 0 <= conf.metrics.port <= 65535:
         problems.append(f"metrics.port {conf.metrics.port} is not a TCP port: use 1-65535, or 0 to turn metrics off")
     for parse, text in ((cfg.parse_retention, conf.tier.retention), (cfg.parse_ttl, conf.compaction.ttl),

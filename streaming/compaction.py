@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,16 +40,13 @@ from connectors.tier import snapshots
 from connectors.tier.backend import open_backend
 from state.kv import Change, KVView
 from state.latest import SOURCE_COLUMNS, latest_per_key
+from streaming.checkpoints import Checkpoint
 from streaming.faults import crash_point
 
 log = logging.getLogger("tierlog.compaction")
 
 KV_SINK = "kv"
 CHANGELOG_SINK = "changelog"
-
-
-class OffsetLogError(TierlogError):
-    """The query's checkpoint does not say where a batch ends."""
 
 
 @dataclass(frozen=True)
@@ -89,17 +85,6 @@ def compaction_stream(spark, options: dict):
     return latest_per_key(messages)
 
 
-def batch_end_offset(checkpoint: str, batch_id: int) -> int:
-    """The physical offset batch ``batch_id`` ends at, from the offset log Spark wrote before running it."""
-    path = os.path.join(checkpoint, "offsets", str(batch_id))
-    try:
-        with open(path) as fh:
-            lines = [line for line in fh.read().splitlines() if line.strip()]
-        return int(json.loads(lines[-1])["phy_offset"])
-    except (OSError, ValueError, KeyError, IndexError) as exc:
-        raise OffsetLogError(f"cannot read where batch {batch_id} ends from {path}: {exc}") from None
-
-
 # What the KV view needs of each changed key's latest message, read from the commitlog.
 RECORD_COLUMNS = ("queue_id", "queue_offset", "store_ts", "op", "body")
 
@@ -111,13 +96,6 @@ def resolve(changes: pa.Table, reader: CommitLogReader) -> pa.Table:
     for name in ("queue_id", "queue_offset", "store_ts", "body"):
         table = table.append_column(name, records[name])
     return table.append_column("deleted", pc.equal(records["op"], "delete"))
-
-
-def last_committed_end(checkpoint: str) -> int | None:
-    """Where the last batch Spark committed in ``checkpoint`` ends; None before the first commit."""
-    commits = os.path.join(checkpoint, "commits")
-    ids = [int(n) for n in os.listdir(commits) if n.isdigit()] if os.path.isdir(commits) else []
-    return batch_end_offset(checkpoint, max(ids)) if ids else None
 
 
 class CompactionSink:
@@ -155,7 +133,7 @@ class CompactionSink:
         messages replayed into the view."""
         from state.rebuild import replay_commitlog
 
-        committed = last_committed_end(self.settings.checkpoint)
+        committed = Checkpoint(self.settings.checkpoint).last_committed_end()
         applied = self.kv.applied_through()
         if self.changelog is not None:
             self._catch_up_changelog(applied, committed)
@@ -196,7 +174,7 @@ class CompactionSink:
     def process(self, df, batch_id: int) -> None:
         with self.lock:
             t0 = time.monotonic()
-            end = batch_end_offset(self.settings.checkpoint, batch_id)
+            end = Checkpoint(self.settings.checkpoint, df.sparkSession).batch_end(batch_id)
             changes = df.toArrow()  # runs this batch's Spark job while the apply thread works on the last one
             collect_s = time.monotonic() - t0
             crash_point("collected", self.settings.driver_pid)

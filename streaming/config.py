@@ -115,7 +115,8 @@ class CompactionConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    dir: str = setting("checkpoints", "Root of the Spark checkpoints, one sub-directory per query.")
+    dir: str = setting("checkpoints", "Root of the Spark checkpoints, one sub-directory per query: a local "
+                                      "directory, or s3a://bucket/path (with hadoop-aws in spark.jars) or hdfs://.")
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ class KafkaConfig:
     partitions: int = setting(8, "Partitions of the topics tierlog creates; the mirror sends queue id modulo this.")
     replication_factor: int = setting(1, "Replication factor of the topics tierlog creates (3 on a real cluster).")
     compression: str = setting(
-        "none", "Producer compression: none or gzip; snappy, lz4 and zstd need their Python packages.", choices=("none", "gzip", "snappy", "lz4", "zstd")
+        "none", "Producer compression: none, gzip, lz4 or zstd; snappy needs the python-snappy package.", choices=("none", "gzip", "snappy", "lz4", "zstd")
     )
     linger_ms: int = setting(5, "Milliseconds the producer waits to fill a batch.")
     batch_bytes: int = setting(256 << 10, "The producer's batch size per partition.", size=True)
@@ -168,6 +169,8 @@ class SparkConfig:
     master: str = setting("local[2]", "Spark master URL: local[N] or spark://host:port.")
     shuffle_partitions: int = setting(4, "spark.sql.shuffle.partitions; fixed once a stateful checkpoint exists.")
     trigger_interval_s: float = setting(1.0, "Seconds between micro-batches of `tierlog run`.")
+    jars: str = setting("", "Comma-separated local jar files Spark loads (spark.jars): hadoop-aws and the AWS SDK "
+                            "v2 bundle for s3a:// checkpoints, say. tierlog never downloads them.")
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ from connectors.kafka.errors import KafkaSinkError, KafkaUnavailable
 from connectors.kafka.mirror import MIRROR_COLUMNS, MirrorSink, slot_of
 from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.sink import Health, backoff
-from streaming.compaction import CHANGELOG_SINK, batch_end_offset
+from streaming.checkpoints import Checkpoint
+from streaming.compaction import CHANGELOG_SINK
 from streaming.faults import crash_point
 
 log = logging.getLogger("tierlog.replication")
@@ -163,7 +164,7 @@ class MirrorQuery:
     def process(self, df, batch_id: int) -> None:
         with self.lock:
             started = time.monotonic()
-            end = batch_end_offset(self.checkpoint, batch_id)
+            end = Checkpoint(self.checkpoint, df.sparkSession).batch_end(batch_id)
             start = self._batch_start(df, batch_id)
             report = MirrorReport(batch_id, 0, 0, 0, end, 0.0, 0)
             if start is not None and start < end:
@@ -183,7 +184,7 @@ class MirrorQuery:
 
         if batch_id > 0:
             try:
-                return batch_end_offset(self.checkpoint, batch_id - 1)
+                return Checkpoint(self.checkpoint, df.sparkSession).batch_end(batch_id - 1)
             except TierlogError:
                 pass  # purged or never written: ask Spark
         return df.agg(F.min("phy_offset")).first()[0]

@@ -156,14 +156,12 @@ def safepoint(conf: cfg.Config, sinks: dict[str, int]) -> int | None:
 
 
 def _committed_end(checkpoint: str) -> int | None:
-    from streaming.compaction import last_committed_end
+    """Spark's last committed end in ``checkpoint``; None when unknown (no commit, or a checkpoint
+    on a Hadoop file system and no Spark session in this process)."""
+    from streaming.checkpoints import Checkpoint
 
-    if "://" in checkpoint:
-        if not checkpoint.startswith("file://"):
-            return None
-        checkpoint = checkpoint[len("file://"):]
     try:
-        return last_committed_end(checkpoint)
+        return Checkpoint(checkpoint).last_committed_end()
     except TierlogError:
         return None
 
@@ -190,10 +188,17 @@ def checkpoint_path(conf: cfg.Config, query: str) -> str:
 
 
 def session_conf(conf: cfg.Config) -> dict:
-    return {
+    from streaming.checkpoints import s3a_settings
+
+    out = {
         "spark.sql.shuffle.partitions": str(conf.spark.shuffle_partitions),
         "spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": str(conf.state.rocksdb_memory_mb),
     }
+    if conf.spark.jars:
+        out["spark.jars"] = conf.spark.jars
+    if conf.checkpoint.dir.startswith("s3a://"):
+        out.update(s3a_settings())
+    return out
 
 
 @dataclass
@@ -295,6 +300,11 @@ class Service:
                 f"commitlog.dir {conf.commitlog.dir!r} does not exist: produce to it first "
                 "(`tierlog produce`) or point it at a broker's store/commitlog"
             )
+        from streaming.checkpoints import location_problem
+
+        problem = location_problem(conf)
+        if problem:
+            raise ConfigError(problem)
         settings = tiering_settings(conf)
         compaction = compaction_settings(conf) if conf.compaction.enabled else None
         metadata = self._metadata = MetadataStore(metadata_path(conf))

@@ -154,7 +154,7 @@ def test_readme_documents_every_setting_and_command():
 
 def test_kafka_settings_are_checked_one_line_each(tmp_path):
     (tmp_path / "tierlog.toml").write_text(
-        '[kafka]\nbootstrap = "127.0.0.1:1"\ncompression = "lz4"\nsecurity_protocol = "SASL_SSL"\n'
+        '[kafka]\nbootstrap = "127.0.0.1:1"\ncompression = "snappy"\nsecurity_protocol = "SASL_SSL"\n'
         'mirror_topic_map = "orders"\n[compaction]\nenabled = false\n')
     r = tierlog("config", "check", cwd=tmp_path)
     lines = r.stderr.strip().splitlines()

@@ -546,12 +546,12 @@ class ChaosRun:
         self.report.gc_files_deleted += len(deleted)
         # What a restart would read again: every sink's position, and each query's last committed batch
         # end (Spark replays an uncommitted batch from there), read straight from the checkpoints.
-        from streaming.compaction import last_committed_end
+        from streaming.checkpoints import Checkpoint
         from streaming.service import checkpoint_path
 
         needed = [self._sinks().get(s, -1) for s in ("tier", "kv", "mirror", "changelog")]
         try:
-            needed += [last_committed_end(checkpoint_path(self.conf, q)) or -1 for q in ("tiering", "compaction", "mirror")]
+            needed += [Checkpoint(checkpoint_path(self.conf, q)).last_committed_end() or -1 for q in ("tiering", "compaction", "mirror")]
         except TierlogError:
             return  # Spark is writing that checkpoint right now: check at the next gc
         if deleted and after and after[0].base > min(needed):
