@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import os
 import threading
 import time
 
@@ -109,7 +110,7 @@ def test_the_tier_kv_view_and_mirror_equal_what_the_broker_serves(rocketmq, spar
     run(spark, conf)
 
     # The broker rolled its 1 MiB files, and made the retry and DLQ topics.
-    assert len([f for f in __import__("os").listdir(broker.commitlog) if f.isdigit()]) >= 3
+    assert len([f for f in os.listdir(broker.commitlog) if f.isdigit()]) >= 3
     assert {r["topic"] for r in view} == {*BUSINESS, *RETRY}
 
     # The tier equals the broker's view, field by field, and holds nothing else.
@@ -148,3 +149,66 @@ def test_the_tier_kv_view_and_mirror_equal_what_the_broker_serves(rocketmq, spar
                 assert phy not in mirrored, f"message at {phy} mirrored twice"
                 mirrored[phy] = rec.value
     assert mirrored == {r["phy_offset"]: base64.b64decode(r["body"]) for r in view if r["topic"] in BUSINESS}
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory):
+    """A master and its replica (classic async replication) of one broker, on loopback."""
+    root = tmp_path_factory.mktemp("rocketmq-ha")
+    namesrv = NameServer(root / "namesrv").start()
+    master, replica = Broker(root, namesrv), Broker(root, namesrv, broker_id=1)
+    try:
+        master.start()
+        replica.start()
+        client = Client(namesrv, root / "client")
+        client.create_topics(master, BUSINESS)
+        yield master, replica, client
+    finally:
+        for broker in (replica, master):
+            broker.stop(kill=True)
+        namesrv.stop()
+
+
+def log_end(directory: str) -> int:
+    from connectors.commitlog.reader import CommitLogReader
+
+    with CommitLogReader(directory) as reader:
+        return reader.end_offset()
+
+
+def test_a_replica_the_broker_replicated_holds_the_same_log_and_tiers_the_same(replicated, spark, tmp_path):
+    """The commitlog a RocketMQ replica copied from its master (HA replication, not our copy) is
+    byte-identical up to the master's end, and tierlog reads the same tier from either.  This is
+    the ground a failover to the replica stands on."""
+    master, replica, client = replicated
+
+    def replica_reaches_master() -> int:
+        end = log_end(master.commitlog)
+        deadline = time.monotonic() + 90
+        while not os.path.exists(os.path.join(replica.commitlog, "0" * 20)) or log_end(replica.commitlog) < end:
+            assert time.monotonic() < deadline, f"the replica did not reach the master's end {end}"
+            time.sleep(0.2)
+        return end
+
+    # A replica that connects late copies from the start of the master's last file only (RocketMQ's
+    # HAConnection), so it joins on a first message, before the log has rolled.
+    ledger = client.send(seed=3, topics=["orders"], messages=1)
+    replica_reaches_master()
+    ledger += client.send(seed=4, topics=list(BUSINESS), messages=300, batches=2, large=4, transactions=2)
+    end = replica_reaches_master()
+    assert end > 1 << 20  # across a file roll
+
+    for name in sorted(f for f in os.listdir(master.commitlog) if f.isdigit() and int(f) < end):
+        upto = min(end - int(name), 1 << 20)
+        with open(os.path.join(master.commitlog, name), "rb") as a, open(os.path.join(replica.commitlog, name), "rb") as b:
+            assert a.read(upto) == b.read(upto), f"{name} differs between master and replica"
+
+    tiers = []
+    for side, directory in (("master", master.commitlog), ("replica", replica.commitlog)):
+        conf = make_conf(tmp_path / side, str(tmp_path / side / "tier"), segment_messages=50)
+        conf = dataclasses.replace(conf, commitlog=dataclasses.replace(conf.commitlog, dir=directory))
+        run(spark, conf)
+        rows = TierReader(conf.tier.location).read_all().to_pylist()
+        tiers.append(sorted(map(stored, [r for r in rows if r["phy_offset"] < end])))
+    assert tiers[0] == tiers[1]
+    assert len(tiers[0]) == sum(1 for e in ledger if e["kind"] != "tx_rollback")
