@@ -5,7 +5,7 @@ sysflag bit 0; bits 8-10 name the codec (RocketMQ 5: 1 LZ4, 2 ZSTD, 3 ZLIB; 0, f
 before 5.0, is zlib).  The broker stores the compressed bytes and the consumer's client
 inflates them and clears bit 0.  tierlog's decoders do the same, so the tier, the KV view and
 the mirror carry the producer's body; the stored size stays in ``size`` and the body CRC is
-checked over the stored bytes.  See ``docs/commitlog-format.md``.
+checked over the stored bytes.
 """
 
 from __future__ import annotations
