@@ -56,6 +56,18 @@ def iter_topic(bootstrap: str, topic: str, timeout_s: float = 60.0, on_partition
         consumer.close()
 
 
+def mirrored_bodies(conf: cfg.Config, topics) -> dict[int, bytes]:
+    """The mirror topics of RocketMQ ``topics``: physical offset -> value, each asserted sent once."""
+    mirrored: dict[int, bytes] = {}
+    for topic in topics:
+        for records in read_topic(conf.kafka.bootstrap, conf.kafka.mirror_topic.replace("{topic}", topic)).values():
+            for r in records:
+                phy = int(dict(r.headers)["tierlog.phy"])
+                assert phy not in mirrored, f"message at {phy} mirrored twice"
+                mirrored[phy] = r.value
+    return mirrored
+
+
 def mirror_oracle(conf: cfg.Config) -> dict[tuple[str, int], list[tuple]]:
     """What the mirror topics must hold: per (Kafka topic, partition), (key, value, headers) in order."""
     out: dict[tuple[str, int], list[tuple]] = {}

@@ -22,7 +22,7 @@ from state.metadata import MetadataStore
 from streaming import config as cfg
 from streaming.service import Service, metadata_path
 from tests.cli_runner import sink_offsets
-from tests.kafka_helpers import changelog_records, compacted, kafka_conf, read_topic
+from tests.kafka_helpers import changelog_records, compacted, kafka_conf, mirrored_bodies, read_topic
 from tests.kv_helpers import view_contents
 from tests.tiering_helpers import make_conf
 
@@ -134,14 +134,7 @@ def test_a_broker_log_is_tiered_viewed_and_mirrored_by_topic_class(spark, tmp_pa
     assert not read_topic(conf.kafka.bootstrap, f"{kafka_prefix}._RETRY_group-1.changelog", timeout_s=5)
 
     # The mirror: each business message once; no retry or system topic reached Kafka.
-    mirrored = {}
-    for topic in BUSINESS:
-        for records in read_topic(conf.kafka.bootstrap, f"{kafka_prefix}.{topic}").values():
-            for r in records:
-                phy = int(dict(r.headers)["tierlog.phy"])
-                assert phy not in mirrored, f"message at {phy} mirrored twice"
-                mirrored[phy] = r.value
-    assert mirrored == {m.phy_offset: m.body for c, m in ledger if c == "business" and entered(m)}
+    assert mirrored_bodies(conf, BUSINESS) == {m.phy_offset: m.body for c, m in ledger if c == "business" and entered(m)}
     for name in ("%RETRY%group-1", "_RETRY_group-1", "SCHEDULE_TOPIC_XXXX"):
         assert not read_topic(conf.kafka.bootstrap, f"{kafka_prefix}.{name}", timeout_s=5)
 

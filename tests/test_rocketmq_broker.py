@@ -26,7 +26,7 @@ import pytest
 from connectors.tier.reader import TierReader
 from streaming import config as cfg
 from streaming.service import Service
-from tests.kafka_helpers import changelog_records, compacted, kafka_conf, read_topic
+from tests.kafka_helpers import changelog_records, compacted, kafka_conf, mirrored_bodies
 from tests.kv_helpers import view_contents
 from tests.rocketmq import Broker, Client, NameServer
 from tests.tiering_helpers import make_conf
@@ -141,14 +141,7 @@ def test_the_tier_kv_view_and_mirror_equal_what_the_broker_serves(rocketmq, spar
     assert compacted(changelog_records(conf, list(BUSINESS))) == latest
 
     # The mirror: each business message once, its body as the producer sent it.
-    mirrored: dict = {}
-    for topic in BUSINESS:
-        for records in read_topic(conf.kafka.bootstrap, f"{kafka_prefix}.{topic}").values():
-            for rec in records:
-                phy = int(dict(rec.headers)["tierlog.phy"])
-                assert phy not in mirrored, f"message at {phy} mirrored twice"
-                mirrored[phy] = rec.value
-    assert mirrored == {r["phy_offset"]: base64.b64decode(r["body"]) for r in view if r["topic"] in BUSINESS}
+    assert mirrored_bodies(conf, BUSINESS) == {r["phy_offset"]: base64.b64decode(r["body"]) for r in view if r["topic"] in BUSINESS}
 
 
 @pytest.fixture(scope="module")
