@@ -196,3 +196,24 @@ def test_config_check_names_each_invalid_setting_in_one_line(tmp_path, s3_endpoi
     lines = r.stderr.strip().splitlines()
     assert r.returncode == code and len(lines) == 1, (r.returncode, lines)
     assert setting in lines[0], lines
+
+
+@pytest.mark.parametrize("missing, says", [("mvn", "dev: Maven not found"), ("javac", "dev: javac not found")])
+def test_dev_says_in_one_line_what_the_tests_java_parts_lack(tmp_path, missing, says):
+    """``./dev test`` needs Maven and a JDK for the brokers it starts; without one it stops at once."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").symlink_to(os.path.realpath(sys.executable))  # not a version manager's shim
+    for tool in ("bash", "java", "javac", "mvn", "sha1sum", "cat", "cut", "dirname", "basename", "sed", "head"):
+        if tool != missing and shutil.which(tool):
+            (bindir / tool).symlink_to(shutil.which(tool))
+    root = __import__("pathlib").Path(__file__).parents[1]
+    result = subprocess.run([shutil.which("bash"), str(root / "dev"), "setup"], env={"PATH": str(bindir), "HOME": str(tmp_path)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith(says), result.stderr
