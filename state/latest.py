@@ -42,7 +42,7 @@ def keyed_messages(messages: DataFrame) -> DataFrame:
     """Messages that take part in KV semantics: those with a key that entered a queue.
 
     A message without a key has no place in a key-value view, and PREPARED or
-    ROLLBACK transaction records never enter a queue (COMMITLOG_FORMAT.md §8).
+    ROLLBACK transaction records never enter a queue (docs/commitlog-format.md §8).
     """
     tx = F.col("sysflag").bitwiseAND(F.lit(fmt.TRANSACTION_MASK))
     return messages.where(

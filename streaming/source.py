@@ -3,7 +3,7 @@
     spark.readStream.format("commitlog").option("path", "data/commitlog").load()
 
 Offsets are ``{"phy_offset": N}``: the physical offset where the next batch
-starts (§8 of COMMITLOG_FORMAT.md).  A restarted query resumes strictly at the
+starts (§8 of docs/commitlog-format.md).  A restarted query resumes strictly at the
 offset in its checkpoint, so no message is read twice or skipped.
 
 Options (all optional except ``path``):

@@ -1,7 +1,7 @@
 """The test oracle: the plain Python view of what a commitlog holds.
 
 Built on the simple one-record decoder (``format.decode``, itself pinned by the
-golden vector of COMMITLOG_FORMAT.md §4.2), never on the Arrow fast path or
+golden vector of docs/commitlog-format.md §4.2), never on the Arrow fast path or
 on Spark, so those can be compared against it.
 """
 
@@ -12,7 +12,7 @@ from connectors.commitlog.reader import CommitLogReader
 
 
 def message_row(m: Message, key_property: str = "KEYS") -> dict:
-    """One message as the message row of DESIGN.md (timestamps as epoch ms)."""
+    """One message as the message row of ``arrow.MESSAGE_SCHEMA`` (timestamps as epoch ms)."""
     return {
         "topic": m.topic,
         "queue_id": m.queue_id,

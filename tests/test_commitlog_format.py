@@ -1,4 +1,4 @@
-"""The record format against COMMITLOG_FORMAT.md, byte for byte."""
+"""The record format against docs/commitlog-format.md, byte for byte."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """RocketMQ commitlog records: constants, and encode/decode of one record.
 
-Pure functions over bytes, written to ``shared/COMMITLOG_FORMAT.md`` (section
+Pure functions over bytes, written to ``docs/commitlog-format.md`` (section
 numbers below refer to it).  Nothing here touches a file.
 """
 

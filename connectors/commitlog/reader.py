@@ -261,7 +261,7 @@ class CommitLogReader:
         except fmt.RecordError:
             return False
         # The CRC covers only the body: check the bytes after it were copied too.  Serialized
-        # properties always end in \x02 (§7.1), and a topic never ends in a NUL byte.
+        # properties always end in \x02 (§7), and a topic never ends in a NUL byte.
         last = buf[pos + m.size - 1]
         if m.properties or last:
             return last == 2

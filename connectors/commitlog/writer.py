@@ -1,6 +1,6 @@
 """The embedded producer: appends messages to a commitlog directory.
 
-It writes what a RocketMQ broker writes (§3-§9 of COMMITLOG_FORMAT.md):
+It writes what a RocketMQ broker writes (§3-§9 of docs/commitlog-format.md):
 pre-sized mapped files named by their start offset, records that never span
 two files, a blank marker at the end of each full file, and per-(topic, queue)
 queue offsets.
