@@ -1,4 +1,4 @@
-"""Shared fixtures.  Spark fixtures live in tests/spark/conftest.py so plain tests start fast."""
+"""Shared fixtures: the session SparkSession, the S3 endpoint, Apache Kafka, and per-test names."""
 
 from __future__ import annotations
 
