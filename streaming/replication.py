@@ -164,8 +164,9 @@ class MirrorQuery:
     def process(self, df, batch_id: int) -> None:
         with self.lock:
             started = time.monotonic()
-            end = Checkpoint(self.checkpoint, df.sparkSession).batch_end(batch_id)
-            start = self._batch_start(df, batch_id)
+            checkpoint = Checkpoint(self.checkpoint, df.sparkSession)
+            end = checkpoint.batch_end(batch_id)
+            start = self._batch_start(df, batch_id, checkpoint)
             report = MirrorReport(batch_id, 0, 0, 0, end, 0.0, 0)
             if start is not None and start < end:
                 self._send(df.sparkSession, start, end, report)
@@ -177,14 +178,14 @@ class MirrorQuery:
             if self.on_batch:
                 self.on_batch(report)
 
-    def _batch_start(self, df, batch_id: int) -> int | None:
+    def _batch_start(self, df, batch_id: int, checkpoint: Checkpoint) -> int | None:
         """Where the batch starts: where the one before ended, by the offset log (no Spark job);
         for the first batch of a checkpoint, its first reference.  None for an empty batch."""
         from pyspark.sql import functions as F
 
         if batch_id > 0:
             try:
-                return Checkpoint(self.checkpoint, df.sparkSession).batch_end(batch_id - 1)
+                return checkpoint.batch_end(batch_id - 1)
             except TierlogError:
                 pass  # purged or never written: ask Spark
         return df.agg(F.min("phy_offset")).first()[0]

@@ -89,9 +89,6 @@ class JavaProcess:
                 raise RuntimeError(f"{self.name}: no {what} within {timeout_s:.0f} s: see {self.log}")
             time.sleep(0.1)
 
-    def log_has(self, text: str) -> bool:
-        return text in self.log.read_text(errors="replace")
-
     def stop(self, *, kill: bool = False, timeout_s: float = 30.0) -> None:
         """SIGTERM (the JVM's shutdown hooks run) or, with ``kill``, SIGKILL; then wait."""
         if self.process is None or self.process.poll() is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import zlib
 
-COMPRESSED_FLAG = 0x1
 CODEC_MASK = 0x700
 CODECS = {0: "zlib", 1: "lz4", 2: "zstd", 3: "zlib"}
 
@@ -42,9 +41,6 @@ def compress(body: bytes, name: str = "zlib") -> bytes:
     return zstandard.ZstdCompressor(level=3).compress(body)
 
 
-CODEC_FLAGS = {"zlib": 0x300, "lz4": 0x100, "zstd": 0x200}
-
-
 def decompress(body: bytes, sysflag: int) -> bytes:
     """The producer's body of a record whose sysflag has bit 0 set.  Raises
     :class:`BodyCompressionError` when the bytes are not what the flag says."""
@@ -60,12 +56,6 @@ def decompress(body: bytes, sysflag: int) -> bytes:
 
         # The Java client writes a streaming frame that may not state its content size.
         return zstandard.ZstdDecompressor().decompressobj().decompress(body)
-    except BodyCompressionError:
-        raise
     except Exception as exc:  # noqa: BLE001 - each codec raises its own error type
         raise BodyCompressionError(f"body flagged {name}-compressed does not inflate: {exc}") from exc
 
-
-def inflate_bodies(bodies: list, sysflags) -> list:
-    """``bodies`` with each one whose sysflag has bit 0 set inflated (the others as they are)."""
-    return [decompress(b, int(f)) if int(f) & COMPRESSED_FLAG else b for b, f in zip(bodies, sysflags)]

@@ -234,9 +234,13 @@ class CommitLogReader:
             )
         return bisect.bisect_right([f.base for f in files], offset) - 1
 
+    def _holds_data(self, f: MappedFile) -> bool:
+        """False for a file a broker pre-created and has not written to yet (all zeros at its start)."""
+        return f.length >= 8 and self._map(f)[:8] != _ZERO8
+
     def _later_data(self, files: list[MappedFile], idx: int) -> bool:
-        """Does any file after ``files[idx]`` hold a record?  (Brokers pre-create empty files.)"""
-        return any(f.length >= 8 and self._map(f)[:8] != _ZERO8 for f in files[idx + 1 :])
+        """Does any file after ``files[idx]`` hold a record?"""
+        return any(self._holds_data(f) for f in files[idx + 1 :])
 
     def _is_tail(self, files: list[MappedFile], idx: int, after: int) -> bool:
         """True when only zeros follow file position ``after``: in a window of the file, and in later files.
@@ -566,7 +570,7 @@ class CommitLogReader:
         # A broker creates the next file before the current one is full (AllocateMappedFileService):
         # the frontier is in the last file that holds a record, not always in the last file.
         last = len(files) - 1
-        while last > 0 and (files[last].length < 8 or self._map(files[last])[:8] == _ZERO8):
+        while last > 0 and not self._holds_data(files[last]):
             last -= 1
         start = files[last].base
         for known in (hint, self._frontier):
