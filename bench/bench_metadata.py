@@ -42,6 +42,9 @@ from connectors.tier import layout
 from connectors.tier.backend import open_backend
 from connectors.tier.log import TierLog
 from connectors.tier.reader import TierReader
+from connectors.brokers import DEFAULT_BROKER
+
+NAMES = layout.Names(DEFAULT_BROKER)  # the names of a one-broker tier
 
 T0 = 1_700_000_000_000
 ROWS = 10  # messages per segment; store time = T0 + offset seconds
@@ -56,16 +59,16 @@ def key_of(i: int) -> tuple[str, int]:
 
 def segment(key, index: int) -> dict:
     base = index * ROWS
-    return {"name": layout.segment_name(*key, base), "topic": key[0], "queue_id": key[1], "base": base,
+    return {"name": NAMES.segment(*key, base), "topic": key[0], "queue_id": key[1], "base": base,
             "end": base + ROWS - 1, "rows": ROWS, "size": 4096, "min_ts": T0 + base * 1000,
-            "max_ts": T0 + (base + ROWS - 1) * 1000, "keys": layout.key_index_name(*key, base)}
+            "max_ts": T0 + (base + ROWS - 1) * 1000, "keys": NAMES.key_index(*key, base)}
 
 
 def staging_object(keys, index: int, phy: int) -> dict:
     base = index * ROWS
     stats = [[t, q, {"first": base, "last": base + ROWS - 1, "rows": ROWS, "bytes": ROWS * 400,
                      "min_ts": T0 + base * 1000, "max_ts": T0 + (base + ROWS - 1) * 1000}] for t, q in keys]
-    return {"name": layout.staging_name(phy), "size": 1 << 20, "first_phy": phy, "time_ms": T0, "queues": stats}
+    return {"name": NAMES.staging(phy), "size": 1 << 20, "first_phy": phy, "time_ms": T0, "queues": stats}
 
 
 class Tier:
@@ -100,7 +103,7 @@ class Tier:
         self.log.append(self.head, {"type": "batch", "batch_id": self.batch_id, "source_start": self.phy,
                                     "source_end": self.phy + 1000, "staging": [staging_object(keys, index, self.phy)]})
         self.log.append(self.head, {"type": "seal", "segments": [segment(k, index) for k in keys],
-                                    "retire": [layout.staging_name(self.phy)]})
+                                    "retire": [NAMES.staging(self.phy)]})
         self.phy += 1000
         self.batch_id += 1
 
@@ -131,7 +134,7 @@ class Tier:
                                     "staging": [staging_object(keys, index, self.phy)]})
         t1 = time.perf_counter()
         self.log.append(self.head, {"type": "seal", "segments": [segment(k, index) for k in keys],
-                                    "retire": [layout.staging_name(self.phy)]})
+                                    "retire": [NAMES.staging(self.phy)]})
         t2 = time.perf_counter()
         self.log.checkpoint(self.head)
         t3 = time.perf_counter()

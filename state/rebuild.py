@@ -26,6 +26,7 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.brokers import DEFAULT_BROKER
 from connectors.commitlog.arrow import dispatched_mask, project_schema
 from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.topics import TopicFilter
@@ -69,6 +70,7 @@ def rebuild_view(
     *,
     commitlog_dir: str,
     tier_location: str,
+    broker: str = DEFAULT_BROKER,
     source: str = "snapshot",
     ttl: dict[str, float] | None = None,
     key_property: str = "KEYS",
@@ -85,9 +87,9 @@ def rebuild_view(
     with KVView(building, ttl=ttl) as kv:
         cursor = 0
         if source == "snapshot":
-            cursor = _from_snapshots(kv, tier_location, report, progress)
+            cursor = _from_snapshots(kv, tier_location, broker, report, progress)
         if source in ("snapshot", "tier"):
-            cursor = _from_tier(kv, tier_location, cursor, report, progress, topics)
+            cursor = _from_tier(kv, tier_location, broker, cursor, report, progress, topics)
         report.applied_through = _from_commitlog(kv, commitlog_dir, cursor, key_property, report, progress,
                                                  must_start_at_zero=source == "commitlog", topics=topics)
         if ttl:
@@ -96,10 +98,10 @@ def rebuild_view(
     return report
 
 
-def _from_snapshots(kv: KVView, tier_location: str, report: RebuildReport, progress) -> int:
+def _from_snapshots(kv: KVView, tier_location: str, broker: str, report: RebuildReport, progress) -> int:
     backend = open_backend(tier_location)
     try:
-        latest = snapshots.latest_snapshots(backend)
+        latest = snapshots.latest_snapshots(backend, broker)
         if not latest:
             progress("no compacted snapshot in the tier: replaying the tier from its start")
             return 0
@@ -115,9 +117,9 @@ def _from_snapshots(kv: KVView, tier_location: str, report: RebuildReport, progr
         backend.close()
 
 
-def _from_tier(kv: KVView, tier_location: str, cursor: int, report: RebuildReport, progress,
+def _from_tier(kv: KVView, tier_location: str, broker: str, cursor: int, report: RebuildReport, progress,
                topics: TopicFilter | None = None) -> int:
-    reader = TierReader(tier_location)
+    reader = TierReader(tier_location, broker=broker)  # the view holds this broker's keys; physical offsets are its own
     state = reader.state()
     if state.source_end is None or state.source_end <= cursor:
         return cursor

@@ -28,6 +28,7 @@ STATE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 
 # Why changing each setting would corrupt a query's checkpoint.
 WHY = {
+    "broker.name": "its offsets are physical offsets of that broker's commitlog, and its outputs carry that name",
     "commitlog.dir": "its offsets are physical offsets in that commitlog",
     "tier.location": "it records what that tier holds; a new tier would lack everything before",
     "commitlog.key_property": "its state is keyed by that property",
@@ -67,7 +68,7 @@ def s3a_settings() -> dict[str, str]:
 
 def guarded_settings(conf: cfg.Config, query: str, spark) -> dict[str, str]:
     """The settings a query's checkpoint depends on, with the values this start would use."""
-    out = {"commitlog.dir": os.path.abspath(conf.commitlog.dir)}
+    out = {"broker.name": conf.broker.name, "commitlog.dir": os.path.abspath(conf.commitlog.dir)}
     if query == "tiering":
         location = conf.tier.location
         out["tier.location"] = location if "://" in location else os.path.abspath(location)

@@ -479,14 +479,17 @@ def cmd_tier(args, conf: cfg.Config) -> int:
     from state.metadata import MetadataStore
     from streaming.service import metadata_path
 
-    tier_log = TierLog(open_backend(conf.tier.location))
+    backend = open_backend(conf.tier.location)
     if args.tier_command == "upgrade":
-        seq = tier_log.upgrade()
-        log.info("the tier at %s %s", conf.tier.location,
-                 "already uses manifests" if seq is None else f"now uses manifests, as of commit record {seq}")
+        from connectors.tier.upgrade import upgrade_to_broker
+
+        report = upgrade_to_broker(backend, conf.broker.name)
+        if report is None:
+            log.info("the tier at %s is up to date: nothing to upgrade", conf.tier.location)
+        else:
+            emit([report], args.format)
         return 0
-    tier_log.upgrade()  # a first-layout tier is rebuilt from its manifests like any other
-    view = tier_log.view()
+    view = TierLog(backend, conf.broker.name).view()
     store = MetadataStore(metadata_path(conf))
     try:
         store.rebuild(view)
@@ -561,7 +564,7 @@ def _parse_time(text: str) -> int:
 def cmd_get(args, conf: cfg.Config) -> int:
     from connectors.tier.reader import GetStatus, TierReader
 
-    result = TierReader(conf.tier.location).get(args.topic, args.queue, args.offset, args.max)
+    result = TierReader(conf.tier.location, broker=args.read_broker).get(args.topic, args.queue, args.offset, args.max)
     where = f"queue {args.topic}/{args.queue}"
     if result.status is GetStatus.NO_QUEUE:
         raise TierlogError(f"the tier at {conf.tier.location} has no {where} (`tierlog queues` lists them)")
@@ -583,7 +586,7 @@ def cmd_key(args, conf: cfg.Config) -> int:
 
     begin = _parse_time(args.since) if args.since else None
     end = _parse_time(args.until) if args.until else None
-    table = TierReader(conf.tier.location).by_key(args.topic, args.key, begin, end)
+    table = TierReader(conf.tier.location, broker=args.read_broker).by_key(args.topic, args.key, begin, end)
     emit(_message_rows(table, args.format), args.format, INSPECT_COLUMNS if args.format == "table" else None)
     log.info("%d message(s) with key %r in topic %s in the tier", table.num_rows, args.key, args.topic)
     if args.latest:
@@ -615,12 +618,12 @@ def cmd_offset_for_time(args, conf: cfg.Config) -> int:
     from connectors.tier.reader import TierReader
 
     ts = _parse_time(args.timestamp)
-    reader = TierReader(conf.tier.location)
-    state = reader.state()
+    reader = TierReader(conf.tier.location, broker=args.read_broker)
+    state = reader.state_for_queue(args.topic, args.queue)
     if state.state_of((args.topic, args.queue)) is None:
         raise TierlogError(f"the tier at {conf.tier.location} has no queue {args.topic}/{args.queue}")
     offset = reader.offset_for_time(args.topic, args.queue, ts, args.boundary, state)
-    emit([{"topic": args.topic, "queue_id": args.queue, "timestamp": ms_to_iso(ts), "boundary": args.boundary,
+    emit([{"broker": state.log.broker, "topic": args.topic, "queue_id": args.queue, "timestamp": ms_to_iso(ts), "boundary": args.boundary,
            "offset": offset}], args.format)
     return 0
 
@@ -630,9 +633,9 @@ def cmd_queues(args, conf: cfg.Config) -> int:
 
     from connectors.tier.reader import TierReader
 
-    infos = TierReader(conf.tier.location).queue_infos(topic=args.topic)
+    infos = TierReader(conf.tier.location, broker=args.read_broker).queue_infos(topic=args.topic)
     rows = [dataclasses.asdict(i) for i in infos[: args.limit]]
-    if not emit(rows, args.format, ["topic", "queue_id", "low", "commit", "sealed", "segments", "bytes"]):
+    if not emit(rows, args.format, ["broker", "topic", "queue_id", "low", "commit", "sealed", "segments", "bytes"]):
         log.info("the tier at %s holds no queue yet", conf.tier.location)
     return 0
 
@@ -660,7 +663,7 @@ def cmd_kv(args, conf: cfg.Config) -> int:
         if args.kv_command == "snapshot":
             from streaming.compaction import write_snapshot
 
-            rows = write_snapshot(kv, conf.tier.location, keep=max(1, conf.compaction.snapshot_keep))
+            rows = write_snapshot(kv, conf.tier.location, conf.broker.name, keep=max(1, conf.compaction.snapshot_keep))
             emit([{"keys": rows, "through_phy": kv.applied_through(), "tier": conf.tier.location}], args.format)
             return 0
         if args.kv_command == "get":
@@ -686,7 +689,7 @@ def _kv_rebuild(args, conf: cfg.Config) -> int:
     from streaming.service import kv_path
 
     report = rebuild_view(
-        kv_path(conf), commitlog_dir=conf.commitlog.dir, tier_location=conf.tier.location,
+        kv_path(conf), commitlog_dir=conf.commitlog.dir, tier_location=conf.tier.location, broker=conf.broker.name,
         source=args.source, ttl=cfg.parse_ttl(conf.compaction.ttl), key_property=conf.commitlog.key_property,
         topics=cfg.topic_filters(conf)["compaction"],
     )
@@ -759,7 +762,7 @@ def cmd_demo(args, conf: cfg.Config) -> int:
         f"{len(state.staging)} staging objects; "
         f"the KV view holds the latest value of every key{kafka_line}\n")
     config_file = os.path.join(root, "tierlog.toml")
-    segments = f"{conf.tier.location}/topic=*/queue=*/*.parquet"
+    segments = f"{conf.tier.location}/topic=*/broker=*/queue=*/*.parquet"
     duck = (f"select topic, queue_id, count(*) messages, min(queue_offset) first, max(queue_offset) last "
             f"from read_parquet('{segments}', hive_partitioning=false) group by all order by all")
     with open(config_file, "w") as fh:
@@ -809,8 +812,14 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--config", metavar="FILE", help="TOML configuration file (default: ./tierlog.toml if present)")
     common.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     common.add_argument("--commitlog-dir", dest="commitlog.dir", metavar="DIR", help="override commitlog.dir")
+    common.add_argument("--broker-name", dest="broker.name", metavar="NAME",
+                        help="override broker.name: the RocketMQ broker whose commitlog this is")
     tier = argparse.ArgumentParser(add_help=False)
     tier.add_argument("--tier", dest="tier.location", metavar="LOCATION", help="override tier.location")
+    brokers = argparse.ArgumentParser(add_help=False)
+    brokers.add_argument("--broker", dest="read_broker", metavar="NAME",
+                         help="only this broker's part of the tier (default: every broker; a queue that several "
+                         "brokers hold needs it)")
     printing = argparse.ArgumentParser(add_help=False)
     printing.add_argument("--format", choices=["table", "json"], default="table", help="table, or one JSON object per line")
 
@@ -889,9 +898,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "tier", parents=[common, tier, printing], help="tier maintenance: rebuild-metadata, upgrade",
         description="rebuild-metadata: recreate the metadata store from the tier's commit log and manifests "
-        "alone, quarantined commitlog ranges included (stop `tierlog run` first). upgrade: rewrite the metadata "
-        "of a tier written by an older tierlog (one state object) as manifests, in place; `tierlog run` does "
-        "this itself on start. Data objects are not touched.",
+        "alone, quarantined commitlog ranges included (stop `tierlog run` first). upgrade: move a tier written "
+        "before tierlog knew brokers under broker.name (--broker-name): every retained object is copied to its "
+        "broker=NAME/ path, the metadata rewritten, then the old objects deleted. Stop every tierlog writing the "
+        "tier first; run it again if it is interrupted.",
     )
     p.add_argument("tier_command", choices=["rebuild-metadata", "upgrade"])
     p.set_defaults(func=cmd_tier)
@@ -908,7 +918,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_commitlog_gc)
 
     p = sub.add_parser(
-        "get", parents=[common, tier, printing], help="read messages of one queue from the tier",
+        "get", parents=[common, tier, brokers, printing], help="read messages of one queue from the tier",
         description="Read up to --max committed messages of queue TOPIC/QUEUE from the tier, from queue offset "
         "OFFSET, in offset order, across sealed segments and staging objects. An offset below the lowest retained "
         "one, or past the commit offset, exits 1 and says where the queue starts and ends; exactly the commit "
@@ -921,7 +931,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_get)
 
     p = sub.add_parser(
-        "offset-for-time", parents=[common, tier, printing], help="find a queue offset by store time",
+        "offset-for-time", parents=[common, tier, brokers, printing], help="find a queue offset by store time",
         description="Like RocketMQ's searchOffset: --boundary lower (default) gives the first offset whose store "
         "time is at or after TS (the commit offset if none); upper gives the last offset at or before TS (the "
         "lowest retained offset if none). TS is epoch milliseconds or ISO 8601.",
@@ -933,8 +943,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_offset_for_time)
 
     p = sub.add_parser(
-        "key", parents=[common, tier, printing], help="every message with a key, from the tier",
-        description="Every committed message of TOPIC whose key is KEY, in physical order, optionally stored "
+        "key", parents=[common, tier, brokers, printing], help="every message with a key, from the tier",
+        description="Every committed message of TOPIC whose key is KEY, broker by broker in physical order, optionally stored "
         "between --since and --until (epoch ms or ISO 8601). Sealed segments are opened only when their key "
         "index (written at seal time) lists the key. --latest also reports the key's latest value from the "
         "local KV view, when the service runs on this host.",
@@ -947,8 +957,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_key)
 
     p = sub.add_parser(
-        "queues", parents=[common, tier, printing], help="list the queues in the tier",
-        description="Every queue in the tier: its lowest retained and commit offsets, the sealed offset, "
+        "queues", parents=[common, tier, brokers, printing], help="list the queues in the tier",
+        description="Every queue in the tier, of every broker: its lowest retained and commit offsets, the sealed offset, "
         "segments, and bytes. Reads one small bucket object per group of queues, never the segments; "
         "--topic reads only that topic's.",
     )

@@ -34,6 +34,7 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.brokers import DEFAULT_BROKER
 from connectors.commitlog.reader import CommitLogReader
 from connectors.errors import TierlogError
 from connectors.tier import snapshots
@@ -54,6 +55,7 @@ class CompactionSettings:
     commitlog_dir: str
     checkpoint: str  # this query's checkpoint directory
     tier_location: str
+    broker: str = DEFAULT_BROKER  # each broker's tierlog keeps the snapshots of its own keys
     ttl: dict[str, float] | None = None  # topic -> seconds; "*" for every other topic
     snapshot_interval_s: float = 600.0  # 0: only on demand
     snapshot_keep: int = 2
@@ -121,7 +123,7 @@ class CompactionSink:
         self.changelog = changelog  # a connectors.kafka.changelog.ChangelogSink, or None
         self.key_property = key_property
         self.lock = threading.RLock()  # held while a batch is handed over; a graceful stop waits on it
-        self._reader = CommitLogReader(settings.commitlog_dir, on_corrupt=settings.on_corrupt)
+        self._reader = CommitLogReader(settings.commitlog_dir, on_corrupt=settings.on_corrupt, broker=settings.broker)
         self._apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-apply")
         self._pending: Future | None = None
         self._last_snapshot = self._last_snapshot_time()
@@ -256,8 +258,8 @@ class CompactionSink:
         interval = self.settings.snapshot_interval_s
         if interval <= 0 or time.time() - self._last_snapshot < interval:
             return None
-        rows = write_snapshot(self.kv, self.settings.tier_location, through_phy, self.settings.snapshot_keep,
-                              self.settings.driver_pid)
+        rows = write_snapshot(self.kv, self.settings.tier_location, self.settings.broker, through_phy,
+                              self.settings.snapshot_keep, self.settings.driver_pid)
         self._last_snapshot = time.time()
         return rows
 
@@ -267,9 +269,9 @@ def _snapshotted(topic: str, rows: int, through: int, driver_pid: int | None) ->
     crash_point("snapshotted", driver_pid)
 
 
-def write_snapshot(kv: KVView, tier_location: str, through_phy: int | None = None, keep: int = 2,
+def write_snapshot(kv: KVView, tier_location: str, broker: str, through_phy: int | None = None, keep: int = 2,
                    driver_pid: int | None = None) -> int:
-    """Write every topic's live keys from ``kv`` to the tier; returns the rows written."""
+    """Write every topic's live keys from ``kv`` (``broker``'s) to the tier; returns the rows written."""
     through = kv.applied_through() if through_phy is None else through_phy
     if through is None:
         raise TierlogError("the KV view has applied nothing yet: there is nothing to snapshot")
@@ -277,7 +279,7 @@ def write_snapshot(kv: KVView, tier_location: str, through_phy: int | None = Non
     backend = open_backend(tier_location)
     try:
         written = snapshots.write_snapshots(
-            backend, kv.entries(), through, keep=keep,
+            backend, broker, kv.entries(), through, keep=keep,
             on_topic=lambda topic, n: _snapshotted(topic, n, through, driver_pid),
         )
     finally:

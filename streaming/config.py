@@ -21,6 +21,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
+from connectors.brokers import DEFAULT_BROKER, broker_name_problem
 from connectors.errors import ConfigError
 
 ENV_PREFIX = "TIERLOG_"
@@ -31,10 +32,18 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-def setting(default: Any, doc: str, *, choices: tuple = (), secret: bool = False, size: bool = False):
-    """A field with its one-line documentation (shown by `config show` and in the README)."""
+def setting(default: Any, doc: str, *, choices: tuple = (), secret: bool = False, size: bool = False, check=None):
+    """A field with its one-line documentation (shown by `config show` and in the README).
+    ``check(value)`` returns why a value is wrong, or None."""
     return field(default=default, repr=not secret,  # a secret never reaches a log line through repr()
-                 metadata={"doc": doc, "choices": choices, "secret": secret, "size": size})
+                 metadata={"doc": doc, "choices": choices, "secret": secret, "size": size, "check": check})
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    name: str = setting(DEFAULT_BROKER, "The RocketMQ brokerName whose commitlog this is (a master and its replicas "
+                        "share it). Several brokers' tierlogs may write one tier and one set of Kafka topics: give "
+                        "each its own.", check=broker_name_problem)
 
 
 @dataclass(frozen=True)
@@ -198,6 +207,7 @@ class TopicsConfig:
 
 @dataclass(frozen=True)
 class Config:
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
     commitlog: CommitlogConfig = field(default_factory=CommitlogConfig)
     source: SourceConfig = field(default_factory=SourceConfig)
     topics: TopicsConfig = field(default_factory=TopicsConfig)
@@ -275,6 +285,9 @@ def _coerce(f: dataclasses.Field, value: Any, name: str, origin: str) -> Any:
     choices = f.metadata.get("choices")
     if choices and value not in choices:
         raise ConfigError(f"{where}: must be one of {', '.join(choices)}; got {value!r}")
+    problem = f.metadata["check"](value) if f.metadata.get("check") else None
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
     return value
 
 

@@ -42,6 +42,7 @@ def tiering_settings(conf: cfg.Config) -> TieringSettings:
     t = conf.tier
     return TieringSettings(
         location=t.location,
+        broker=conf.broker.name,
         commitlog_dir=conf.commitlog.dir,
         key_property=conf.commitlog.key_property,
         check_crc=conf.commitlog.check_crc,
@@ -63,6 +64,7 @@ def source_options(conf: cfg.Config) -> dict:
     s = conf.source
     return {
         "path": conf.commitlog.dir,
+        "broker": conf.broker.name,
         "maxRecordsPerTrigger": s.max_records_per_trigger or None,
         "maxBytesPerTrigger": s.max_bytes_per_trigger or None,
         "partitionBytes": s.partition_bytes,
@@ -79,6 +81,7 @@ def compaction_settings(conf: cfg.Config) -> CompactionSettings:
         commitlog_dir=conf.commitlog.dir,
         checkpoint=checkpoint_path(conf, "compaction"),
         tier_location=conf.tier.location,
+        broker=conf.broker.name,
         ttl=cfg.parse_ttl(c.ttl),
         snapshot_interval_s=c.snapshot_interval_s,
         snapshot_keep=max(1, c.snapshot_keep),

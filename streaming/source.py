@@ -23,6 +23,7 @@ Options (all optional except ``path``):
                        default); columns not asked for are not decoded at all
 ``topics``             a topic filter (``TopicFilter.to_json()``): only messages of the
                        topics it accepts are produced (needs the ``topic`` column)
+``broker``             the broker name every row carries in ``broker`` (``broker-a``)
 =====================  ====================================================
 """
 
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from connectors.brokers import DEFAULT_BROKER, broker_name_problem
 from connectors.commitlog.topics import TopicFilter
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
@@ -67,6 +69,7 @@ class SourceOptions:
     refs_only: bool = False
     columns: tuple[str, ...] | None = None
     topics: TopicFilter | None = None
+    broker: str = DEFAULT_BROKER
 
     @classmethod
     def parse(cls, options: dict) -> "SourceOptions":
@@ -94,7 +97,15 @@ class SourceOptions:
             refs_only=_bool(opts, "refsonly", "refsOnly", False),
             columns=parse_columns(opts.get("columns")),
             topics=_topics(opts.get("topics"), parse_columns(opts.get("columns")), _bool(opts, "refsonly", "refsOnly", False)),
+            broker=_broker(opts.get("broker", DEFAULT_BROKER)),
         )
+
+
+def _broker(value: str) -> str:
+    problem = broker_name_problem(value)
+    if problem:
+        raise ConfigError(f"option broker: {problem}")
+    return value
 
 
 def _topics(raw: str | None, columns: tuple[str, ...] | None, refs_only: bool) -> TopicFilter | None:
@@ -170,7 +181,7 @@ REFS_SCHEMA = pa.schema([("phy_offset", pa.int64()), ("size", pa.int32())])
 
 def read_partition(opts: SourceOptions, partition: CommitLogPartition):
     """Decode one partition into Arrow batches; opens the files here, on the executor."""
-    with CommitLogReader(opts.path, check_crc=opts.check_crc, on_corrupt=opts.on_corrupt) as reader:
+    with CommitLogReader(opts.path, check_crc=opts.check_crc, on_corrupt=opts.on_corrupt, broker=opts.broker) as reader:
         if opts.refs_only:
             for span in reader.spans(partition.start, partition.end):
                 starts = np.asarray(span.starts, np.int64) + span.file.base
@@ -202,7 +213,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     @property
     def reader(self) -> CommitLogReader:
         if self._reader is None:
-            self._reader = CommitLogReader(self.opts.path, on_corrupt=self.opts.on_corrupt)
+            self._reader = CommitLogReader(self.opts.path, on_corrupt=self.opts.on_corrupt, broker=self.opts.broker)
         return self._reader
 
     def initialOffset(self) -> dict:
@@ -267,7 +278,7 @@ class CommitLogBatchReader(DataSourceReader):
         self.opts = opts
 
     def partitions(self) -> list[CommitLogPartition]:
-        with CommitLogReader(self.opts.path, on_corrupt=self.opts.on_corrupt) as reader:
+        with CommitLogReader(self.opts.path, on_corrupt=self.opts.on_corrupt, broker=self.opts.broker) as reader:
             start = reader.first_offset()
             return plan_partitions(reader, start, reader.end_offset(), self.opts.partition_bytes)
 

@@ -7,7 +7,9 @@ state however long it runs; objects being written, or written and never
 committed, are never read.  It needs only the tier location (a directory or
 ``s3://bucket/prefix``).
 
-Pruning.  Filters on ``topic``, ``queue_id``, ``queue_offset`` and ``store_ts``
+Every broker the tier holds is read; each row says which in ``broker``.
+
+Pruning.  Filters on ``broker``, ``topic``, ``queue_id``, ``queue_offset`` and ``store_ts``
 (``=``, ``<``, ``<=``, ``>``, ``>=``, ``IN``) are pushed down
 (``spark.sql.python.filterPushdown.enabled``, set by ``build_session``): they
 decide which queues, which segments and staging objects (by offset range and
@@ -46,6 +48,7 @@ _FAR = 2**62
 class Bounds:
     """What the pushed filters allow; None or the open ends mean no limit."""
 
+    brokers: set | None = None
     topics: set | None = None
     queues: set | None = None
     offset: list = field(default_factory=lambda: [0, _FAR])  # [lo, hi) queue offsets
@@ -54,9 +57,9 @@ class Bounds:
     def take(self, f) -> bool:
         """Narrow the bounds by one filter; False if it is not one this source prunes by."""
         column = f.attribute[0] if len(f.attribute) == 1 else None
-        if column in ("topic", "queue_id") and isinstance(f, (EqualTo, In)):
+        if column in ("broker", "topic", "queue_id") and isinstance(f, (EqualTo, In)):
             values = set(f.value) if isinstance(f, In) else {f.value}
-            name = "topics" if column == "topic" else "queues"
+            name = {"broker": "brokers", "topic": "topics", "queue_id": "queues"}[column]
             current = getattr(self, name)
             setattr(self, name, values if current is None else current & values)
             return True
@@ -106,10 +109,18 @@ class TierBatchReader(DataSourceReader):
         from connectors.tier.reader import TierReader
 
         reader = TierReader(self.location)
-        state = reader.state()
         b = self.bounds
         parts: list[TierPartition] = []
         staged: dict[str, TierPartition] = {}
+        for broker in reader.brokers():
+            if b.brokers is None or broker in b.brokers:
+                self._plan(reader.state(broker), parts, staged)
+        reader.backend.close()
+        return parts + list(staged.values()) or [TierPartition("", 0, [])]
+
+    def _plan(self, state, parts: list[TierPartition], staged: dict[str, TierPartition]) -> None:
+        """The objects of one broker's state to read, and what to keep of each."""
+        b = self.bounds
         topics = sorted(b.topics) if b.topics is not None else [None]
         queues = sorted(kv for t in topics for kv in state.queue_states(t).items())
         state.prefetch([k for k, q in queues if q.segments or q.commit > q.sealed])
@@ -127,8 +138,6 @@ class TierBatchReader(DataSourceReader):
                 if info.first < hi and info.last >= unsealed and info.max_ts >= b.ts[0] and info.min_ts <= b.ts[1]:
                     part = staged.setdefault(info.name, TierPartition(info.name, info.size, []))
                     part.ranges.append((topic, queue_id, unsealed, hi))
-        reader.backend.close()
-        return parts + list(staged.values()) or [TierPartition("", 0, [])]
 
     def read(self, partition: TierPartition) -> Iterator[pa.RecordBatch]:
         if not partition.ranges:

@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.brokers import DEFAULT_BROKER
 from connectors.commitlog.arrow import dispatched_only
 from connectors.commitlog.topics import filtered_counts
 from connectors.errors import TierlogError
@@ -63,6 +64,7 @@ class SkippedMessagesError(TierlogError):
 class TieringSettings:
     location: str
     commitlog_dir: str
+    broker: str = DEFAULT_BROKER  # whose commitlog this is: the tier keeps its queues, metadata and rows apart
     key_property: str = "KEYS"
     check_crc: bool = True
     on_corrupt: str = "fail"  # "quarantine": skip corrupt records, recorded with the batch that passes them
@@ -121,7 +123,7 @@ def make_stager(settings: TieringSettings, floor: int):
         if lo is None:
             return
         with CommitLogReader(settings.commitlog_dir, check_crc=settings.check_crc,
-                             on_corrupt=settings.on_corrupt) as reader:
+                             on_corrupt=settings.on_corrupt, broker=settings.broker) as reader:
             batches_ = list(reader.record_batches(lo, hi, key_property=settings.key_property))
         table = dispatched_only(pa.Table.from_batches(batches_, schema=batches_[0].schema if batches_ else None))
         # Every sink's filter is counted here, where each message passes exactly once.
@@ -133,7 +135,7 @@ def make_stager(settings: TieringSettings, floor: int):
         if table.num_rows:  # else nothing to stage: the range still counts as tiered
             table = layout.sort_rows(table)
             data = layout.to_staging_parquet(table)
-            name = layout.staging_name(lo)
+            name = layout.Names(settings.broker).staging(lo)
             backend = open_backend(settings.location)
             started = time.monotonic()
             try:
@@ -177,7 +179,7 @@ class TieringSink:
     def __init__(self, settings: TieringSettings, metadata, on_batch=None):
         self.settings = settings
         self.backend = open_backend(settings.location)
-        self.log = TierLog(self.backend)
+        self.log = TierLog(self.backend, settings.broker)
         self.metadata = metadata
         self.head = self.log.open_head()
         self.reconcile_metadata()
@@ -381,9 +383,9 @@ class TieringSink:
             base = table["queue_offset"][0].as_py()
             end = table["queue_offset"][-1].as_py()
             data = layout.to_parquet(table)
-            name = layout.segment_name(topic, q, base)
+            name = self.log.names.segment(topic, q, base)
             self._timed_put("segment", name, data)
-            keys = layout.key_index_name(topic, q, base)
+            keys = self.log.names.key_index(topic, q, base)
             self._timed_put("key_index", keys, layout.key_index(table))
             crash_point("seal_uploaded")
             ts = table["store_ts"]

@@ -67,7 +67,7 @@ def snapshot_contents(conf: cfg.Config) -> tuple[dict, int | None]:
     """The newest snapshot of every topic, merged, and the lowest offset they cover through."""
     backend = open_backend(conf.tier.location)
     try:
-        latest = snapshots.latest_snapshots(backend)
+        latest = snapshots.latest_snapshots(backend, conf.broker.name)
         out = {}
         for snap in latest.values():
             for row in snapshots.read_snapshot(backend, snap).to_pylist():

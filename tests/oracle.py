@@ -7,12 +7,14 @@ on Spark, so those can be compared against it.
 
 from __future__ import annotations
 
+from connectors.brokers import DEFAULT_BROKER
 from connectors.commitlog.format import Message
 from connectors.commitlog.reader import CommitLogReader
 
 
-def message_row(m: Message, key_property: str = "KEYS") -> dict:
-    """One message as the message row of ``arrow.MESSAGE_SCHEMA`` (timestamps as epoch ms)."""
+def message_row(m: Message, key_property: str = "KEYS", broker: str = DEFAULT_BROKER) -> dict:
+    """One message of ``broker``'s log as the message row of ``arrow.MESSAGE_SCHEMA`` (timestamps
+    as epoch ms)."""
     return {
         "topic": m.topic,
         "queue_id": m.queue_id,
@@ -33,13 +35,14 @@ def message_row(m: Message, key_property: str = "KEYS") -> dict:
         "op": m.op,
         "prepared_tx_offset": m.prepared_tx_offset,
         "size": m.size,
+        "broker": broker,
     }
 
 
-def replay(directory: str, start: int | None = None, end: int | None = None) -> list[dict]:
-    """Every complete message in the log, in physical order, as message rows."""
+def replay(directory: str, start: int | None = None, end: int | None = None, broker: str = DEFAULT_BROKER) -> list[dict]:
+    """Every complete message in the log, in physical order, as message rows of ``broker``."""
     with CommitLogReader(directory, check_crc=True) as reader:
-        return [message_row(m) for m in reader.messages(start, end)]
+        return [message_row(m, broker=broker) for m in reader.messages(start, end)]
 
 
 def normalize_arrow_row(row: dict) -> dict:

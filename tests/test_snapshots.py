@@ -15,12 +15,15 @@ def test_write_list_read_and_prune(tier_location, tmp_path):
             kv.apply([Change(odd, f"k{i}", "put", through - 10 + i, 1, i, 1_700_000_000_000 + i,
                              b"v%d-%d" % (round_, i)) for i in range(3)]
                      + [Change("plain", "gone", "delete" if round_ else "put", through - 1, body=b"x")])
-            written = snapshots.write_snapshots(backend, kv.entries(), through, keep=2)
+            written = snapshots.write_snapshots(backend, "broker-a", kv.entries(), through, keep=2)
             assert written == {odd: 3, "plain": 0 if round_ else 1}
-    backend.put("_compacted/topic=plain/not-a-snapshot.txt", b"ignored")
-    listed = snapshots.list_snapshots(backend)
+        # Another broker's snapshots of the same topics, at physical offsets of its own log.
+        snapshots.write_snapshots(backend, "broker-b", kv.entries(), 50, keep=2)
+    backend.put("_compacted/broker=broker-a/topic=plain/not-a-snapshot.txt", b"ignored")
+    listed = snapshots.list_snapshots(backend, "broker-a")
     assert [(s.topic, s.through_phy) for s in listed] == [(odd, 200), (odd, 300), ("plain", 200), ("plain", 300)]
-    latest = snapshots.latest_snapshots(backend)
+    assert [(s.topic, s.through_phy) for s in snapshots.list_snapshots(backend, "broker-b")] == [(odd, 50), ("plain", 50)]
+    latest = snapshots.latest_snapshots(backend, "broker-a")
     rows = snapshots.read_snapshot(backend, latest[odd]).to_pylist()
     assert [(r["key"], r["body"], r["phy_offset"]) for r in rows] == [(f"k{i}", b"v2-%d" % i, 290 + i) for i in range(3)]
     assert rows[1]["store_ts"].timestamp() * 1000 == 1_700_000_000_001

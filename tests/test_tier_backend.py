@@ -60,10 +60,10 @@ def test_hostile_names_are_refused(tier_location, name):
 def test_a_topic_too_long_for_the_store_is_refused_by_name_and_fits_s3(tier_location):
     """RocketMQ's retry and dead-letter topics may have 255 characters; escaped, the '%'s take three
     bytes each, which is more than the 255 a posix file name holds, and well within an S3 key."""
-    from connectors.tier.layout import segment_name
+    from connectors.tier.layout import Names
 
     b = open_backend(tier_location)
-    name = segment_name("%DLQ%" + "g" * 250, 0, 0)
+    name = Names("broker-a").segment("%DLQ%" + "g" * 250, 0, 0)
     if tier_location.startswith("s3://"):
         b.put(name, b"x")
         assert b.read(name) == b"x" and [o.name for o in b.list("topic=")] == [name]

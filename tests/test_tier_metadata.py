@@ -17,6 +17,9 @@ from connectors.tier.backend import open_backend
 from connectors.tier.errors import TierLogError
 from connectors.tier.log import TierLayoutError, TierLog
 from connectors.tier.manifest import bucket_of
+from connectors.brokers import DEFAULT_BROKER
+
+NAMES = layout.Names(DEFAULT_BROKER)  # the names of a one-broker tier
 
 
 @pytest.fixture(autouse=True)
@@ -28,12 +31,13 @@ def small_pages(monkeypatch):
 class Ledger:
     """What the test committed, queue by queue."""
 
-    def __init__(self):
+    def __init__(self, names: layout.Names = NAMES):
+        self.names = names
         self.queues: dict = {}  # key -> dict(commit, sealed, low, segments=[...], staging=[names])
         self.phy = 0
 
     def batch(self, rng, keys, batch_id):
-        objects, name = [], layout.staging_name(self.phy)
+        objects, name = [], self.names.staging(self.phy)
         stats = []
         for key in keys:
             q = self.queues.setdefault(key, {"commit": 0, "sealed": 0, "low": 0, "segments": [], "staging": []})
@@ -53,7 +57,7 @@ class Ledger:
             q = self.queues[key]
             if q["commit"] == q["sealed"]:
                 continue
-            seg = {"name": layout.segment_name(*key, q["sealed"]), "topic": key[0], "queue_id": key[1],
+            seg = {"name": self.names.segment(*key, q["sealed"]), "topic": key[0], "queue_id": key[1],
                    "base": q["sealed"], "end": q["commit"] - 1, "rows": q["commit"] - q["sealed"], "size": 50,
                    "min_ts": 1000 + q["sealed"], "max_ts": 1000 + q["commit"], "keys": None}
             segs.append(seg)
@@ -138,8 +142,8 @@ def test_a_checkpoint_writes_only_the_queues_that_changed(tmp_path):
     tier_log.append(head, ledger.batch(rng, [("t", 7)], 99))
     tier_log.checkpoint(head)
     # the record, one queue manifest, its bucket and the root: nothing per other queue
-    assert sorted(puts) == sorted([layout.log_name(10), layout.queue_manifest_name("t", 7, 10),
-                                   layout.bucket_name(bucket_of(("t", 7), head.buckets), 10), layout.root_name(10)])
+    assert sorted(puts) == sorted([NAMES.log(10), NAMES.queue_manifest("t", 7, 10),
+                                   NAMES.bucket(bucket_of(("t", 7), head.buckets), 10), NAMES.root(10)])
     check_view(TierLog(backend), ledger, [("t", 7), ("t", 8)])
 
 
@@ -181,12 +185,37 @@ def test_a_bad_record_is_never_written(tmp_path):
     assert not list(tier_log.backend.list(layout.LOG_PREFIX))
 
 
+def moved(ledger: Ledger) -> Ledger:
+    """The ledger of a tier from before brokers, with the names ``tierlog tier upgrade`` moves its
+    objects to (built here from the layout's documented paths, not by the code under test)."""
+    for q in ledger.queues.values():
+        for seg in q["segments"]:
+            seg["name"] = seg["name"].replace("/queue=", f"/broker={DEFAULT_BROKER}/queue=")
+            if seg["keys"]:
+                seg["keys"] = seg["keys"].replace("/queue=", f"/broker={DEFAULT_BROKER}/queue=")
+        q["staging"] = [n.replace("_staging/", f"_staging/broker={DEFAULT_BROKER}/") for n in q["staging"]]
+    ledger.names = NAMES
+    return ledger
+
+
+def put_data_objects(backend, ledger: Ledger) -> set[str]:
+    """An object for each segment, key index and staging object the ledger names; their names."""
+    names = {n for q in ledger.queues.values() for n in q["staging"]}
+    names |= {n for q in ledger.queues.values() for s in q["segments"] for n in (s["name"], s["keys"]) if n}
+    for name in names:
+        backend.put(name, name.encode())
+    return names
+
+
 def test_a_first_layout_tier_is_upgraded_in_place(tmp_path):
-    """A tier written by the first layout (records without a version, one whole-state checkpoint) is
-    refused by readers with what to do, and upgraded by the writer to the same content."""
+    """A tier written by the first layout (records without a version, one whole-state checkpoint,
+    no brokers) is refused by readers and writers with what to do, and `tierlog tier upgrade`
+    moves it under a broker with the same content."""
+    from connectors.tier.upgrade import upgrade_to_broker
+
     backend = open_backend(str(tmp_path / "tier"))
     rng = random.Random(3)
-    ledger = Ledger()
+    ledger = Ledger(layout.Names(None))
     records = []
     for i in range(30):
         records.append(ledger.batch(rng, [("t", q) for q in rng.sample(range(6), 3)], i))
@@ -197,13 +226,57 @@ def test_a_first_layout_tier_is_upgraded_in_place(tmp_path):
     for seq, record in enumerate(records):
         if record["type"] == "seal":
             record["retire"] = []
-        backend.put(layout.log_name(seq), json.dumps({**record, "seq": seq}).encode())
-    with pytest.raises(TierLayoutError, match="tierlog tier upgrade"):
-        TierLog(backend).view()
+        backend.put(layout.Names(None).log(seq), json.dumps({**record, "seq": seq}).encode())
+    old = put_data_objects(backend, ledger)
+    for refused in (lambda: TierLog(backend).view(), lambda: TierLog(backend).open_head()):
+        with pytest.raises(TierLayoutError, match="tierlog tier upgrade"):
+            refused()
+    report = upgrade_to_broker(backend, DEFAULT_BROKER, progress=lambda line: None)
+    assert report["queues"] == len(ledger.queues)
     head = TierLog(backend).open_head()
-    assert head.seq == len(records) - 1
+    assert head.seq == len(records)  # one past the old log: a metadata store that followed it rebuilds
+    ledger = moved(ledger)
     check_view(TierLog(backend), ledger, sorted(ledger.queues))
-    assert not [o for o in backend.list(layout.LOG_PREFIX) if layout.parse_log_name(o.name)[1] != "root"]
+    left = {o.name for o in backend.list()}
+    assert not old & left  # every old object is gone...
+    assert {n for q in ledger.queues.values() for n in q["staging"]} <= left  # ...and its copy is there
+    assert {s["name"] for q in ledger.queues.values() for s in q["segments"]} <= left
+    assert [o.name for o in backend.list(layout.LOG_PREFIX)] == [NAMES.root(head.seq)]
+    assert upgrade_to_broker(backend, DEFAULT_BROKER) is None  # nothing left to do
+
+
+def test_an_upgrade_interrupted_after_its_root_is_finished_by_running_it_again(tmp_path, monkeypatch):
+    """A tier of the manifest layout from before brokers; the upgrade dies after writing the new
+    root, before deleting a single old object.  Readers already see the moved tier, and running
+    the upgrade again deletes what is left."""
+    from connectors.tier import upgrade
+
+    backend = open_backend(str(tmp_path / "tier"))
+    rng, ledger = random.Random(5), Ledger(layout.Names(None))
+    before, head = TierLog(backend, None), None
+    head = before.open_head()
+    for i in range(12):
+        before.append(head, ledger.batch(rng, [("t", q) for q in rng.sample(range(4), 2)], i))
+        if i % 3 == 2:
+            before.append(head, ledger.seal(sorted(ledger.queues)))
+        if i == 6:
+            before.checkpoint(head)
+    old = put_data_objects(backend, ledger)
+
+    def crash(*args):
+        raise KeyboardInterrupt("crash after the new root")
+
+    monkeypatch.setattr(upgrade, "_delete_old", crash)
+    with pytest.raises(KeyboardInterrupt):
+        upgrade.upgrade_to_broker(backend, DEFAULT_BROKER, progress=lambda line: None)
+    monkeypatch.undo()
+    ledger = moved(ledger)
+    check_view(TierLog(backend), ledger, sorted(ledger.queues))  # the new root holds it all already
+    assert old <= {o.name for o in backend.list()}
+    report = upgrade.upgrade_to_broker(backend, DEFAULT_BROKER, progress=lambda line: None)
+    assert report["objects_copied"] == 0 and report["objects_deleted"] >= len(old)
+    assert not old & {o.name for o in backend.list()}
+    check_view(TierLog(backend), ledger, sorted(ledger.queues))
 
 
 def test_retention_by_bytes_and_messages_drops_each_queues_oldest_segments(tmp_path):
@@ -233,6 +306,6 @@ def test_retention_by_bytes_and_messages_drops_each_queues_oldest_segments(tmp_p
         assert all(s["name"] not in pending for q in ledger.queues.values() for s in q["segments"])
         sink.checkpoint()  # expired pages are dropped from the manifests, and scheduled for deletion
         check_view(TierLog(tier_log.backend), ledger, sorted(ledger.queues))
-        assert any(name.startswith("_meta/pages/") for name in store.pending_deletes())
+        assert any(name.startswith(NAMES.meta_prefix + "pages/") for name in store.pending_deletes())
     finally:
         store.close()

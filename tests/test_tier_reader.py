@@ -211,7 +211,7 @@ def test_spark_tier_source_duckdb_and_tier_reader_agree(spark, tier, backend):
     if backend == "posix":  # DuckDB reads S3 only through an extension it would download
         import duckdb
 
-        segments = duckdb.sql(f"select * from read_parquet('{location}/topic=*/queue=*/*.parquet', "
+        segments = duckdb.sql(f"select * from read_parquet('{location}/topic=*/broker=*/queue=*/*.parquet', "
                               "hive_partitioning=false)").arrow()
         segments = segments.read_all() if hasattr(segments, "read_all") else segments  # a reader in DuckDB >= 1.4
         assert _rows(segments) == sealed

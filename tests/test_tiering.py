@@ -16,6 +16,9 @@ from state.metadata import MetadataStore
 from streaming.service import Service, metadata_path
 from tests.oracle import normalize_arrow_row
 from tests.tiering_helpers import assert_tier_equals_commitlog, make_conf, oracle_rows, produce
+from connectors.brokers import DEFAULT_BROKER
+
+NAMES = layout.Names(DEFAULT_BROKER)  # the names of a one-broker tier
 
 
 def run_until_caught_up(spark, conf) -> Service:
@@ -34,7 +37,7 @@ def test_tier_holds_exactly_the_commitlog_and_seals_segments(spark, tmp_path, ti
     state = TierReader(tier_location).state()
     assert state.segments, "queues past segment_messages must have been sealed"
     for seg in state.segments.values():
-        assert seg.name == layout.segment_name(seg.topic, seg.queue_id, seg.base)
+        assert seg.name == NAMES.segment(seg.topic, seg.queue_id, seg.base)
         assert seg.rows == seg.end - seg.base + 1
     objects = {o.name for o in open_backend(tier_location).list()}
     assert set(state.segments) <= objects

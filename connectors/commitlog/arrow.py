@@ -7,7 +7,7 @@ object is made per field; the only per-record Python work is the header walk
 and, when asked, the CRC check.
 
 The batch has the message row (``MESSAGE_SCHEMA``: README, *The commitlog source*), plus
-``prepared_tx_offset`` and ``size`` so a stored record can be rebuilt exactly.
+``prepared_tx_offset`` and ``size`` so a stored record can be rebuilt exactly, and ``broker``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.brokers import DEFAULT_BROKER
 from connectors.commitlog import compression
 from connectors.commitlog import format as fmt
 
@@ -43,6 +44,7 @@ MESSAGE_SCHEMA = pa.schema(
         ("op", pa.string()),
         ("prepared_tx_offset", pa.int64()),
         ("size", pa.int32()),
+        ("broker", pa.string()),
     ]
 )
 
@@ -51,7 +53,7 @@ MESSAGE_DDL = (
     "topic string, queue_id int, queue_offset bigint, phy_offset bigint, msg_id string, key string, "
     "tags string, body binary, properties map<string,string>, born_ts timestamp, store_ts timestamp, "
     "born_host string, store_host string, sysflag int, flag int, reconsume_times int, op string, "
-    "prepared_tx_offset bigint, size int"
+    "prepared_tx_offset bigint, size int, broker string"
 )
 
 _DDL_BY_NAME = {part.split(" ", 1)[0]: part for part in MESSAGE_DDL.split(", ")}
@@ -197,6 +199,7 @@ def decode_batch(
     key_property: str = "KEYS",
     check_crc: bool = False,
     columns: Sequence[str] | None = None,
+    broker: str = DEFAULT_BROKER,
 ) -> pa.RecordBatch:
     """Decode the records at ``starts`` (positions in ``data``) into one batch.
 
@@ -204,7 +207,8 @@ def decode_batch(
     stored PHYSICALOFFSET must equal it plus the record's position.  Raises
     :class:`BatchDecodeError` naming the first record that fails a check.
     ``columns`` (names of the message row, in any order) limits the output to
-    those columns; the checks run whatever is selected.
+    those columns; the checks run whatever is selected.  ``broker`` is the name every row carries
+    (the log itself does not hold it: see ``connectors.brokers``).
     """
     n = len(starts)
     if n == 0:
@@ -290,6 +294,7 @@ def decode_batch(
         "op": op,
         "prepared_tx_offset": lambda: pa.array(_field(head, reconsume_rel + 4, "i8")),
         "size": lambda: pa.array(size),
+        "broker": lambda: pa.repeat(pa.scalar(broker, pa.string()), n),
     }
     schema = MESSAGE_SCHEMA if columns is None else project_schema(columns)
     return pa.RecordBatch.from_arrays([builders[f.name]() for f in schema], schema=schema)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
+from connectors.brokers import DEFAULT_BROKER
 from connectors.commitlog import format as fmt
 from connectors.commitlog.errors import CorruptRecordError, LogLayoutError, OffsetOutOfRangeError
 
@@ -158,10 +159,12 @@ class ScanResult:
 class CommitLogReader:
     """Reads complete records from a commitlog directory.  Not thread-safe; cheap to create."""
 
-    def __init__(self, directory: str, *, check_crc: bool = False, on_corrupt: str = "fail"):
+    def __init__(self, directory: str, *, check_crc: bool = False, on_corrupt: str = "fail",
+                 broker: str = DEFAULT_BROKER):
         if on_corrupt not in ON_CORRUPT:
             raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, not {on_corrupt!r}")
         self.directory = directory
+        self.broker = broker  # the name every Arrow row carries
         self.check_crc = check_crc
         self.on_corrupt = on_corrupt
         self.quarantined: list[Quarantined] = []  # what this reader skipped, in the order it met them
@@ -505,7 +508,8 @@ class CommitLogReader:
             for i in range(0, len(span.starts), batch_rows):
                 starts = np.asarray(span.starts[i : i + batch_rows], np.int64)
                 yield from self._decode(span.file, buf, starts, span.sizes[i : i + batch_rows],
-                                        dict(key_property=key_property, check_crc=self.check_crc, columns=columns))
+                                        dict(key_property=key_property, check_crc=self.check_crc, columns=columns,
+                                             broker=self.broker))
 
     def _decode(self, f: MappedFile, buf, starts: np.ndarray, sizes: list[int], options: dict) -> Iterator["pa.RecordBatch"]:
         """``decode_batch`` of ``starts``; under quarantine, records failing a check are skipped and listed."""
@@ -551,7 +555,7 @@ class CommitLogReader:
                 )
             f = files[idx]
             try:
-                parts.append(decode_batch(self._map(f), at - f.base, f.base, columns=columns))
+                parts.append(decode_batch(self._map(f), at - f.base, f.base, columns=columns, broker=self.broker))
             except BatchDecodeError as exc:
                 raise self._fail(f, int(at[exc.index] - f.base), exc.reason) from None
         in_sorted_order = pa.Table.from_batches(parts)

@@ -1,20 +1,28 @@
 """Object names in a tier, and the Parquet form of its objects.
 
-    _log/<seq, 20 digits>.json                      commit records (what is visible)
-    _log/<seq, 20 digits>.root.json                 the committed state at <seq>: a root of
+A tier holds the messages of one or more RocketMQ brokers (``broker.name``: the ``brokerName``
+that a master and its replicas share).  Each broker's tierlog owns its own commit log,
+metadata and staging objects, so several write one tier without coordinating:
+
+    _log/broker=<b>/<seq, 20 digits>.json           commit records (what is visible)
+    _log/broker=<b>/<seq, 20 digits>.root.json      the committed state at <seq>: a root of
                                                     buckets, queue manifests and pages under
-                                                    _meta/ (see ``connectors.tier.manifest``)
-    _staging/<first physical offset, 20 digits>.parquet
+                                                    _meta/broker=<b>/ (``connectors.tier.manifest``)
+    _staging/broker=<b>/<first physical offset, 20 digits>.parquet
                                                     one micro-batch part, every queue, sorted
-    topic=<topic>/queue=<queue>/<base queue offset, 20 digits>.parquet
+    topic=<topic>/broker=<b>/queue=<queue>/<base queue offset, 20 digits>.parquet
                                                     a sealed queue-dimension segment
-    _keys/topic=<topic>/queue=<queue>/<base queue offset, 20 digits>.parquet
+    _keys/topic=<topic>/broker=<b>/queue=<queue>/<base queue offset, 20 digits>.parquet
                                                     that segment's key index: (key, queue_offset)
                                                     sorted by key, written at seal time
 
-Names starting with ``_`` are hidden from Spark's and DuckDB's directory
-listings, so ``spark.read.parquet(tier)`` sees exactly the sealed segments.
-Topic names are escaped like Hive partition values (Spark un-escapes them).
+Segments keep the topic first, so an engine reads one topic across brokers from one directory.
+Names starting with ``_`` are hidden from Spark's and DuckDB's directory listings, so
+``spark.read.parquet(tier)`` sees exactly the sealed segments.  Topic names are escaped like
+Hive partition values (Spark un-escapes them).
+
+A tier written before tierlog knew brokers has the same objects without the ``broker=<b>/``
+level (``Names(None)``); it is read only to upgrade it (``tierlog tier upgrade``).
 """
 
 from __future__ import annotations
@@ -61,14 +69,6 @@ def unescape_topic(text: str) -> str:
             out.append(text[i])
             i += 1
     return "".join(out)
-
-
-def segment_name(topic: str, queue_id: int, base_offset: int) -> str:
-    return f"topic={escape_topic(topic)}/queue={queue_id}/{base_offset:020d}.parquet"
-
-
-def key_index_name(topic: str, queue_id: int, base_offset: int) -> str:
-    return KEYS_PREFIX + segment_name(topic, queue_id, base_offset)
 
 
 def key_index(segment: pa.Table) -> bytes:
@@ -177,45 +177,74 @@ def read_segment_slice(backend, name: str, first: int, stop: int, columns: list[
     return segment.read_row_groups(groups, columns=columns).cast(schema).slice(max(0, skip), stop - first)
 
 
-def staging_name(first_phy_offset: int) -> str:
-    return f"{STAGING_PREFIX}{first_phy_offset:020d}.parquet"
-
-
-def log_name(seq: int) -> str:
-    return f"{LOG_PREFIX}{seq:020d}.json"
-
-
-def root_name(seq: int) -> str:
-    return f"{LOG_PREFIX}{seq:020d}.root.json"
-
-
-def legacy_checkpoint_name(seq: int) -> str:
-    """A checkpoint of the first layout (the whole state in one object), read only to upgrade."""
-    return f"{LOG_PREFIX}{seq:020d}.checkpoint.json"
-
-
-def bucket_name(bucket: int, seq: int) -> str:
-    return f"{META_PREFIX}buckets/{bucket:05d}/{seq:020d}.json"
-
-
-def queue_manifest_name(topic: str, queue_id: int, seq: int) -> str:
-    return f"{META_PREFIX}queues/topic={escape_topic(topic)}/queue={queue_id}/{seq:020d}.json"
-
-
-def page_name(topic: str, queue_id: int, base_offset: int, seq: int) -> str:
-    return f"{META_PREFIX}pages/topic={escape_topic(topic)}/queue={queue_id}/{base_offset:020d}.{seq:020d}.json"
-
-
 LOG_KINDS = {"json": "record", "root.json": "root", "checkpoint.json": "legacy"}
+BROKER_DIR = "broker="
 
 
-def parse_log_name(name: str) -> tuple[int, str] | None:
-    """``(seq, kind)`` for a commit-log object name (kind: record, root or legacy), else None."""
-    base = name[len(LOG_PREFIX) :]
-    stem, _, rest = base.partition(".")
-    if not stem.isdigit() or rest not in LOG_KINDS:
-        return None
-    return int(stem), LOG_KINDS[rest]
+class Names:
+    """The object names of one broker's part of a tier (``broker=None``: the layout before
+    brokers, read only to upgrade it).  Every name is a pure function of its arguments."""
+
+    def __init__(self, broker: str | None):
+        self.broker = broker
+        self.level = "" if broker is None else f"{BROKER_DIR}{escape_topic(broker)}/"
+        self.log_prefix = LOG_PREFIX + self.level
+        self.meta_prefix = META_PREFIX + self.level
+        self.staging_prefix = STAGING_PREFIX + self.level
+
+    def __repr__(self) -> str:
+        return f"Names({self.broker!r})"
+
+    def segment(self, topic: str, queue_id: int, base_offset: int) -> str:
+        return f"topic={escape_topic(topic)}/{self.level}queue={queue_id}/{base_offset:020d}.parquet"
+
+    def key_index(self, topic: str, queue_id: int, base_offset: int) -> str:
+        return KEYS_PREFIX + self.segment(topic, queue_id, base_offset)
+
+    def staging(self, first_phy_offset: int) -> str:
+        return f"{self.staging_prefix}{first_phy_offset:020d}.parquet"
+
+    def log(self, seq: int) -> str:
+        return f"{self.log_prefix}{seq:020d}.json"
+
+    def root(self, seq: int) -> str:
+        return f"{self.log_prefix}{seq:020d}.root.json"
+
+    def legacy_checkpoint(self, seq: int) -> str:
+        """A checkpoint of the first layout (the whole state in one object), read only to upgrade."""
+        return f"{self.log_prefix}{seq:020d}.checkpoint.json"
+
+    def bucket(self, bucket: int, seq: int) -> str:
+        return f"{self.meta_prefix}buckets/{bucket:05d}/{seq:020d}.json"
+
+    def queue_manifest(self, topic: str, queue_id: int, seq: int) -> str:
+        return f"{self.meta_prefix}queues/topic={escape_topic(topic)}/queue={queue_id}/{seq:020d}.json"
+
+    def page(self, topic: str, queue_id: int, base_offset: int, seq: int) -> str:
+        return f"{self.meta_prefix}pages/topic={escape_topic(topic)}/queue={queue_id}/{base_offset:020d}.{seq:020d}.json"
+
+    def parse_log(self, name: str) -> tuple[int, str] | None:
+        """``(seq, kind)`` for one of this broker's commit-log object names (kind: record, root or
+        legacy), else None (another broker's, or not a commit-log object)."""
+        if not name.startswith(self.log_prefix):
+            return None
+        stem, _, rest = name[len(self.log_prefix):].partition(".")
+        if not stem.isdigit() or rest not in LOG_KINDS:
+            return None
+        return int(stem), LOG_KINDS[rest]
+
+
+def brokers_in(names: list[str]) -> tuple[list[str], bool]:
+    """The brokers whose commit logs ``names`` (a listing of ``_log/``) hold, and whether the
+    listing also holds a commit log from before brokers (``_log/<seq>...`` at the top)."""
+    brokers, legacy = set(), False
+    for name in names:
+        rest = name[len(LOG_PREFIX):]
+        if rest.startswith(BROKER_DIR) and "/" in rest:
+            brokers.add(unescape_topic(rest[len(BROKER_DIR):rest.index("/")]))
+        elif Names(None).parse_log(name):
+            legacy = True
+    return sorted(brokers), legacy
 
 
 def to_parquet(table: pa.Table) -> bytes:

@@ -81,10 +81,10 @@ class LegacyState:
 
 def read_state(backend, records: list[int], checkpoints: list[int]) -> LegacyState:
     """The whole state of a first-layout tier: its newest checkpoint and the records after it."""
-    state = LegacyState()
+    state, names = LegacyState(), layout.Names(None)  # the first layout predates brokers
     if checkpoints:
-        state = LegacyState.from_json(json.loads(backend.read(layout.legacy_checkpoint_name(checkpoints[-1])))["state"])
+        state = LegacyState.from_json(json.loads(backend.read(names.legacy_checkpoint(checkpoints[-1])))["state"])
     for seq in records:
         if seq > state.seq:
-            state.apply(json.loads(backend.read(layout.log_name(seq))))
+            state.apply(json.loads(backend.read(names.log(seq))))
     return state

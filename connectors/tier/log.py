@@ -31,6 +31,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from connectors.brokers import DEFAULT_BROKER
 from connectors.tier import layout
 from connectors.tier.backend import Backend
 from connectors.tier.errors import ObjectNotFound, TierLogError
@@ -51,11 +52,16 @@ class TierLayoutError(TierLogError):
     """The tier was written by an older tierlog, in a layout this one reads only to upgrade."""
 
 
+class BeforeBrokersError(TierLayoutError):
+    """The tier was written before tierlog knew brokers; ``tierlog tier upgrade`` moves it."""
+
+
 @dataclass
 class Listing:
     records: list[int] = field(default_factory=list)
     roots: list[int] = field(default_factory=list)
     legacy: list[int] = field(default_factory=list)
+    before_brokers: bool = False  # the tier also holds a commit log without a broker level
 
 
 def empty_root(buckets: int = DEFAULT_BUCKETS) -> dict:
@@ -159,10 +165,16 @@ class TierHead:
 
 
 class TierLog:
-    """Reads and appends the commit log of one tier.  Only one process appends (see the metadata lock)."""
+    """Reads and appends one broker's commit log in a tier.  Only one process appends to it (see
+    the metadata lock); other brokers' tierlogs append to their own, in the same tier.
 
-    def __init__(self, backend: Backend, buckets: int = DEFAULT_BUCKETS):
+    ``broker=None`` is the layout before brokers: read, and upgraded, never appended to.
+    """
+
+    def __init__(self, backend: Backend, broker: str | None = DEFAULT_BROKER, buckets: int = DEFAULT_BUCKETS):
         self.backend = backend
+        self.broker = broker
+        self.names = layout.Names(broker)
         self.new_buckets = buckets  # for a tier that has no root yet
         self.cache_objects = CACHE_OBJECTS
         self._cache: OrderedDict[str, dict] = OrderedDict()
@@ -184,11 +196,16 @@ class TierLog:
         return value
 
     def _listing(self) -> Listing:
+        """This broker's commit-log objects.  Lists every broker's (a checkpoint keeps each one
+        short), to notice a commit log from before brokers."""
         out = Listing()
+        before = layout.Names(None)
         for obj in self.backend.list(layout.LOG_PREFIX):
-            parsed = layout.parse_log_name(obj.name)
+            parsed = self.names.parse_log(obj.name)
             if parsed:
                 {"record": out.records, "root": out.roots, "legacy": out.legacy}[parsed[1]].append(parsed[0])
+            elif self.broker is not None and before.parse_log(obj.name):
+                out.before_brokers = True
         out.records.sort(), out.roots.sort(), out.legacy.sort()
         return out
 
@@ -197,7 +214,7 @@ class TierLog:
             return False
         if listing.legacy:
             return True
-        return bool(listing.records) and self.read_json(layout.log_name(listing.records[0])).get("v") != FORMAT
+        return bool(listing.records) and self.read_json(self.names.log(listing.records[0])).get("v") != FORMAT
 
     def view(self, *, attempts: int = 5) -> TierView:
         """The committed state: the newest root and every record after it.
@@ -214,30 +231,46 @@ class TierLog:
                 time.sleep(0.05 * (attempt + 1))
         raise AssertionError("unreachable")
 
+    def _refuse_before_brokers(self, listing: Listing) -> None:
+        if listing.before_brokers and not listing.roots and not listing.records:
+            raise BeforeBrokersError(
+                f"the tier at {self.backend.location} was written before tierlog knew brokers (its segments are "
+                "under topic=<t>/queue=<q>/). Stop every tierlog writing it and run `tierlog tier upgrade` once, with "
+                f"`broker.name` set to the broker whose commitlog it holds (now {self.broker!r}): it moves the "
+                "tier's objects under broker=<name>/ and rewrites its metadata"
+            )
+
     def _view_once(self) -> TierView:
         listing = self._listing()
+        self._refuse_before_brokers(listing)
         if self._is_legacy(listing):
             raise TierLayoutError(
                 f"the tier at {self.backend.location} was written by an older tierlog (one state object "
                 "rewritten on every commit). Run `tierlog tier upgrade` (or start `tierlog run`, which upgrades "
                 "it) once to rewrite its metadata as manifests; its data objects are kept as they are"
             )
-        root = self.read_json(layout.root_name(listing.roots[-1])) if listing.roots else empty_root(self.new_buckets)
-        tail = [self.read_json(layout.log_name(seq)) for seq in listing.records if seq > root["seq"]]
+        root = self.read_json(self.names.root(listing.roots[-1])) if listing.roots else empty_root(self.new_buckets)
+        tail = [self.read_json(self.names.log(seq)) for seq in listing.records if seq > root["seq"]]
         _check_sequence(root["seq"], tail)
         return TierView(self, root, tail)
+
+    def has_commits(self) -> bool:
+        """Has this broker committed anything to the tier?"""
+        listing = self._listing()
+        return bool(listing.roots or listing.records or listing.legacy)
 
     def open_head(self) -> TierHead:
         """The writer's working set, read from the newest root (an older layout is upgraded first):
         every bucket, and the manifests of the queues that have unsealed rows."""
         listing = self._listing()
+        self._refuse_before_brokers(listing)
         if self._is_legacy(listing):
             self.upgrade(listing)
             listing = self._listing()
-        root = self.read_json(layout.root_name(listing.roots[-1])) if listing.roots else empty_root(self.new_buckets)
+        root = self.read_json(self.names.root(listing.roots[-1])) if listing.roots else empty_root(self.new_buckets)
         head = TierHead(root)
         buckets = sorted(head.bucket_versions.items())
-        for bucket in io_map(lambda bv: self.read_json(layout.bucket_name(*bv)), buckets):
+        for bucket in io_map(lambda bv: self.read_json(self.names.bucket(*bv)), buckets):
             for t, q, version, state in bucket["queues"]:
                 head._add_queue((t, q))
                 head.queues[(t, q)] = QueueState.from_json(state)
@@ -257,13 +290,13 @@ class TierLog:
             head._add_staging(obj)
         for seq in listing.records:
             if seq > head.seq:
-                head.apply(self.read_json(layout.log_name(seq)))
+                head.apply(self.read_json(self.names.log(seq)))
         return head
 
     def _manifest(self, key: QueueKey, version: int | None) -> QueueManifest | None:
         if version is None:
             return None
-        return QueueManifest.from_json(self.read_json(layout.queue_manifest_name(*key, version)))
+        return QueueManifest.from_json(self.read_json(self.names.queue_manifest(*key, version)))
 
     # ------------------------------------------------------------ writing
 
@@ -276,7 +309,7 @@ class TierLog:
         record = {**record, "v": FORMAT, "seq": head.seq + 1, "time_ms": int(time.time() * 1000)}
         head.check(record)
         data = json.dumps(record, separators=(",", ":")).encode()
-        self.backend.put(layout.log_name(record["seq"]), data)
+        self.backend.put(self.names.log(record["seq"]), data)
         head.apply(record, len(data))
         return record["seq"]
 
@@ -302,13 +335,13 @@ class TierLog:
                                    f"{head.queues[key]}")
             garbage = [p.name for p in dropped_pages(m)]
             if len(m.recent) >= PAGE_SEGMENTS:
-                name = layout.page_name(*key, m.recent[0].base, seq)
-                self.backend.put(name, _dumps({"v": FORMAT, "segments": [s.to_json() for s in m.recent]}))
+                name = self.names.page(*key, m.recent[0].base, seq)
+                self.backend.put(name, compact_json({"v": FORMAT, "segments": [s.to_json() for s in m.recent]}))
                 m.pages.append(PageRef.of(name, m.recent))
                 m.recent = []
-            self.backend.put(layout.queue_manifest_name(*key, seq), _dumps(m.to_json()))
+            self.backend.put(self.names.queue_manifest(*key, seq), compact_json(m.to_json()))
             if key in head.versions:
-                garbage.append(layout.queue_manifest_name(*key, head.versions[key]))
+                garbage.append(self.names.queue_manifest(*key, head.versions[key]))
             return garbage
 
         garbage = [name for names in io_map(fold, list(by_key)) for name in names]
@@ -323,22 +356,22 @@ class TierLog:
         return garbage
 
     def _write_root(self, head: TierHead) -> None:
-        root = {"type": "root", "v": FORMAT, "seq": head.seq, "source_end": head.source_end,
+        root = {"type": "root", "v": FORMAT, "broker": self.broker, "seq": head.seq, "source_end": head.source_end,
                 "last_batch_id": head.last_batch_id, "time_ms": int(time.time() * 1000),
                 "quarantined": [q for _, q in sorted(head.quarantined.items())], "buckets": head.buckets,
                 "versions": {str(b): v for b, v in sorted(head.bucket_versions.items())},
                 "filtered": head.filtered}
-        self.backend.put(layout.root_name(head.seq), _dumps(root))
+        self.backend.put(self.names.root(head.seq), compact_json(root))
 
     def _write_buckets(self, head: TierHead, buckets: set[int], seq: int) -> list[str]:
         versions = head.bucket_versions
-        garbage = [layout.bucket_name(b, versions[b]) for b in buckets if b in versions]
+        garbage = [self.names.bucket(b, versions[b]) for b in buckets if b in versions]
 
         def write(b: int) -> None:
             rows = [[t, q, head.versions[(t, q)], head.queues[(t, q)].to_json()]
                     for t, q in sorted(head.by_bucket.get(b, ()))]
             topics = {t: head.topics[t] for t in sorted(head.topics_by_home.get(b, ()))}
-            self.backend.put(layout.bucket_name(b, seq), _dumps({"v": FORMAT, "queues": rows, "topics": topics}))
+            self.backend.put(self.names.bucket(b, seq), compact_json({"v": FORMAT, "queues": rows, "topics": topics}))
 
         io_map(write, sorted(buckets))
         versions.update({b: seq for b in buckets})
@@ -349,12 +382,12 @@ class TierLog:
         listing = self._listing()
         for s in listing.records:
             if s <= seq:
-                self.backend.delete(layout.log_name(s))
+                self.backend.delete(self.names.log(s))
         for s in listing.roots:
             if s < seq:
-                self.backend.delete(layout.root_name(s))
+                self.backend.delete(self.names.root(s))
         for s in listing.legacy:
-            self.backend.delete(layout.legacy_checkpoint_name(s))
+            self.backend.delete(self.names.legacy_checkpoint(s))
 
     # ------------------------------------------------------------ the first layout
 
@@ -392,10 +425,10 @@ class TierLog:
             m = manifests[key]
             while len(m.recent) > PAGE_SEGMENTS:
                 page, m.recent = m.recent[:PAGE_SEGMENTS], m.recent[PAGE_SEGMENTS:]
-                name = layout.page_name(*key, page[0].base, old.seq)
-                self.backend.put(name, _dumps({"v": FORMAT, "segments": [s.to_json() for s in page]}))
+                name = self.names.page(*key, page[0].base, old.seq)
+                self.backend.put(name, compact_json({"v": FORMAT, "segments": [s.to_json() for s in page]}))
                 m.pages.append(PageRef.of(name, page))
-            self.backend.put(layout.queue_manifest_name(*key, old.seq), _dumps(m.to_json()))
+            self.backend.put(self.names.queue_manifest(*key, old.seq), compact_json(m.to_json()))
 
         io_map(write, list(manifests))
         self._write_buckets(head, head.changed_buckets, old.seq)
@@ -415,5 +448,5 @@ def _check_sequence(root_seq: int, tail: list[dict]) -> None:
         expected += 1
 
 
-def _dumps(value) -> bytes:
+def compact_json(value) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()

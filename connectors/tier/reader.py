@@ -4,6 +4,12 @@
 the segments and staging objects that state names.  An object being written,
 or written but never committed, is never read; rows past a queue's commit
 offset are never returned.
+
+A tier may hold several brokers (``connectors.brokers``), each with its own commit log and its
+own queues.  A reader made for one broker sees only that one.  A reader for every broker (the
+default) answers whole-tier questions (``read_all``, ``by_key``, ``queue_infos``) across all of
+them; a question about one queue goes to the broker that holds it, and is refused, naming the
+brokers, when several hold a queue of that topic and id.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from connectors.brokers import DEFAULT_BROKER
 from connectors.commitlog.arrow import MESSAGE_SCHEMA, epoch_ms_array, project_schema
 from connectors.tier import layout
 from connectors.tier.backend import Backend, open_backend
-from connectors.tier.errors import ObjectNotFound
+from connectors.tier.errors import ObjectNotFound, TierError
 from connectors.tier.log import TierLog
 from connectors.tier.manifest import QueueKey
 from connectors.tier.view import TierView
@@ -50,8 +57,13 @@ class GetResult:
     commit: int  # the queue's commit offset (one past the last committed message)
 
 
+class AmbiguousQueueError(TierError):
+    """Several brokers hold a queue of this topic and id: the question must name one."""
+
+
 @dataclass(frozen=True)
 class QueueInfo:
+    broker: str
     topic: str
     queue_id: int
     low: int  # lowest retained offset
@@ -67,29 +79,87 @@ class TierReader:
 
     A question about one queue reads the tier's root, the records after it, that queue's bucket
     and manifest, and the pages its offsets fall in: its cost does not grow with the tier.
+
+    ``broker`` limits the reader to one broker's part of the tier; None reads every broker's.
     """
 
-    def __init__(self, location: str | Backend):
+    def __init__(self, location: str | Backend, broker: str | None = None):
         self.backend = open_backend(location) if isinstance(location, str) else location
-        self.log = TierLog(self.backend)
+        self.broker = broker
+        self._logs: dict[str, TierLog] = {}
         self._pool: ThreadPoolExecutor | None = None  # made on the first read of several objects
 
-    def state(self) -> TierView:
-        return self.log.view()
+    def brokers(self) -> list[str]:
+        """The brokers this reader covers: its own, or every broker that committed to the tier."""
+        if self.broker is not None:
+            return [self.broker]
+        brokers, before = layout.brokers_in([o.name for o in self.backend.list(layout.LOG_PREFIX)])
+        if before and not brokers:
+            self._log(DEFAULT_BROKER).view()  # refuses, saying how to upgrade
+        return brokers
+
+    def _log(self, broker: str) -> TierLog:
+        if broker not in self._logs:
+            self._logs[broker] = TierLog(self.backend, broker)
+        return self._logs[broker]
+
+    def state(self, broker: str | None = None) -> TierView:
+        """The committed state of one broker's part of the tier: ``broker``, the reader's own, or
+        the only broker the tier holds (an empty tier reads as an empty broker-a)."""
+        broker = broker or self.broker
+        if broker is None:
+            brokers = self.brokers()
+            if len(brokers) > 1:
+                raise AmbiguousQueueError(f"the tier at {self.backend.location} holds brokers {', '.join(brokers)}: "
+                                          "name one")
+            broker = brokers[0] if brokers else DEFAULT_BROKER
+        return self._log(broker).view()
+
+    def states(self) -> list[TierView]:
+        """The committed state of each broker this reader covers, by broker name."""
+        return [self._log(b).view() for b in self.brokers()]
 
     def _fresh(self, question: Callable[[TierView], object], state: TierView | None):
         """``question(state)``; on a fresh view, asked again if a checkpoint deleted what the view named."""
         if state is not None:
             return question(state)
+        return self._retry(lambda: question(self.state()))
+
+    @staticmethod
+    def _retry(call):
         for attempt in range(5):
             try:
-                return question(self.state())
+                return call()
             except ObjectNotFound:
                 if attempt == 4:
                     raise
         raise AssertionError("unreachable")
 
+    def _each(self, question: Callable[[TierView], list], state: TierView | None) -> list:
+        """``question`` of ``state``, else of every broker's fresh state, in broker order."""
+        if state is not None:
+            return [question(state)]
+        return [self._retry(lambda b=b: question(self._log(b).view())) for b in self.brokers()]
+
+    def state_for_queue(self, topic: str, queue_id: int, state: TierView | None = None) -> TierView:
+        """The state of the one broker holding queue ``topic``/``queue_id`` (``state`` when given)."""
+        if state is not None:
+            return state
+        if self.broker is not None:
+            return self.state()
+        views = self.states()
+        holding = [v for v in views if v.state_of((topic, queue_id)) is not None]
+        if len(holding) > 1:
+            raise AmbiguousQueueError(
+                f"queue {topic}/{queue_id} is on brokers {', '.join(v.log.broker for v in holding)} of the tier at "
+                f"{self.backend.location}: name one (--broker, or TierReader(..., broker=))"
+            )
+        if holding:
+            return holding[0]
+        return views[0] if views else self.state()
+
     def queues(self, state: TierView | None = None, topic: str | None = None) -> list[QueueKey]:
+        """The queues of one broker (``state``, or the reader's only broker)."""
         return self._fresh(lambda st: st.queue_keys(topic), state)
 
     def read_queue(self, topic: str, queue_id: int, state: TierView | None = None) -> pa.Table:
@@ -99,17 +169,18 @@ class TierReader:
             if q is None:
                 return MESSAGE_SCHEMA.empty_table()
             return self._range(topic, queue_id, q.low, q.commit, st)
-        return self._fresh(question, state)
+        return self._retry(lambda: question(self.state_for_queue(topic, queue_id, state)))
 
     def read_all(self, state: TierView | None = None) -> pa.Table:
-        """Every committed message, queue by queue (a staging object's row groups are cut at queue
-        boundaries, so reading it once per queue decodes each row once)."""
+        """Every committed message, broker by broker and queue by queue (a staging object's row
+        groups are cut at queue boundaries, so reading it once per queue decodes each row once)."""
         def question(st: TierView) -> pa.Table:
             keys = st.queue_keys()
             st.prefetch(keys)
             tables = [self.read_queue(t, q, st) for t, q in keys]
             return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
-        return self._fresh(question, state)
+        tables = self._each(question, state)
+        return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
 
     # ------------------------------------------------------------ queries
 
@@ -129,7 +200,7 @@ class TierReader:
             end = min(q.commit, offset + max(1, max_messages))
             table = self._range(topic, queue_id, offset, end, st)
             return GetResult(GetStatus.FOUND, table, end, q.low, q.commit)
-        return self._fresh(question, state)
+        return self._retry(lambda: question(self.state_for_queue(topic, queue_id, state)))
 
     def _range(self, topic: str, queue_id: int, start: int, end: int, state: TierView,
                columns: list[str] | None = None) -> pa.Table:
@@ -195,7 +266,8 @@ class TierReader:
         """
         if boundary not in ("lower", "upper"):
             raise ValueError(f"boundary must be lower or upper, not {boundary!r}")
-        return self._fresh(lambda st: self._offset_for_time(topic, queue_id, timestamp_ms, boundary, st), state)
+        return self._retry(lambda: self._offset_for_time(topic, queue_id, timestamp_ms, boundary,
+                                                         self.state_for_queue(topic, queue_id, state)))
 
     def _offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str, state: TierView) -> int:
         q = state.state_of((topic, queue_id))
@@ -228,13 +300,14 @@ class TierReader:
     def by_key(self, topic: str, key: str, begin_ms: int | None = None, end_ms: int | None = None,
                state: TierView | None = None) -> pa.Table:
         """Every committed message of ``topic`` whose key is ``key``, stored in ``[begin_ms, end_ms]``
-        (either end open when None), in physical order.
+        (either end open when None), broker by broker, each in physical order.
 
         Sealed segments are opened only when their time range overlaps and their key
         index (written at seal time, sorted by key) lists the key; then only the row
         groups holding those offsets are read.  Staging objects are filtered by key.
         """
-        return self._fresh(lambda st: self._by_key(topic, key, begin_ms, end_ms, st), state)
+        tables = self._each(lambda st: self._by_key(topic, key, begin_ms, end_ms, st), state)
+        return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
 
     def _by_key(self, topic: str, key: str, begin_ms: int | None, end_ms: int | None, state: TierView) -> pa.Table:
         lo = -(2**62) if begin_ms is None else begin_ms
@@ -294,12 +367,14 @@ class TierReader:
         return pa.array(keep, pa.bool_())
 
     def queue_infos(self, state: TierView | None = None, topic: str | None = None) -> list[QueueInfo]:
-        """Every queue (of ``topic``) with its retained range, sealed offset, segments and bytes.
-        Reads the buckets only, and the manifests of queues with unsealed rows (for their bytes)."""
+        """Every queue (of ``topic``) of every broker with its retained range, sealed offset, segments
+        and bytes.  Reads the buckets only, and the manifests of queues with unsealed rows (for their
+        bytes)."""
         def question(st: TierView) -> list[QueueInfo]:
             out = []
             for key, q in sorted(st.queue_states(topic).items()):
                 staged = sum(p.bytes for p in st.staging_for(key)) if q.commit > q.sealed else 0
-                out.append(QueueInfo(key[0], key[1], q.low, q.commit, q.sealed, q.segments, q.bytes + staged))
+                out.append(QueueInfo(st.log.broker, key[0], key[1], q.low, q.commit, q.sealed, q.segments,
+                                     q.bytes + staged))
             return out
-        return self._fresh(question, state)
+        return [info for infos in self._each(question, state) for info in infos]

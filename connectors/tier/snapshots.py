@@ -1,13 +1,14 @@
 """Compacted snapshots: the whole latest-per-key view of a topic, as one Parquet object.
 
-    _compacted/topic=<topic>/<through physical offset, 20 digits>.parquet
+    _compacted/broker=<broker>/topic=<topic>/<through physical offset, 20 digits>.parquet
 
 A snapshot holds every live key of its topic (``key``, ``body`` and where the
 value came from) as of a physical offset: it reflects every message *below*
 ``through_phy`` and none at or above it.  Downstream users start from the
 newest snapshot and replay only the messages at or above ``through_phy``
 (for example ``WHERE phy_offset >= through_phy`` on the tier) instead of all
-history.  ``through_phy`` is in the name and in the file's key-value metadata.
+history.  ``through_phy`` is in the name and in the file's key-value metadata.  Physical offsets are a
+broker's own, so each broker's tierlog keeps its own snapshots of the keys its broker holds.
 
 Each object is written with one atomic ``put``, so a reader sees a whole
 snapshot or none; the newest few per topic are kept and older ones deleted.
@@ -42,16 +43,21 @@ class Snapshot:
     name: str
 
 
-def snapshot_name(topic: str, through_phy: int) -> str:
-    return f"{PREFIX}topic={escape_topic(topic)}/{through_phy:020d}.parquet"
+def _prefix(broker: str) -> str:
+    return f"{PREFIX}broker={escape_topic(broker)}/"
 
 
-def list_snapshots(backend: Backend, topic: str | None = None) -> list[Snapshot]:
-    """Every complete snapshot (of ``topic``, or of every topic), oldest first per topic."""
-    prefix = PREFIX if topic is None else f"{PREFIX}topic={escape_topic(topic)}/"
+def snapshot_name(broker: str, topic: str, through_phy: int) -> str:
+    return f"{_prefix(broker)}topic={escape_topic(topic)}/{through_phy:020d}.parquet"
+
+
+def list_snapshots(backend: Backend, broker: str, topic: str | None = None) -> list[Snapshot]:
+    """Every complete snapshot of ``broker`` (of ``topic``, or of every topic), oldest first per topic."""
+    base = _prefix(broker)
+    prefix = base if topic is None else f"{base}topic={escape_topic(topic)}/"
     out = []
     for info in backend.list(prefix):
-        parts = info.name[len(PREFIX) :].split("/")
+        parts = info.name[len(base) :].split("/")
         if len(parts) != 2 or not parts[0].startswith("topic=") or not parts[1].endswith(".parquet"):
             continue
         stem = parts[1][: -len(".parquet")]
@@ -60,9 +66,9 @@ def list_snapshots(backend: Backend, topic: str | None = None) -> list[Snapshot]
     return sorted(out, key=lambda s: (s.topic, s.through_phy))
 
 
-def latest_snapshots(backend: Backend) -> dict[str, Snapshot]:
-    """The newest snapshot of each topic."""
-    return {s.topic: s for s in list_snapshots(backend)}
+def latest_snapshots(backend: Backend, broker: str) -> dict[str, Snapshot]:
+    """The newest snapshot of each topic of ``broker``."""
+    return {s.topic: s for s in list_snapshots(backend, broker)}
 
 
 def read_snapshot(backend: Backend, snapshot: Snapshot) -> pa.Table:
@@ -89,6 +95,7 @@ def _encode(rows: Iterable[dict], topic: str, through_phy: int) -> tuple[bytes, 
 
 def write_snapshots(
     backend: Backend,
+    broker: str,
     entries: Iterator[tuple[str, object]],
     through_phy: int,
     *,
@@ -105,18 +112,18 @@ def write_snapshots(
             for _, e in group if e is not None
         )
         data, count = _encode(rows, topic, through_phy)
-        backend.put(snapshot_name(topic, through_phy), data)
+        backend.put(snapshot_name(broker, topic, through_phy), data)
         written[topic] = count
         if on_topic:
             on_topic(topic, count)
-    prune(backend, keep)
+    prune(backend, broker, keep)
     return written
 
 
-def prune(backend: Backend, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` snapshots of every topic."""
+def prune(backend: Backend, broker: str, keep: int) -> list[str]:
+    """Delete all but the newest ``keep`` snapshots of every topic of ``broker``."""
     by_topic: dict[str, list[Snapshot]] = {}
-    for s in list_snapshots(backend):
+    for s in list_snapshots(backend, broker):
         by_topic.setdefault(s.topic, []).append(s)
     doomed = [s.name for snaps in by_topic.values() for s in snaps[: max(0, len(snaps) - max(1, keep))]]
     for name in doomed:

@@ -55,7 +55,7 @@ class TierView:
     def _read_bucket(self, b: int) -> tuple[dict[QueueKey, tuple[int, list]], dict[str, int]]:
         if b not in self._bucket_cache:
             version = self.root["versions"].get(str(b))
-            data = self.log.read_json(layout.bucket_name(b, version)) if version is not None else {"queues": []}
+            data = self.log.read_json(self.log.names.bucket(b, version)) if version is not None else {"queues": []}
             self._bucket_cache[b] = ({(t, q): (v, state) for t, q, v, state in data["queues"]}, data.get("topics", {}))
         return self._bucket_cache[b]
 
@@ -80,7 +80,7 @@ class TierView:
             entry = self._bucket(bucket_of(key, self.buckets)).get(key)
             m = None
             if entry is not None:
-                m = QueueManifest.from_json(self.log.read_json(layout.queue_manifest_name(*key, entry[0])))
+                m = QueueManifest.from_json(self.log.read_json(self.log.names.queue_manifest(*key, entry[0])))
             for record in self._tail_by_key.get(key, ()):
                 m = apply_to_manifest(m, key, record)
             self._manifests[key] = m
@@ -94,7 +94,7 @@ class TierView:
             if key not in self._manifests:
                 entry = self._bucket(bucket_of(key, self.buckets)).get(key)
                 if entry is not None:
-                    names.append(layout.queue_manifest_name(*key, entry[0]))
+                    names.append(self.log.names.queue_manifest(*key, entry[0]))
         chunk = self.log.cache_objects // 2
         for i in range(0, len(names), chunk):
             io_map(self.log.read_json, names[i:i + chunk])
