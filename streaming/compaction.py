@@ -163,6 +163,8 @@ class CompactionSink:
             log.info("changelog: started from the KV view's %d live key(s)", len(rows))
             sent_through = applied
             self._record_sink(CHANGELOG_SINK, applied)
+        if sent_through is not None:
+            self.changelog.floor = sent_through - 1
         if committed is None:
             return
         start = self._reader.first_offset() if sent_through is None else sent_through
@@ -222,6 +224,7 @@ class CompactionSink:
         self._record_sink(KV_SINK, end)
         if self.changelog is not None:
             self._record_sink(CHANGELOG_SINK, end)
+            self.changelog.floor = end - 1
         t3 = time.monotonic()
         snapshot_rows = self._maybe_snapshot(end)
         report = CompactionReport(

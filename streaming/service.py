@@ -104,6 +104,7 @@ def kafka_settings(conf: cfg.Config) -> KafkaSettings | None:
     client.update({name: value for name, value in optional.items() if value})
     return KafkaSettings(
         client=client,
+        broker=conf.broker.name,
         mirror_topic=k.mirror_topic,
         mirror_topic_map=parse_topic_map(k.mirror_topic_map, "kafka.mirror_topic_map"),
         changelog_topic=k.changelog_topic,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import zlib
 from collections.abc import Iterator
 
 from kafka import KafkaConsumer, TopicPartition
@@ -79,14 +80,17 @@ def mirror_oracle(conf: cfg.Config) -> dict[tuple[str, int], list[tuple]]:
 
 
 def mirror_place(kafka: cfg.KafkaConfig, row: dict) -> tuple[str, int]:
-    """The (Kafka topic, partition) the mirror sends one message row (``tests.oracle.message_row``) to."""
-    return kafka.mirror_topic.replace("{topic}", row["topic"]), row["queue_id"] % kafka.partitions
+    """The (Kafka topic, partition) the mirror sends one message row (``tests.oracle.message_row``) to:
+    the README's rule, the broker name's CRC-32 plus the queue id, modulo the partitions."""
+    partition = (zlib.crc32(row["broker"].encode()) + row["queue_id"]) % kafka.partitions
+    return kafka.mirror_topic.replace("{topic}", row["topic"]), partition
 
 
 def mirror_record(row: dict) -> tuple:
     """The (key, value, headers) the mirror sends for one message row."""
     headers = [(k, v.encode()) for k, v in row["properties"].items()]
-    headers += [("tierlog.phy", str(row["phy_offset"]).encode()), ("tierlog.topic", row["topic"].encode()),
+    headers += [("tierlog.phy", str(row["phy_offset"]).encode()), ("tierlog.broker", row["broker"].encode()),
+                ("tierlog.topic", row["topic"].encode()),
                 ("tierlog.queue", str(row["queue_id"]).encode()), ("tierlog.qoff", str(row["queue_offset"]).encode()),
                 ("tierlog.ts", str(row["store_ts"]).encode())]
     key = None if row["key"] is None else row["key"].encode()

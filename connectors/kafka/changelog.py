@@ -52,7 +52,7 @@ class ChangelogSink(KafkaSink):
             kafka_topic = self.route(topic)
             raw_key = key.encode()
             partition = key_partition(raw_key, self.partitions(kafka_topic))
-            headers = source_headers(phy, topic, queue_id, queue_offset, ts)
+            headers = source_headers(phy, topic, queue_id, queue_offset, ts, self.settings.broker)
             headers.append((OP, (op or ("delete" if deleted else "put")).encode()))
             value = None if deleted else body
             if op is None:

@@ -2,12 +2,11 @@
 
 * Topic: ``kafka.mirror_topic_map`` for the RocketMQ topic, else the
   ``kafka.mirror_topic`` template.
-* Partition: the queue id modulo the topic's partition count, so a queue's
-  order is kept.
+* Partition: ``records.queue_partition``: the broker's queue, so a queue's order is kept.
 * Key: the message key; value: the body; timestamp: the store time.
 * Headers: the message's properties, then its source position
-  (``tierlog.phy``, ``tierlog.topic``, ``tierlog.queue``, ``tierlog.qoff``,
-  ``tierlog.ts``).
+  (``tierlog.phy``, ``tierlog.broker``, ``tierlog.topic``, ``tierlog.queue``,
+  ``tierlog.qoff``, ``tierlog.ts``).
 
 Contract: ``publish`` returns once every dispatched message in the batches is
 in Kafka exactly once; a message at or below its partition's read-back
@@ -26,7 +25,7 @@ import pyarrow.compute as pc
 
 from connectors.commitlog.arrow import dispatched_only, epoch_ms
 from connectors.commitlog.topics import TopicFilter
-from connectors.kafka.records import source_headers
+from connectors.kafka.records import queue_partition, source_headers
 from connectors.kafka.settings import TopicRouter
 from connectors.kafka.sink import KafkaSink
 
@@ -66,14 +65,15 @@ class MirrorSink(KafkaSink):
                                                            "body", "properties")]
         columns.append(epoch_ms(batch.column("store_ts")))
         partitions: dict[str, tuple[str, int]] = {}
+        broker = self.settings.broker
         for topic, queue_id, queue_offset, phy, key, body, props, ts in zip(*columns):
             route = partitions.get(topic)
             if route is None:
                 kafka_topic = self.route(topic)
                 route = partitions[topic] = (kafka_topic, self.partitions(kafka_topic))
-            partition = queue_id % route[1]
+            partition = queue_partition(broker, queue_id, route[1])
             if self.owns is not None and not self.owns(route[0], partition):
                 continue
             headers = [(k, v.encode()) for k, v in props or ()]
-            headers += source_headers(phy, topic, queue_id, queue_offset, ts)
+            headers += source_headers(phy, topic, queue_id, queue_offset, ts, broker)
             self.send(route[0], partition, None if key is None else key.encode(), body, headers, phy, ts)

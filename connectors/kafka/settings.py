@@ -7,6 +7,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 
+from connectors.brokers import DEFAULT_BROKER
 from connectors.kafka.errors import TopicNameError
 
 log = logging.getLogger("tierlog.kafka")
@@ -21,6 +22,7 @@ class KafkaSettings:
     password, so it is left out of ``repr`` and never logged."""
 
     client: dict = field(repr=False)
+    broker: str = DEFAULT_BROKER  # whose positions the records carry, and the read-back looks for
     mirror_topic: str = "{topic}"
     mirror_topic_map: dict = field(default_factory=dict)
     changelog_topic: str = "{topic}.changelog"

@@ -3,12 +3,19 @@ and waiting out a broker that is away.
 
 **Exactly once without transactions** (Kudu's "applied offset kept at Kafka").
 Every record carries its source position, the commitlog physical offset, in
-the ``tierlog.phy`` header, and each partition receives records in increasing
-position.  So the last record of a partition says how far that partition
-got.  Before the first send to a topic, the sink reads that position back
-from every partition; afterwards it sends a record only if its position is
-above its partition's.  A batch that is sent again after a crash, or after
-the broker went away, therefore skips what already arrived and sends the rest.
+the ``tierlog.phy`` header and its RocketMQ broker in ``tierlog.broker``, and
+each partition receives one broker's records in increasing position.  So a
+partition's last record of a broker says how far that broker got there.
+Before the first send to a topic, the sink reads that position back from every
+partition; afterwards it sends a record only if its position is above its
+partition's.  A batch that is sent again after a crash, or after the broker
+went away, therefore skips what already arrived and sends the rest.
+
+Several brokers' tierlogs may share a partition (one set of topics for a
+cluster): the read-back then walks back from the end to this broker's last
+record, past the records other brokers sent since, reading windows that grow
+fourfold.  A record without ``tierlog.broker`` was sent before tierlog knew
+brokers, and counts as ``broker-a``'s (the default name).
 
 Order within a partition holds because there is one producer, records are
 sent in position order, and the producer is idempotent (``acks=all``): the
@@ -27,6 +34,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka import errors as kerr
 from kafka.admin import KafkaAdminClient, NewTopic
 
+from connectors.brokers import DEFAULT_BROKER
 from connectors.errors import StopRequested
 from connectors.kafka.errors import (
     ForeignRecordError,
@@ -40,6 +48,7 @@ from streaming.faults import crash_point
 log = logging.getLogger("tierlog.kafka")
 
 POSITION = "tierlog.phy"
+BROKER = "tierlog.broker"
 MAX_BACKOFF_S = 30.0
 _SHARED: dict[str, KafkaProducer] = {}  # see KafkaSink.shared_producer
 
@@ -58,6 +67,13 @@ def position_of(headers) -> int | None:
         if name == POSITION:
             return int(value)
     return None
+
+
+def broker_of(headers) -> str:
+    for name, value in headers or ():
+        if name == BROKER:
+            return value.decode()
+    return DEFAULT_BROKER
 
 
 class KafkaSink:
@@ -90,6 +106,9 @@ class KafkaSink:
         self._producer: KafkaProducer | None = None
         self._partitions: dict[str, int] = {}  # Kafka topic -> partition count
         self._positions: dict[tuple[str, int], int] = {}  # (topic, partition) -> last position in Kafka
+        # Everything at or below it is known sent (its owner recorded so): a record another
+        # broker's compacted away cannot make the read-back send it again.
+        self.floor = -1
         self._error: BaseException | None = None  # the first failed send since the last flush
         self._error_lock = threading.Lock()
         self.health = Health(self.name, on_health)
@@ -185,7 +204,7 @@ class KafkaSink:
 
         ``force`` sends it even at the partition's position (records without a message of
         their own, such as the changelog's expiries)."""
-        if not force and position <= self._positions.get((topic, partition), -1):
+        if not force and position <= max(self.floor, self._positions.get((topic, partition), -1)):
             self.stats.skipped += 1
             return False
         try:
@@ -404,7 +423,8 @@ READ_BACK_SETTLE_S = 2.0
 
 def read_back(settings: KafkaSettings, topic: str, partitions: list[int], timeout_s: float = 60.0,
               settle_s: float = READ_BACK_SETTLE_S) -> dict[tuple[str, int], int]:
-    """The position in the last record of each of ``partitions`` of ``topic`` (-1 for an empty one).
+    """The position in the last record of ``settings.broker`` in each of ``partitions`` of
+    ``topic`` (-1 where it has none).
 
     A record a broker took just before a failure (a killed or discarded producer's last
     request, a restart) can become visible a moment later: the outage test caught records
@@ -458,17 +478,41 @@ def _read_back_once(settings: KafkaSettings, topic: str, partitions: list[int],
         out = {}
         for p in partitions:
             record = last.get(p)
-            if record is None:
-                out[(topic, p)] = -1
-                continue
-            position = position_of(record.headers)
-            if position is None:
-                raise ForeignRecordError(
-                    f"Kafka topic {topic!r} partition {p}: the last record (offset {record.offset}) has no "
-                    f"{POSITION} header, so another producer writes there; tierlog needs topics of its own "
-                    "(see kafka.mirror_topic and kafka.changelog_topic)"
-                )
-            out[(topic, p)] = position
+            if record is not None and _check(topic, p, record) and broker_of(record.headers) != settings.broker:
+                record = _last_of(consumer, tps[p], begins[tps[p]], record.offset, settings.broker, deadline, topic)
+            out[(topic, p)] = -1 if record is None else position_of(record.headers)
         return out
     finally:
         consumer.close()
+
+
+def _check(topic: str, partition: int, record) -> bool:
+    if position_of(record.headers) is None:
+        raise ForeignRecordError(
+            f"Kafka topic {topic!r} partition {partition}: the record at offset {record.offset} has no "
+            f"{POSITION} header, so another producer writes there; tierlog needs topics of its own "
+            "(see kafka.mirror_topic and kafka.changelog_topic)"
+        )
+    return True
+
+
+def _last_of(consumer, tp, begin: int, end: int, broker: str, deadline: float, topic: str):
+    """The last record of ``broker`` in ``tp`` below offset ``end``, or None: windows read back
+    from ``end``, each four times the last, so the walk costs what other brokers sent since."""
+    window = 64
+    while end > begin:
+        start = max(begin, end - window)
+        consumer.seek(tp, start)
+        found = []
+        while consumer.position(tp) < end:
+            for part, records in consumer.poll(timeout_ms=300).items():
+                if part == tp:  # the other partitions were read to their end already
+                    found.extend(r for r in records if r.offset < end)
+            if time.monotonic() > deadline:
+                raise KafkaUnavailable(f"could not read Kafka topic {topic!r} partition {tp.partition} back to "
+                                       f"broker {broker!r}'s last record in time")
+        for record in reversed(found):
+            if _check(topic, tp.partition, record) and broker_of(record.headers) == broker:
+                return record
+        end, window = start, window * 4
+    return None
