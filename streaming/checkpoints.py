@@ -29,7 +29,8 @@ STATE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 # Why changing each setting would corrupt a query's checkpoint.
 WHY = {
     "broker.name": "its offsets are physical offsets of that broker's commitlog, and its outputs carry that name",
-    "commitlog.dir": "its offsets are physical offsets in that commitlog",
+    "commitlog.dir": "its offsets are physical offsets in that commitlog (a replica of the same broker is "
+                     "accepted when it holds the tier's last committed record byte for byte)",
     "tier.location": "it records what that tier holds; a new tier would lack everything before",
     "commitlog.key_property": "its state is keyed by that property",
     "spark.shuffle_partitions": "its state is split into that many partitions",
@@ -79,8 +80,16 @@ def guarded_settings(conf: cfg.Config, query: str, spark) -> dict[str, str]:
     return out
 
 
-def check_or_record(spark, path: str, query: str, settings: dict[str, str]) -> None:
+def recorded_settings(spark, path: str) -> dict[str, str]:
+    """The settings a query's checkpoint was made with (empty for a new one)."""
+    store = Checkpoint(path, spark)
+    text = store.read(FINGERPRINT)
+    return json.loads(text)["settings"] if text else _from_offset_log(store)
+
+
+def check_or_record(spark, path: str, query: str, settings: dict[str, str], movable: tuple[str, ...] = ()) -> None:
     """Refuse with a ``ConfigError`` if ``path`` was made with other ``settings``; else record them.
+    ``movable``: settings that may change (checked by the caller: a commitlog replica).
 
     A checkpoint made before fingerprints existed adopts the current settings, except what
     Spark's own offset log says about shuffle partitions and the state store provider.
@@ -89,7 +98,7 @@ def check_or_record(spark, path: str, query: str, settings: dict[str, str]) -> N
     text = store.read(FINGERPRINT)
     recorded = json.loads(text)["settings"] if text else _from_offset_log(store)
     for name, value in settings.items():
-        if name in recorded and recorded[name] != value:
+        if name in recorded and recorded[name] != value and name not in movable:
             raise ConfigError(
                 f"the {query} query's checkpoint {path} was made with {name} = {recorded[name]!r}, but this "
                 f"start would use {value!r}: {WHY[name]}. Set {name} back, or give checkpoint.dir a new "

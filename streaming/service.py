@@ -324,8 +324,10 @@ class Service:
                 spark = build_session("tierlog", conf.spark.master, session_conf(conf))
             wanted = kafka_sinks(conf)
             queries = ["tiering"] + (["compaction"] if kv is not None else []) + (["mirror"] if "mirror" in wanted else [])
+            moved_from = self._check_commitlog(spark, queries)
             for name in queries:  # every checkpoint checked before anything starts
-                check_or_record(spark, checkpoint_path(conf, name), name, guarded_settings(conf, name, spark))
+                check_or_record(spark, checkpoint_path(conf, name), name, guarded_settings(conf, name, spark),
+                                movable=("commitlog.dir",) if moved_from else ())
             self.sink = TieringSink(settings, metadata, on_batch=self._on_batch)
             self.sinks["tiering"] = self.sink
             kafka = kafka_settings(conf)
@@ -365,6 +367,30 @@ class Service:
             self.metrics.close()
             if self._log_reader is not None:
                 self._log_reader.close()
+
+    def _check_commitlog(self, spark, queries: list[str]) -> str | None:
+        """Check ``commitlog.dir`` holds the tier's last committed record (``streaming.failover``);
+        the directory the checkpoints were made on when it is another one (a replica took over)."""
+        from connectors.tier.backend import open_backend
+        from connectors.tier.log import TierLog
+        from streaming.checkpoints import Checkpoint, recorded_settings
+        from streaming.failover import check_commitlog
+
+        conf = self.conf
+        here = os.path.abspath(conf.commitlog.dir)
+        before = {recorded_settings(spark, checkpoint_path(conf, q)).get("commitlog.dir") for q in queries}
+        moved_from = next((d for d in sorted(before - {None}) if d != here), None)
+        if moved_from and any(recorded_settings(spark, checkpoint_path(conf, q)).get("broker.name", conf.broker.name)
+                              != conf.broker.name for q in queries):
+            return None  # the broker changed too: check_or_record refuses, naming broker.name
+        backend = open_backend(conf.tier.location)
+        try:
+            last = TierLog(backend, conf.broker.name).view().last_record
+        finally:
+            backend.close()
+        committed = {q: Checkpoint(checkpoint_path(conf, q), spark).last_committed_end() for q in queries}
+        check_commitlog(conf.commitlog.dir, conf.broker.name, last, committed, moved_from)
+        return moved_from
 
     def _writer(self, spark, name: str, until_caught_up: bool):
         conf = self.conf

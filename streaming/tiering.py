@@ -28,6 +28,7 @@ import json
 import logging
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -50,10 +51,10 @@ log = logging.getLogger("tierlog.tiering")
 STAGED_SCHEMA = pa.schema(
     [("name", pa.string()), ("size", pa.int64()), ("first_phy", pa.int64()), ("end_phy", pa.int64()),
      ("rows", pa.int64()), ("bytes", pa.int64()), ("queues", pa.string()), ("upload_s", pa.float64()),
-     ("filtered", pa.string())]
+     ("filtered", pa.string()), ("last_phy", pa.int64())]
 )
 STAGED_DDL = ("name string, size bigint, first_phy bigint, end_phy bigint, rows bigint, bytes bigint, queues string, "
-              "upload_s double, filtered string")
+              "upload_s double, filtered string, last_phy bigint")
 
 
 class SkippedMessagesError(TierlogError):
@@ -108,7 +109,7 @@ def make_stager(settings: TieringSettings, floor: int):
     def stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from connectors.commitlog.reader import CommitLogReader
 
-        lo = hi = None
+        lo = hi = last = None
         for b in batches:
             if b.num_rows == 0:
                 continue
@@ -119,7 +120,8 @@ def make_stager(settings: TieringSettings, floor: int):
                 continue
             blo, bhi = int(phy[keep].min()), int(end[keep].max())
             lo = blo if lo is None else min(lo, blo)
-            hi = bhi if hi is None else max(hi, bhi)
+            if hi is None or bhi > hi:
+                hi, last = bhi, int(phy[keep][np.argmax(end[keep])])
         if lo is None:
             return
         with CommitLogReader(settings.commitlog_dir, check_crc=settings.check_crc,
@@ -131,7 +133,7 @@ def make_stager(settings: TieringSettings, floor: int):
         if settings.filters and "tier" in filtered:
             table = table.filter(settings.filters["tier"].mask(table["topic"]))
         summary = {"name": "", "size": 0, "first_phy": lo, "end_phy": hi, "rows": 0, "bytes": 0, "queues": "[]",
-                   "upload_s": 0.0, "filtered": json.dumps(filtered)}
+                   "upload_s": 0.0, "filtered": json.dumps(filtered), "last_phy": last}
         if table.num_rows:  # else nothing to stage: the range still counts as tiered
             table = layout.sort_rows(table)
             data = layout.to_staging_parquet(table)
@@ -257,7 +259,8 @@ class TieringSink:
         clock.lap("dispatch")
         crash_point("dispatched")
         record = {"type": "batch", "batch_id": batch_id, "source_start": staged[0]["first_phy"],
-                  "source_end": staged[-1]["end_phy"], "staging": [o.to_json() for o in objects]}
+                  "source_end": staged[-1]["end_phy"], "staging": [o.to_json() for o in objects],
+                  "last_record": self._fingerprint(staged[-1]["last_phy"], staged[-1]["end_phy"])}
         if quarantined:
             record["quarantined"] = quarantined  # in the tier too, so the record outlives the metadata store
         if filtered:
@@ -277,6 +280,18 @@ class TieringSink:
         report.seals = self.maintain()
         clock.lap("maintain")
         return report
+
+    def _fingerprint(self, phy: int, end: int) -> dict:
+        """The batch's last record: where it is and the CRC-32 of its bytes.  A later start checks
+        the commitlog (a replica after a failover, say) still holds exactly these bytes there."""
+        from connectors.commitlog.reader import CommitLogReader
+
+        with CommitLogReader(self.settings.commitlog_dir) as reader:
+            data = reader.read_bytes(phy, end - phy)
+        if data is None:
+            raise TierlogError(f"the commitlog {self.settings.commitlog_dir} no longer holds physical offsets "
+                               f"{phy}-{end}, which this batch just read: was it replaced while tierlog ran?")
+        return {"phy": phy, "size": end - phy, "crc32": zlib.crc32(data)}
 
     def _check_contiguous(self, staged: list[dict], batch_id: int) -> None:
         """Each part must start where the tier (or the previous part) ended, blank markers aside."""

@@ -301,3 +301,82 @@ def sink_offsets_safe(conf, sink_offsets) -> dict:
         return sink_offsets(conf)
     except Exception:  # noqa: BLE001 - RocksDB's lock while the service writes; asked again
         return {}
+
+
+# ---------------------------------------------------------------- failover to a replica
+
+
+def copy_log(source: str, target: str, cut_at: int | None = None) -> None:
+    """A replica of ``source``: the same files, byte for byte; with ``cut_at``, everything from
+    that physical offset on is zeros (a replica that has not received it yet)."""
+    import os
+    import shutil
+
+    shutil.copytree(source, target)
+    if cut_at is None:
+        return
+    for name in sorted(os.listdir(target)):
+        if not name.isdigit():
+            os.remove(os.path.join(target, name))  # the writer's queue-offset checkpoint: the log decides
+            continue
+        base, path = int(name), os.path.join(target, name)
+        size = os.path.getsize(path)
+        if base + size <= cut_at:
+            continue
+        if base >= cut_at:
+            os.remove(path)
+            continue
+        with open(path, "r+b") as fh:
+            fh.seek(cut_at - base)
+            fh.write(bytes(size - (cut_at - base)))
+
+
+@pytest.mark.timeout(1200)
+def test_failover_to_a_replica_goes_on_exactly_once_and_a_wrong_one_is_refused(spark, tmp_path, kafka_bootstrap,
+                                                                                kafka_prefix):
+    from streaming.failover import ReplicaMismatchError
+    from tests.kafka_helpers import kafka_conf
+
+    master = kafka_conf(broker_conf(tmp_path, str(tmp_path / "tier"), "broker-a", segment_messages=50),
+                        kafka_bootstrap, kafka_prefix, partitions=2)
+    ledger: dict = {}
+    append(master, ledger, 400, 0, seed=7)
+    run(spark, master)
+    seq = TierReader(master.tier.location).state().seq
+    last = TierReader(master.tier.location).state().last_record
+    assert last["phy"] == ledger["broker-a"][-1]["phy_offset"]
+
+    def at(conf: cfg.Config, directory: str) -> cfg.Config:
+        return dataclasses.replace(conf, commitlog=dataclasses.replace(conf.commitlog, dir=directory))
+
+    # Behind: the replica has not received the last 50 messages yet.
+    behind = str(tmp_path / "behind")
+    copy_log(master.commitlog.dir, behind, cut_at=ledger["broker-a"][-50]["phy_offset"])
+    with pytest.raises(ReplicaMismatchError, match=f"ends at physical offset {ledger['broker-a'][-50]['phy_offset']}.*behind"):
+        run(spark, at(master, behind))
+    # A lost tail: it missed the last 50, then took over and wrote messages of its own there.
+    lost = str(tmp_path / "lost-tail")
+    copy_log(master.commitlog.dir, lost, cut_at=ledger["broker-a"][-50]["phy_offset"])
+    append(at(master, lost), {}, 120, 350, seed=99)
+    with pytest.raises(ReplicaMismatchError, match=f"other bytes at physical offset {last['phy']}"):
+        run(spark, at(master, lost))
+    assert TierReader(master.tier.location).state().seq == seq  # nothing was written
+
+    # A true replica takes over: the same bytes, then messages the new master takes.
+    replica = at(master, str(tmp_path / "replica"))
+    copy_log(master.commitlog.dir, replica.commitlog.dir)
+    append(replica, ledger, 300, 400, seed=7)
+    run(spark, replica)
+    assert rows(TierReader(master.tier.location).read_all()) == ledger["broker-a"]
+    from tests.kafka_helpers import mirror_place, mirror_record, read_topic
+
+    want: dict = {}
+    for r in ledger["broker-a"]:
+        if r["sysflag"] & 0xC not in (0x4, 0xC):
+            want.setdefault(mirror_place(replica.kafka, r), []).append(mirror_record(r))
+    got = {}
+    for topic in ("topic-0", "topic-1"):
+        kafka_topic = replica.kafka.mirror_topic.replace("{topic}", topic)
+        for p, records in read_topic(kafka_bootstrap, kafka_topic).items():
+            got[(kafka_topic, p)] = [(r.key, r.value, list(r.headers)) for r in records]
+    assert got == want

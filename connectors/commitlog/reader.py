@@ -561,6 +561,14 @@ class CommitLogReader:
         in_sorted_order = pa.Table.from_batches(parts)
         return in_sorted_order.take(pa.array(np.argsort(order, kind="stable")))
 
+    def read_bytes(self, start: int, length: int) -> bytes | None:
+        """The ``length`` bytes at physical offset ``start`` (a record's: they never span two
+        files), or None when no file holds them all."""
+        for f in self.files():
+            if f.base <= start and start + length <= f.end:
+                return bytes(self._map(f)[start - f.base : start - f.base + length])
+        return None
+
     def end_offset(self, hint: int | None = None) -> int:
         """The physical offset just past the last complete record (the frontier).
 

@@ -78,6 +78,7 @@ class TierHead:
         self.bucket_versions: dict[int, int] = {int(b): v for b, v in root["versions"].items()}
         self.seq = root["seq"]
         self.source_end = root["source_end"]
+        self.last_record = root.get("last_record")  # where the last committed record is, and its CRC
         self.last_batch_id = root["last_batch_id"]
         self.buckets = root["buckets"]
         self.quarantined = {q["start_phy"]: q for q in root.get("quarantined", ())}
@@ -136,6 +137,7 @@ class TierHead:
             self.quarantined.update({q["start_phy"]: q for q in record.get("quarantined", ())})
             add_counts(self.filtered, record.get("filtered", {}))
             self.source_end, self.last_batch_id = record["source_end"], record["batch_id"]
+            self.last_record = record.get("last_record", self.last_record)
         elif kind == "seal":
             for name in record["retire"]:
                 obj = self.staging.pop(name, None)
@@ -357,6 +359,7 @@ class TierLog:
 
     def _write_root(self, head: TierHead) -> None:
         root = {"type": "root", "v": FORMAT, "broker": self.broker, "seq": head.seq, "source_end": head.source_end,
+                "last_record": head.last_record,
                 "last_batch_id": head.last_batch_id, "time_ms": int(time.time() * 1000),
                 "quarantined": [q for _, q in sorted(head.quarantined.items())], "buckets": head.buckets,
                 "versions": {str(b): v for b, v in sorted(head.bucket_versions.items())},

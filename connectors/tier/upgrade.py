@@ -66,7 +66,7 @@ def _copy(old: TierLog, new: TierLog, progress) -> dict:
     # root with no records after it, and rebuilds itself from the tier (its segment names moved).
     seq = view.seq + 1
     head = TierHead({**empty_root(view.buckets), "seq": seq, "source_end": view.source_end,
-                     "last_batch_id": view.last_batch_id, "filtered": view.filtered,
+                     "last_batch_id": view.last_batch_id, "filtered": view.filtered, "last_record": view.last_record,
                      "quarantined": [q for _, q in sorted(view.quarantined.items())]})
     moves: dict[str, str] = {}
     manifests: dict[tuple[str, int], QueueManifest] = {}

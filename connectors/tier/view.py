@@ -30,6 +30,7 @@ class TierView:
         self.buckets = root["buckets"]
         self.seq = tail[-1]["seq"] if tail else root["seq"]
         self.source_end = root["source_end"]
+        self.last_record = root.get("last_record")  # where the last committed record is, and its CRC
         self.last_batch_id = root["last_batch_id"]
         self.quarantined = {q["start_phy"]: q for q in root.get("quarantined", ())}
         self._tail_topics: dict[str, int] = {}  # queue-id counts the records after the root raised
@@ -41,6 +42,7 @@ class TierView:
                 self._tail_topics[key[0]] = max(self._tail_topics.get(key[0], 0), key[1] + 1)
             if record["type"] == "batch":
                 self.source_end, self.last_batch_id = record["source_end"], record["batch_id"]
+                self.last_record = record.get("last_record", self.last_record)
                 self.quarantined.update({q["start_phy"]: q for q in record.get("quarantined", ())})
                 add_counts(self.filtered, record.get("filtered", {}))
         self._bucket_cache: dict[int, dict[QueueKey, tuple[int, list]]] = {}

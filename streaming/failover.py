@@ -1,0 +1,77 @@
+"""Is ``commitlog.dir`` still the log the tier was made from?  The check behind failing over to
+a replica.
+
+A RocketMQ master and its replicas hold the same bytes at the same physical offsets, so when a
+replica takes over, tierlog may go on from its commitlog exactly where the tier ended.  Every
+batch record of the tier names its last record: physical offset, size and the CRC-32 of its
+bytes (``TieringSink._fingerprint``).  On every start the commitlog must hold those same bytes
+there; then each query goes on from its own checkpoint, its offsets meaning the same in either
+log.  The check is one record's read, so it runs whether or not ``commitlog.dir`` changed.
+
+It refuses, naming the offset, when the log
+
+* ends before the tier's last record, or before where a query's checkpoint got: the replica is
+  behind (wait until it has caught up, then start again);
+* holds other bytes there: it is not this broker's log, or it is a replica that was behind the
+  old master and has written other messages since (a lost tail).  Tiering it would skip or mix
+  messages, so nothing is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+
+from connectors.commitlog.reader import CommitLogReader
+from connectors.errors import TierlogError
+
+log = logging.getLogger("tierlog.service")
+
+
+class ReplicaMismatchError(TierlogError):
+    """``commitlog.dir`` does not hold what the tier committed last (another log, or behind)."""
+
+
+def check_commitlog(commitlog_dir: str, broker: str, last_record: dict | None, committed: dict[str, int],
+                    moved_from: str | None = None) -> None:
+    """Refuse (``ReplicaMismatchError``) unless ``commitlog_dir`` holds ``last_record``'s bytes and
+    reaches every query's committed end (``committed``: query -> physical offset).  ``moved_from``:
+    the commitlog the checkpoints were made on, when it is another directory (a failover)."""
+    what = f"commitlog.dir {commitlog_dir!r}" + (f" (the checkpoints were made on {moved_from!r})" if moved_from else "")
+    with CommitLogReader(commitlog_dir) as reader:
+        end = reader.end_offset()
+        needed = {q: e for q, e in committed.items() if e is not None}
+        if last_record is not None:
+            needed["tiering"] = max(needed.get("tiering", 0), last_record["phy"] + last_record["size"])
+        behind = {q: e for q, e in needed.items() if e > end}
+        if behind:
+            query, at = max(behind.items(), key=lambda kv: kv[1])
+            raise ReplicaMismatchError(
+                f"{what} ends at physical offset {end}, but broker {broker!r}'s {query} query got to {at}: the "
+                "log is behind. If it is a replica catching up, wait until it has passed that offset and start "
+                "again; tierlog writes nothing until then"
+            )
+        if last_record is None:
+            return
+        phy, size = last_record["phy"], last_record["size"]
+        data = reader.read_bytes(phy, size)
+    if data is None:
+        if moved_from:
+            raise ReplicaMismatchError(
+                f"{what} no longer holds physical offset {phy}, where the tier's last committed record is, so it "
+                "cannot be checked to be a replica of the same broker: point commitlog.dir at a replica that "
+                "still has that file"
+            )
+        log.info("commitlog.dir no longer holds the tier's last committed record (physical offset %d): "
+                 "its file was deleted below the safepoint; not checked", phy)
+        return
+    if zlib.crc32(data) != last_record["crc32"]:
+        raise ReplicaMismatchError(
+            f"{what} holds other bytes at physical offset {phy} ({size} bytes) than the record broker {broker!r}'s "
+            "tier committed last there: it is not a copy of that broker's log, or a replica that was behind the "
+            "old master and has written other messages since (a lost tail). Nothing was written; point "
+            "commitlog.dir at a replica holding the tier's messages, or start a new tier for this log"
+        )
+    if moved_from:
+        log.warning("commitlog.dir moved from %s to %s: it holds the tier's last committed record at physical "
+                    "offset %d byte for byte; going on from there", moved_from, commitlog_dir, phy)
