@@ -430,7 +430,7 @@ def show_status(args, conf: cfg.Config) -> int:
         rows.append({"topic": q.topic, "queue": q.queue_id, "dispatch": q.dispatch, "commit": q.commit,
                      "sealed": q.sealed, "low": q.low, "lag": f">={pending}" if capped else max(0, pending),
                      "segments": q.segments})
-    summary = {"tiered_to_phy": source_end, "commitlog_end_phy": frontier,
+    summary = {"broker": conf.broker.name, "tiered_to_phy": source_end, "commitlog_end_phy": frontier,
                "lag_bytes": None if frontier is None or source_end is None else frontier - source_end,
                "safepoint": safepoint(conf, sinks), "sinks": sinks, "queues": len(queues),
                "quarantined": len(quarantined)}

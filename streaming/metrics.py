@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from connectors.brokers import DEFAULT_BROKER
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +20,11 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, broker: str = DEFAULT_BROKER) -> None:
         r = self.registry = CollectorRegistry()
+        # Which broker's log this service reads: one series to join on, not a label on every metric.
+        Info("tierlog_broker", "The RocketMQ broker (broker.name) whose commitlog this service reads.",
+             registry=r).info({"broker": broker})
         self.batch_seconds = Histogram("tierlog_batch_duration_seconds", "Seconds per micro-batch.", ["query"],
                                        buckets=_BATCH_BUCKETS, registry=r)
         self.rows_in = Counter("tierlog_rows_in", "Messages a query took in.", ["query"], registry=r)

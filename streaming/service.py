@@ -221,7 +221,7 @@ class Service:
         self.stopping = threading.Event()
         self.progress = Progress()
         self._log_reader: CommitLogReader | None = None  # kept open: it remembers the frontier
-        self.metrics = Metrics()
+        self.metrics = Metrics(conf.broker.name)
         self._metadata = self._kv = None  # set while run() runs
         self._seen_progress: dict[str, str] = {}  # query -> timestamp of the progress last counted
         self._kafka_counts = {"sent": 0, "retries": 0}  # the changelog sink's, as last counted
