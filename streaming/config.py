@@ -143,7 +143,7 @@ class KafkaConfig:
     changelog_topic: str = setting("{topic}.changelog", "Kafka topic of the changelog; {topic} is the RocketMQ topic.")
     changelog_topic_map: str = setting("", "Explicit changelog topics, `orders=orders-latest,...`.")
     auto_create_topics: bool = setting(True, "Create missing topics (changelog ones compacted); off: wait for them.")
-    partitions: int = setting(8, "Partitions of the topics tierlog creates; the mirror sends queue id modulo this.")
+    partitions: int = setting(8, "Partitions of the topics tierlog creates; the mirror sends each broker queue to one (crc32(broker) + queue id, modulo this).")
     replication_factor: int = setting(1, "Replication factor of the topics tierlog creates (3 on a real cluster).")
     compression: str = setting(
         "none", "Producer compression: none, gzip, lz4 or zstd; snappy needs the python-snappy package.", choices=("none", "gzip", "snappy", "lz4", "zstd")
