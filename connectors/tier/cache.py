@@ -23,6 +23,9 @@ cache last read (refreshed at most ``refresh_s`` old, and whenever a reader
 asks past the commit offset it knows).  Committed messages never change, so a
 cached window stays right; retention only raises a queue's lowest offset,
 which is checked against the state before the cache is consulted.
+
+A cache serves one broker's queues: on a tier of several brokers, give it a ``TierReader`` made
+for one (``TierReader(location, broker=...)``), one cache per broker.
 """
 
 from __future__ import annotations
