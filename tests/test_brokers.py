@@ -15,7 +15,7 @@ import pytest
 from connectors.commitlog.workload import Workload
 from connectors.commitlog.writer import CommitLogWriter
 from connectors.tier.backend import open_backend
-from connectors.tier.reader import AmbiguousQueueError, GetStatus, TierReader
+from connectors.tier.reader import AmbiguousBrokerError, GetStatus, TierReader
 from streaming import config as cfg
 from streaming.service import Service
 from tests.cli_runner import tierlog, write_config
@@ -75,7 +75,7 @@ def test_three_brokers_write_one_tier_and_readers_see_each_and_all(spark, tmp_pa
                                   for n, s in state.segments.items())
 
     # A queue every broker has is ambiguous without a broker, and each broker's is its own.
-    with pytest.raises(AmbiguousQueueError, match="broker-a, broker-b, broker-c"):
+    with pytest.raises(AmbiguousBrokerError, match="broker-a, broker-b, broker-c"):
         reader.get("topic-0", 1, 0)
     for b in BROKERS:
         mine = [r for r in ledger[b] if (r["topic"], r["queue_id"]) == ("topic-0", 1)]

@@ -256,10 +256,6 @@ class TierLog:
         _check_sequence(root["seq"], tail)
         return TierView(self, root, tail)
 
-    def has_commits(self) -> bool:
-        """Has this broker committed anything to the tier?"""
-        listing = self._listing()
-        return bool(listing.roots or listing.records or listing.legacy)
 
     def open_head(self) -> TierHead:
         """The writer's working set, read from the newest root (an older layout is upgraded first):

@@ -57,8 +57,9 @@ class GetResult:
     commit: int  # the queue's commit offset (one past the last committed message)
 
 
-class AmbiguousQueueError(TierError):
-    """Several brokers hold a queue of this topic and id: the question must name one."""
+class AmbiguousBrokerError(TierError):
+    """Several brokers could answer (a queue of the same topic and id, a whole state): the question
+    must name one."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class TierReader:
         if broker is None:
             brokers = self.brokers()
             if len(brokers) > 1:
-                raise AmbiguousQueueError(f"the tier at {self.backend.location} holds brokers {', '.join(brokers)}: "
+                raise AmbiguousBrokerError(f"the tier at {self.backend.location} holds brokers {', '.join(brokers)}: "
                                           "name one")
             broker = brokers[0] if brokers else DEFAULT_BROKER
         return self._log(broker).view()
@@ -150,7 +151,7 @@ class TierReader:
         views = self.states()
         holding = [v for v in views if v.state_of((topic, queue_id)) is not None]
         if len(holding) > 1:
-            raise AmbiguousQueueError(
+            raise AmbiguousBrokerError(
                 f"queue {topic}/{queue_id} is on brokers {', '.join(v.log.broker for v in holding)} of the tier at "
                 f"{self.backend.location}: name one (--broker, or TierReader(..., broker=))"
             )
