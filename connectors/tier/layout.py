@@ -46,7 +46,7 @@ SORT_KEYS = [("topic", "ascending"), ("queue_id", "ascending"), ("queue_offset",
 ROW_GROUP_ROWS = 16 * 1024
 STAGING_MIN_GROUP_ROWS = 1024  # smaller queue runs share a row group, so the footer stays small
 COMPRESSION = "zstd"
-DICTIONARY_COLUMNS = ["topic", "key", "tags", "born_host", "store_host", "op"]
+DICTIONARY_COLUMNS = ["topic", "key", "tags", "born_host", "store_host", "op", "broker"]
 
 # Kept as they are: ASCII letters, digits and ._+- (Hive's escapePathName keeps them too), and
 # every character above U+009F, so Spark, DuckDB and pyarrow read a UTF-8 topic back as it is.
