@@ -389,7 +389,7 @@ class Service:
         finally:
             backend.close()
         committed = {q: Checkpoint(checkpoint_path(conf, q), spark).last_committed_end() for q in queries}
-        check_commitlog(conf.commitlog.dir, conf.broker.name, last, committed, moved_from)
+        check_commitlog(conf.commitlog.dir, conf.broker.name, last, committed, moved_from, conf.commitlog.on_corrupt)
         return moved_from
 
     def _writer(self, spark, name: str, until_caught_up: bool):
