@@ -378,7 +378,7 @@ def test_readme_tier_examples_run_against_a_real_tier(spark, tmp_path):
     per_queue: dict = {}
     for r in sealed:
         per_queue[(r["topic"], r["queue_id"])] = per_queue.get((r["topic"], r["queue_id"]), 0) + 1
-    assert ns["counts"] == sorted((t, q, n) for (t, q), n in per_queue.items())
+    assert ns["counts"] == sorted((t, "broker-a", q, n) for (t, q), n in per_queue.items())  # one broker, the default
     assert sorted(ns["segments"]["phy_offset"].to_pylist()) == [r["phy_offset"] for r in sealed]
     assert ns["sealed"].count() == len(sealed)
     assert _rows(ns["orders"].toArrow()) == [r for r in rows if r["topic"] == "orders" and r["queue_offset"] >= 1000]
