@@ -378,10 +378,10 @@ class Service:
 
         conf = self.conf
         here = os.path.abspath(conf.commitlog.dir)
-        before = {recorded_settings(spark, checkpoint_path(conf, q)).get("commitlog.dir") for q in queries}
+        recorded = [recorded_settings(spark, checkpoint_path(conf, q)) for q in queries]
+        before = {r.get("commitlog.dir") for r in recorded}
         moved_from = next((d for d in sorted(before - {None}) if d != here), None)
-        if moved_from and any(recorded_settings(spark, checkpoint_path(conf, q)).get("broker.name", conf.broker.name)
-                              != conf.broker.name for q in queries):
+        if moved_from and any(r.get("broker.name", conf.broker.name) != conf.broker.name for r in recorded):
             return None  # the broker changed too: check_or_record refuses, naming broker.name
         backend = open_backend(conf.tier.location)
         try:

@@ -237,12 +237,12 @@ class Names:
 def brokers_in(names: list[str]) -> tuple[list[str], bool]:
     """The brokers whose commit logs ``names`` (a listing of ``_log/``) hold, and whether the
     listing also holds a commit log from before brokers (``_log/<seq>...`` at the top)."""
-    brokers, legacy = set(), False
+    brokers, legacy, before = set(), False, Names(None)
     for name in names:
         rest = name[len(LOG_PREFIX):]
         if rest.startswith(BROKER_DIR) and "/" in rest:
             brokers.add(unescape_topic(rest[len(BROKER_DIR):rest.index("/")]))
-        elif Names(None).parse_log(name):
+        elif before.parse_log(name):
             legacy = True
     return sorted(brokers), legacy
 

@@ -419,23 +419,30 @@ class TierLog:
             head._add_queue(key)
             head.queues[key] = state
             head.versions[key] = old.seq
+        self.write_whole(head, manifests)
+        self._delete_covered(old.seq)
+        log.warning("upgraded the tier at %s to manifests: %d queues, %d segments, commit record %d (%.1f s)",
+                    self.backend.location, len(manifests), len(old.segments), old.seq, time.monotonic() - started)
+        return old.seq
+
+
+    def write_whole(self, head: TierHead, manifests: dict[QueueKey, QueueManifest]) -> None:
+        """Write a whole state at ``head.seq`` from scratch (an upgrade): every queue's manifest,
+        its segments paged ``PAGE_SEGMENTS`` at a time, every bucket, then the root."""
+        seq = head.seq
 
         def write(key: QueueKey) -> None:
             m = manifests[key]
             while len(m.recent) > PAGE_SEGMENTS:
                 page, m.recent = m.recent[:PAGE_SEGMENTS], m.recent[PAGE_SEGMENTS:]
-                name = self.names.page(*key, page[0].base, old.seq)
+                name = self.names.page(*key, page[0].base, seq)
                 self.backend.put(name, compact_json({"v": FORMAT, "segments": [s.to_json() for s in page]}))
                 m.pages.append(PageRef.of(name, page))
-            self.backend.put(self.names.queue_manifest(*key, old.seq), compact_json(m.to_json()))
+            self.backend.put(self.names.queue_manifest(*key, seq), compact_json(m.to_json()))
 
         io_map(write, list(manifests))
-        self._write_buckets(head, head.changed_buckets, old.seq)
+        self._write_buckets(head, head.changed_buckets, seq)
         self._write_root(head)
-        self._delete_covered(old.seq)
-        log.warning("upgraded the tier at %s to manifests: %d queues, %d segments, commit record %d (%.1f s)",
-                    self.backend.location, len(manifests), len(old.segments), old.seq, time.monotonic() - started)
-        return old.seq
 
 
 def _check_sequence(root_seq: int, tail: list[dict]) -> None:

@@ -21,8 +21,8 @@ from typing import Callable
 
 from connectors.tier import layout
 from connectors.tier.backend import Backend
-from connectors.tier.log import TierHead, TierLog, compact_json, empty_root
-from connectors.tier.manifest import FORMAT, PAGE_SEGMENTS, PageRef, QueueManifest
+from connectors.tier.log import TierHead, TierLog, empty_root
+from connectors.tier.manifest import QueueManifest
 from connectors.tier.pool import io_map
 
 log = logging.getLogger("tierlog.tier")
@@ -80,8 +80,9 @@ def _copy(old: TierLog, new: TierLog, progress) -> dict:
             if s.keys:
                 moves[s.keys] = moved.keys
             segments.append(moved)
-        parts = [dataclasses.replace(p, name=names.staging(p.first_phy)) for p in view.staging_for(key)]
-        moves.update({p.name: names.staging(p.first_phy) for p in view.staging_for(key)})
+        staged = view.staging_for(key)
+        parts = [dataclasses.replace(p, name=names.staging(p.first_phy)) for p in staged]
+        moves.update({p.name: names.staging(p.first_phy) for p in staged})
         manifests[key] = QueueManifest(m.state, parts, segments)
         head._add_queue(key)
         head.queues[key] = m.state
@@ -101,18 +102,7 @@ def _copy(old: TierLog, new: TierLog, progress) -> dict:
 
     io_map(copy, sorted(moves.items()))
 
-    def write(key) -> None:
-        m = manifests[key]
-        while len(m.recent) > PAGE_SEGMENTS:
-            page, m.recent = m.recent[:PAGE_SEGMENTS], m.recent[PAGE_SEGMENTS:]
-            name = names.page(*key, page[0].base, seq)
-            new.backend.put(name, compact_json({"v": FORMAT, "segments": [s.to_json() for s in page]}))
-            m.pages.append(PageRef.of(name, page))
-        new.backend.put(names.queue_manifest(*key, seq), compact_json(m.to_json()))
-
-    io_map(write, list(manifests))
-    new._write_buckets(head, head.changed_buckets, seq)
-    new._write_root(head)  # from here on the tier is the broker's; the old objects are only garbage
+    new.write_whole(head, manifests)  # from here on the tier is the broker's; the old objects are only garbage
     return {"queues": len(keys), "objects_copied": len(moves)}
 
 
