@@ -38,7 +38,8 @@ from connectors.commitlog.format import Message
 from connectors.commitlog.writer import CommitLogWriter
 from state.kv import KVView
 from state.latest import SOURCE_COLUMNS, latest_per_key
-from streaming.compaction import CompactionSettings, CompactionSink
+from streaming.checkpoints import foreach_batch
+from streaming.compaction import CompactionHandler, CompactionSettings
 
 
 def produce(directory: str, keys: int, updates: int, body: int) -> int:
@@ -203,9 +204,9 @@ def main() -> None:
         ck = os.path.join(root, "ck-full")
         kv = KVView(os.path.join(root, "kv"))
         reports = []
-        sink = CompactionSink(CompactionSettings(log_dir, ck, os.path.join(root, "tier"), snapshot_interval_s=0), kv,
-                              on_batch=reports.append)
-        results["full"] = run(latest_per_key(source(spark, log_dir, args.batch)), sink.process, ck)
+        sink = CompactionHandler(CompactionSettings(log_dir, os.path.join(root, "tier"), snapshot_interval_s=0), kv,
+                                 on_batch=reports.append)
+        results["full"] = run(latest_per_key(source(spark, log_dir, args.batch)), foreach_batch(ck, sink.process), ck)
         results["full"]["sink_phases_s_median"] = {
             phase: sorted(r.phases[phase] for r in reports[1:] or reports)[len(reports[1:] or reports) // 2]
             for phase in reports[0].phases

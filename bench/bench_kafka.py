@@ -108,15 +108,16 @@ def run_sink(directory: str, end: int, s: KafkaSettings) -> tuple[float, int]:
 
 
 def run_query(spark, directory: str, s: KafkaSettings, workdir: str) -> dict:
-    from streaming.replication import MirrorQuery
+    from streaming.checkpoints import foreach_batch
+    from streaming.replication import MirrorHandler
     from streaming.tiering import refs_stream
 
     checkpoint = os.path.join(workdir, f"ck-{time.monotonic_ns()}")
     reports = []
-    query_sink = MirrorQuery(s, directory, checkpoint, on_batch=reports.append)
+    query_sink = MirrorHandler(s, directory, on_batch=reports.append)
     stream = refs_stream(spark, {"path": directory, "maxBytesPerTrigger": 64 << 20, "partitionBytes": 32 << 20})
     t = time.perf_counter()
-    query = (stream.writeStream.foreachBatch(query_sink.process).option("checkpointLocation", checkpoint)
+    query = (stream.writeStream.foreachBatch(foreach_batch(checkpoint, query_sink.process)).option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
     query.awaitTermination()
     wall = time.perf_counter() - t

@@ -45,7 +45,7 @@ from streaming import config as cfg
 
 def make_conf(root: str, **overrides) -> cfg.Config:
     tier = {"location": os.path.join(root, "tier"), "segment_bytes": 1 << 40, "segment_messages": 1 << 40,
-            "segment_age_s": 1e9, "compact_every": 1 << 30, **overrides.pop("tier", {})}
+            "segment_age_s": 1e9, "checkpoint_every": 1 << 30, **overrides.pop("tier", {})}
     return cfg.Config(
         commitlog=cfg.CommitlogConfig(**{"dir": os.path.join(root, "commitlog"), "file_size": 256 << 20,
                                          "check_crc": True, **overrides.pop("commitlog", {})}),
@@ -67,16 +67,20 @@ def produce(conf: cfg.Config, messages: int, queues: int, body: int = 1024, topi
 def run_service(conf: cfg.Config):
     from streaming.service import Service
 
+    from streaming.queries.tiering import TieringQuery
+
     reports = []
-    service = Service(conf)
-    original = service._on_batch
+    original = TieringQuery.report
 
-    def capture(r):
+    def capture(query, r):
         reports.append((time.monotonic(), r))
-        original(r)
+        original(query, r)
 
-    service._on_batch = capture
-    service.run(until_caught_up=True)
+    TieringQuery.report = capture
+    try:
+        Service(conf).run(until_caught_up=True)
+    finally:
+        TieringQuery.report = original
     return reports
 
 

@@ -153,8 +153,8 @@ class KVView:
         return self._apply(rows, applied_through)
 
     def apply_table(self, table, applied_through: int | None = None) -> int:
-        """``apply`` for an Arrow table with columns topic, key, phy_offset, queue_id,
-        queue_offset, store_ts (timestamp or epoch ms), deleted, body."""
+        """``apply`` for an Arrow table of ``CHANGE_ROW`` columns (``connectors.changes``;
+        store_ts a timestamp or epoch ms)."""
         names = ("topic", "key", "phy_offset", "queue_id", "queue_offset")
         cols = [table.column(c).to_pylist() for c in names]
         cols.append(epoch_ms(table.column("store_ts")))

@@ -15,7 +15,7 @@ Why this shape:
   the merge with the RocksDB state.  Carrying the other fields through
   ``max_by`` was measured at about 20% slower.  A Python stateful step
   (``transformWithStateInPandas``) was measured far below the rate this needs
-  (see the README's benchmark table).
+  (see docs/benchmarks.md).
 * **Ordering is by physical offset**, never by arrival: ``max(phy_offset)``
   cannot move a key backwards, whatever is replayed or late.
 * **A delete stays in the state** (its offset is the key's maximum), so an
@@ -30,12 +30,13 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from connectors.changes import CHANGE_REF
 from connectors.commitlog import format as fmt
 
 # What the compaction query reads from the commitlog source (its ``columns`` option).
 SOURCE_COLUMNS = ("topic", "key", "phy_offset", "sysflag")
 # What each changed key carries: where its latest message is.
-CHANGE_COLUMNS = ("topic", "key", "phy_offset")
+CHANGE_COLUMNS = CHANGE_REF
 
 
 def keyed_messages(messages: DataFrame) -> DataFrame:

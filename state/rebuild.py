@@ -27,7 +27,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.brokers import DEFAULT_BROKER
-from connectors.commitlog.arrow import dispatched_mask, project_schema
 from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.topics import TopicFilter
 from connectors.errors import TierlogError
@@ -35,11 +34,11 @@ from connectors.tier import snapshots
 from connectors.tier.backend import open_backend
 from connectors.tier.reader import TierReader
 from state.kv import KVView
+from state.replay import keyed_rows, replay_commitlog
 
 log = logging.getLogger("tierlog.kv")
 
 SOURCES = ("snapshot", "tier", "commitlog")
-REPLAY_COLUMNS = ("topic", "key", "phy_offset", "queue_id", "queue_offset", "store_ts", "sysflag", "op", "body")
 
 
 class RebuildGapError(TierlogError):
@@ -53,16 +52,6 @@ class RebuildReport:
     commitlog_messages: int = 0
     applied_through: int = 0
     expired: int = 0
-
-
-def keyed_rows(table: pa.Table, topics: TopicFilter | None = None) -> pa.Table:
-    """The Arrow twin of ``state.latest.keyed_messages``: keyed messages that entered a queue
-    (of the topics ``topics`` accepts), with ``deleted`` in place of ``op``."""
-    keep = pc.and_(pc.is_valid(table["key"]), dispatched_mask(table["sysflag"]))
-    if topics is not None and table.num_rows:
-        keep = pc.and_(keep, topics.mask(table["topic"]))
-    table = table.filter(keep)
-    return table.append_column("deleted", pc.equal(table["op"], "delete"))
 
 
 def rebuild_view(
@@ -153,35 +142,6 @@ def _from_commitlog(kv: KVView, commitlog_dir: str, cursor: int, key_property: s
         kv.apply([], applied_through=max(end, cursor))
         progress(f"commitlog: {report.commitlog_messages} message(s) from physical offset {start} to {end}")
         return max(end, cursor)
-
-
-def replay_commitlog(kv: KVView, reader: CommitLogReader, start: int, end: int, key_property: str = "KEYS",
-                     topics: TopicFilter | None = None) -> int:
-    """Apply every keyed message in ``[start, end)`` of the commitlog to ``kv``; returns how many were read."""
-    count, next_report = 0, time.monotonic() + 5
-    for batch in reader.record_batches(start, end, key_property=key_property, columns=REPLAY_COLUMNS):
-        kv.apply_table(keyed_rows(pa.Table.from_batches([batch]), topics))
-        count += batch.num_rows
-        if time.monotonic() >= next_report:
-            done = batch.column("phy_offset")[-1].as_py() - start
-            log.info("replaying the commitlog into the KV view: %d message(s), %.0f%% of %d bytes",
-                     count, 100 * done / max(1, end - start), end - start)
-            next_report = time.monotonic() + 5
-    return count
-
-
-def latest_changes(reader: CommitLogReader, start: int, end: int, key_property: str = "KEYS",
-                   topics: TopicFilter | None = None) -> pa.Table:
-    """Each key's latest change in ``[start, end)`` of the commitlog, in physical order
-    (topic, key, phy_offset, queue_id, queue_offset, store_ts, deleted, body)."""
-    parts = [keyed_rows(pa.Table.from_batches([b]), topics)
-             for b in reader.record_batches(start, end, key_property=key_property, columns=REPLAY_COLUMNS)]
-    columns = ["topic", "key", "phy_offset", "queue_id", "queue_offset", "store_ts", "deleted", "body"]
-    if not parts:
-        return keyed_rows(project_schema(REPLAY_COLUMNS).empty_table()).select(columns)
-    table = pa.concat_tables(parts)
-    last = {tk: i for i, tk in enumerate(zip(table["topic"].to_pylist(), table["key"].to_pylist()))}
-    return table.take(sorted(last.values())).select(columns)
 
 
 def _swap(building: str, target: str) -> None:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 from connectors.errors import ConfigError, TierlogError
 from streaming import config as cfg
@@ -64,19 +66,6 @@ def s3a_settings() -> dict[str, str]:
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if region:
         out["spark.hadoop.fs.s3a.endpoint.region"] = region
-    return out
-
-
-def guarded_settings(conf: cfg.Config, query: str, spark) -> dict[str, str]:
-    """The settings a query's checkpoint depends on, with the values this start would use."""
-    out = {"broker.name": conf.broker.name, "commitlog.dir": os.path.abspath(conf.commitlog.dir)}
-    if query == "tiering":
-        location = conf.tier.location
-        out["tier.location"] = location if "://" in location else os.path.abspath(location)
-    if query == "compaction":
-        out["commitlog.key_property"] = conf.commitlog.key_property
-        out["spark.shuffle_partitions"] = spark.conf.get(SHUFFLE_PARTITIONS)  # what the session uses
-        out["state store provider"] = spark.conf.get(STATE_PROVIDER, "")
     return out
 
 
@@ -130,6 +119,28 @@ class OffsetLogError(TierlogError):
     """Spark's offset log of a checkpoint lacks or garbles the entry of a batch."""
 
 
+@dataclass
+class Batch:
+    """One micro-batch as a query's handler gets it: Spark's DataFrame and id, and the physical
+    offsets it covers, ``[start, end)``, from the query's offset log.  ``start`` is None when the
+    log no longer (or never) held the batch before it: the batch's first reference is its start."""
+
+    df: object
+    batch_id: int
+    start: int | None
+    end: int
+
+
+def foreach_batch(checkpoint: str, process: Callable[[Batch], None]) -> Callable[[object, int], None]:
+    """A ``foreachBatch`` function that hands ``process`` each batch with its offset range, so no
+    handler reads Spark's files itself."""
+
+    def handle(df, batch_id: int) -> None:
+        process(Checkpoint(checkpoint, df.sparkSession).batch(df, batch_id))
+
+    return handle
+
+
 class Checkpoint:
     """One query's checkpoint: its small files, on the local file system or, for any other scheme,
     through Hadoop's file system in Spark's JVM (so ``spark`` is needed only then)."""
@@ -162,6 +173,16 @@ class Checkpoint:
             return int(json.loads(lines[-1])["phy_offset"])
         except (ValueError, KeyError, IndexError) as exc:
             raise OffsetLogError(f"cannot read where batch {batch_id} ends from {self.root}/{name}: {exc}") from None
+
+    def batch(self, df, batch_id: int) -> Batch:
+        """Batch ``batch_id`` of this checkpoint's query, with its offset range."""
+        start = None
+        if batch_id > 0:
+            try:
+                start = self.batch_end(batch_id - 1)
+            except OffsetLogError:
+                pass  # purged by Spark, or the checkpoint began at this batch
+        return Batch(df, batch_id, start, self.batch_end(batch_id))
 
     def last_committed_end(self) -> int | None:
         """Where the last batch Spark committed ends; None before the first commit."""

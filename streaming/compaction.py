@@ -2,7 +2,7 @@
 
     spark.readStream.format("commitlog")  (only the columns it needs)
       -> latest_per_key (Spark's RocksDB state store; state/latest.py)
-      -> foreachBatch(CompactionSink.process)
+      -> foreachBatch(CompactionHandler.process)
 
 Per micro-batch, the sink:
 
@@ -10,7 +10,8 @@ Per micro-batch, the sink:
 2. reads their latest messages from the local commitlog by physical offset
    (body, queue offset, store time, put or delete);
 3. applies them to the KV view in one synced WriteBatch, together with the
-   physical offset the batch ends at (read from the query's own offset log);
+   physical offset the batch ends at (from the query's own offset log, handed
+   over with the batch);
 4. expires keys whose time to live has passed, records the view's applied
    offset as the ``kv`` sink (it bounds the safepoint), and writes compacted
    snapshots to the tier when one is due.
@@ -18,7 +19,7 @@ Per micro-batch, the sink:
 Replays are no-ops: the view applies a change only if it is newer (by
 physical offset) than what it holds, so a batch Spark re-runs after a crash
 changes nothing twice.  Steps 2-4 run on an apply thread, overlapped with
-the next batch; see ``CompactionSink``.
+the next batch; see ``CompactionHandler``.
 """
 
 from __future__ import annotations
@@ -35,14 +36,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.brokers import DEFAULT_BROKER
+from connectors.changes import CHANGE_REF, CHANGE_ROW
 from connectors.commitlog.reader import CommitLogReader
 from connectors.errors import TierlogError
 from connectors.tier import snapshots
 from connectors.tier.backend import open_backend
 from state.kv import Change, KVView
 from state.latest import SOURCE_COLUMNS, latest_per_key
-from streaming.checkpoints import Checkpoint
-from streaming.faults import crash_point
+from streaming.checkpoints import Batch
+from connectors.faults import crash_point
 
 log = logging.getLogger("tierlog.compaction")
 
@@ -53,14 +55,12 @@ CHANGELOG_SINK = "changelog"
 @dataclass(frozen=True)
 class CompactionSettings:
     commitlog_dir: str
-    checkpoint: str  # this query's checkpoint directory
     tier_location: str
     broker: str = DEFAULT_BROKER  # each broker's tierlog keeps the snapshots of its own keys
     ttl: dict[str, float] | None = None  # topic -> seconds; "*" for every other topic
     snapshot_interval_s: float = 600.0  # 0: only on demand
     snapshot_keep: int = 2
     on_corrupt: str = "fail"
-    driver_pid: int = 0
     topics: object = None  # the TopicFilter of [topics] compaction; None takes every topic
 
 
@@ -92,15 +92,16 @@ RECORD_COLUMNS = ("queue_id", "queue_offset", "store_ts", "op", "body")
 
 
 def resolve(changes: pa.Table, reader: CommitLogReader) -> pa.Table:
-    """Changed keys (topic, key, phy_offset) with their latest message's fields, for ``KVView.apply_table``."""
+    """Changed keys (``CHANGE_REF``) with their latest message's fields: ``CHANGE_ROW``s, for
+    ``KVView.apply_table`` and the changelog."""
     records = reader.records_at(changes["phy_offset"].to_numpy(), RECORD_COLUMNS)
-    table = changes.select(["topic", "key", "phy_offset"])
+    table = changes.select(list(CHANGE_REF))
     for name in ("queue_id", "queue_offset", "store_ts", "body"):
         table = table.append_column(name, records[name])
-    return table.append_column("deleted", pc.equal(records["op"], "delete"))
+    return table.append_column("deleted", pc.equal(records["op"], "delete")).select(list(CHANGE_ROW))
 
 
-class CompactionSink:
+class CompactionHandler:
     """The foreachBatch of the compaction query; see the module docstring for the steps.
 
     The driver's share of a batch (reading the changed messages, writing the
@@ -130,12 +131,11 @@ class CompactionSink:
 
     # ------------------------------------------------------------ driver thread
 
-    def catch_up(self) -> int:
-        """Replay what Spark committed but the view (or the changelog) has not applied; returns
-        messages replayed into the view."""
-        from state.rebuild import replay_commitlog
+    def catch_up(self, committed: int | None) -> int:
+        """Replay what Spark committed (through ``committed``, where its last committed batch ends)
+        but the view (or the changelog) has not applied; returns messages replayed into the view."""
+        from state.replay import replay_commitlog
 
-        committed = Checkpoint(self.settings.checkpoint).last_committed_end()
         applied = self.kv.applied_through()
         if self.changelog is not None:
             self._catch_up_changelog(applied, committed)
@@ -152,13 +152,13 @@ class CompactionSink:
     def _catch_up_changelog(self, applied: int | None, committed: int | None) -> None:
         """Bring the changelog to Spark's last commit.  A changelog new to a view that has data
         starts from the view's keys, so its compacted topic holds every live key."""
-        from state.rebuild import latest_changes
+        from state.replay import latest_changes
 
         sent_through = self.metadata.sinks().get(CHANGELOG_SINK) if self.metadata is not None else None
         if sent_through is None and applied is not None:
             entries = sorted((e for _, e in self.kv.entries() if e is not None), key=lambda e: e.phy_offset)
             rows = [(e.topic, e.key, e.phy_offset, e.queue_id, e.queue_offset, e.store_ts, False, e.body)
-                    for e in entries]
+                    for e in entries]  # in CHANGE_ROW order
             self.changelog.publish_rows(rows)
             log.info("changelog: started from the KV view's %d live key(s)", len(rows))
             sent_through = applied
@@ -175,13 +175,13 @@ class CompactionSink:
                      start, committed)
         self._record_sink(CHANGELOG_SINK, max(start, committed))
 
-    def process(self, df, batch_id: int) -> None:
+    def process(self, batch: Batch) -> None:
         with self.lock:
             t0 = time.monotonic()
-            end = Checkpoint(self.settings.checkpoint, df.sparkSession).batch_end(batch_id)
-            changes = df.toArrow()  # runs this batch's Spark job while the apply thread works on the last one
+            batch_id, end = batch.batch_id, batch.end
+            changes = batch.df.toArrow()  # runs this batch's Spark job while the apply thread works on the last one
             collect_s = time.monotonic() - t0
-            crash_point("collected", self.settings.driver_pid)
+            crash_point("collected")
             self.flush()  # batches reach the view in order, one at a time
             self._pending = self._apply_thread.submit(self._apply, batch_id, changes, end, collect_s)
 
@@ -216,10 +216,10 @@ class CompactionSink:
         t1 = time.monotonic()
         if self.changelog is not None:  # before the view: a crash in between re-sends, never loses
             self.changelog.publish(table)
-            crash_point("changelogged", self.settings.driver_pid)
+            crash_point("changelogged")
         t2 = time.monotonic()
         applied = self.kv.apply_table(table, applied_through=end)
-        crash_point("kv_applied", self.settings.driver_pid)
+        crash_point("kv_applied")
         expired = self._expire()
         self._record_sink(KV_SINK, end)
         if self.changelog is not None:
@@ -262,18 +262,17 @@ class CompactionSink:
         if interval <= 0 or time.time() - self._last_snapshot < interval:
             return None
         rows = write_snapshot(self.kv, self.settings.tier_location, self.settings.broker, through_phy,
-                              self.settings.snapshot_keep, self.settings.driver_pid)
+                              self.settings.snapshot_keep)
         self._last_snapshot = time.time()
         return rows
 
 
-def _snapshotted(topic: str, rows: int, through: int, driver_pid: int | None) -> None:
+def _snapshotted(topic: str, rows: int, through: int) -> None:
     log.info("snapshot of %s: %d key(s) through physical offset %d", topic, rows, through)
-    crash_point("snapshotted", driver_pid)
+    crash_point("snapshotted")
 
 
-def write_snapshot(kv: KVView, tier_location: str, broker: str, through_phy: int | None = None, keep: int = 2,
-                   driver_pid: int | None = None) -> int:
+def write_snapshot(kv: KVView, tier_location: str, broker: str, through_phy: int | None = None, keep: int = 2) -> int:
     """Write every topic's live keys from ``kv`` (``broker``'s) to the tier; returns the rows written."""
     through = kv.applied_through() if through_phy is None else through_phy
     if through is None:
@@ -283,7 +282,7 @@ def write_snapshot(kv: KVView, tier_location: str, broker: str, through_phy: int
     try:
         written = snapshots.write_snapshots(
             backend, broker, kv.entries(), through, keep=keep,
-            on_topic=lambda topic, n: _snapshotted(topic, n, through, driver_pid),
+            on_topic=lambda topic, n: _snapshotted(topic, n, through),
         )
     finally:
         backend.close()

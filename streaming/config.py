@@ -10,6 +10,9 @@ Values are layered, each layer overriding the one before:
 Every error names the setting (``section.key``) and where the bad value came
 from.  AWS credentials and endpoints are *not* settings: boto3 reads the
 standard ``AWS_*`` variables and its default credential chain.
+
+It is longer than most modules because it is the one place every setting is
+declared with its documentation, and the documentation is the bulk of it.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def setting(default: Any, doc: str, *, choices: tuple = (), secret: bool = False, size: bool = False, check=None):
-    """A field with its one-line documentation (shown by `config show` and in the README).
+    """A field with its one-line documentation (shown by `config show` and in docs/configuration.md).
     ``check(value)`` returns why a value is wrong, or None."""
     return field(default=default, repr=not secret,  # a secret never reaches a log line through repr()
                  metadata={"doc": doc, "choices": choices, "secret": secret, "size": size, "check": check})
@@ -98,7 +101,7 @@ class TierConfig:
             "Empty: no limit."
     )
     delete_grace_s: float = setting(60.0, "Seconds a retired object stays readable before it is deleted.")
-    compact_every: int = setting(200, "Commit records between checkpoints of the tier's commit log (a checkpoint "
+    checkpoint_every: int = setting(200, "Commit records between checkpoints of the tier's commit log (a checkpoint "
                                       "also happens once the records since the last one reach 8 MiB).")
 
 
@@ -291,11 +294,18 @@ def _coerce(f: dataclasses.Field, value: Any, name: str, origin: str) -> Any:
     return value
 
 
+# Settings that were renamed: an old name is refused naming the new one, not ignored.
+RENAMED = {"tier.compact_every": "tier.checkpoint_every"}
+
+
 def _apply(values: dict[str, dict[str, Any]], section: str, key: str, raw: Any, origin: str) -> None:
     cls = sections().get(section)
     if cls is None:
         raise ConfigError(f"unknown section [{section}] (from {origin}); known: {', '.join(sections())}")
     by_name = {f.name: f for f in fields(cls)}
+    if f"{section}.{key}" in RENAMED:
+        raise ConfigError(f"setting {section}.{key} (from {origin}) is now {RENAMED[f'{section}.{key}']}: "
+                          "rename it there, the value means the same")
     if key not in by_name:
         raise ConfigError(
             f"unknown setting {section}.{key} (from {origin}); [{section}] has: {', '.join(by_name)}"

@@ -20,7 +20,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _BATCH_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 
 class Metrics:
-    def __init__(self, broker: str = DEFAULT_BROKER) -> None:
+    def __init__(self, broker: str = DEFAULT_BROKER, queries=("tiering", "compaction", "mirror")) -> None:
         r = self.registry = CollectorRegistry()
         # Which broker's log this service reads: one series to join on, not a label on every metric.
         Info("tierlog_broker", "The RocketMQ broker (broker.name) whose commitlog this service reads.",
@@ -51,11 +51,7 @@ class Metrics:
                                   "compaction query's state stores, Spark's estimate).", ["store"], registry=r)
         self.safepoint = Gauge("tierlog_safepoint_offset",
                                "Lowest physical offset every enabled sink has applied (-1 until each has).", registry=r)
-        self.cache_hit_ratio = Gauge("tierlog_read_cache_hit_ratio",
-                                     "Hits over lookups of this process's read-ahead caches (0 without lookups).",
-                                     registry=r)
-        self.cache_hit_ratio.set_function(_cache_hit_ratio)
-        for query in ("tiering", "compaction", "mirror"):  # present from the start, so dashboards see 0
+        for query in queries:  # present from the start, so dashboards see 0
             self.rows_in.labels(query)
             self.bytes_in.labels(query)
         for sink in ("mirror", "changelog"):
@@ -79,6 +75,16 @@ class Metrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def register_read_cache_metrics(registry) -> Gauge:
+    """``tierlog_read_cache_hit_ratio`` in ``registry``: for an application that serves consumers
+    from the tier with ``ReadAheadCache``.  Not part of ``tierlog run``'s metrics: it reads no
+    tiered queues, so the ratio would always be 0 there."""
+    gauge = Gauge("tierlog_read_cache_hit_ratio",
+                  "Hits over lookups of this process's read-ahead caches (0 without lookups).", registry=registry)
+    gauge.set_function(_cache_hit_ratio)
+    return gauge
 
 
 def _cache_hit_ratio() -> float:

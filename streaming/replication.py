@@ -1,13 +1,13 @@
 """The mirror query: commitlog -> Kafka, one record per message.
 
     spark.readStream.format("commitlog")  (references only: physical offset and size)
-      -> foreachBatch(MirrorQuery.process)
+      -> foreachBatch(MirrorHandler.process)
 
 Spark gives the query its micro-batches, admission control and checkpoint,
 and the executors do the sending.  Per batch:
 
-1. find the batch's byte range from the query's offset log (where the batch
-   before it ended, and where it ends);
+1. take the batch's byte range, which the runner reads from the query's
+   offset log (where the batch before it ended, and where it ends);
 2. run one Spark task per sender slot (``kafka.mirror_tasks``).  Each task
    reads the batch's byte range from the commitlog with the Arrow fast path
    and sends only the Kafka partitions its slot owns (``slot_of``), with its
@@ -42,19 +42,16 @@ import pyarrow as pa
 
 from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.topics import TopicFilter
-from connectors.errors import TierlogError
 from connectors.kafka.errors import KafkaSinkError, KafkaUnavailable
 from connectors.kafka.mirror import MIRROR_COLUMNS, MirrorSink, slot_of
 from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.sink import Health, backoff
-from streaming.checkpoints import Checkpoint
-from streaming.compaction import CHANGELOG_SINK
-from streaming.faults import crash_point
+from streaming.checkpoints import Batch
+from connectors.faults import crash_point
 
 log = logging.getLogger("tierlog.replication")
 
 MIRROR_SINK = "mirror"
-__all__ = ["CHANGELOG_SINK", "MIRROR_SINK", "MirrorQuery", "MirrorReport"]
 
 OUTCOME_DDL = ("slot int, sent bigint, skipped bigint, bytes bigint, partitions string, positions string, "
                "too_large string, error string, retriable boolean")
@@ -83,7 +80,6 @@ class SendTask:
     key_property: str
     check_crc: bool
     on_corrupt: str
-    driver_pid: int
     partitions: dict  # Kafka topic -> partition count, where known
     positions: dict  # "topic\x00partition" -> position, where known
     topics: TopicFilter | None = None  # the messages of the topics it accepts are sent
@@ -94,7 +90,7 @@ def send_slot(task: SendTask, slot: int) -> dict:
     too_large: list = []
     sink = MirrorSink(task.kafka, owns=lambda topic, p: slot_of(topic, p, task.slots) == slot,
                       on_skip=lambda phy, why: too_large.append([phy, why]), shared_producer=True,
-                      driver_pid=task.driver_pid, topics=task.topics)
+                      topics=task.topics)
     sink.seed(task.partitions, {tuple(_split(k)): v for k, v in task.positions.items()})
     error, retriable = None, False
     try:
@@ -133,18 +129,17 @@ _OUTCOME_SCHEMA = pa.schema([("slot", pa.int32()), ("sent", pa.int64()), ("skipp
                              ("too_large", pa.string()), ("error", pa.string()), ("retriable", pa.bool_())])
 
 
-class MirrorQuery:
+class MirrorHandler:
     """The foreachBatch of the mirror query.  One instance per running query, on the driver."""
 
-    def __init__(self, kafka: KafkaSettings, commitlog_dir: str, checkpoint: str, metadata=None, *,
+    def __init__(self, kafka: KafkaSettings, commitlog_dir: str, metadata=None, *,
                  key_property: str = "KEYS", check_crc: bool = True, on_corrupt: str = "fail", tasks: int = 0,
                  should_stop: Callable[[], bool] = lambda: False,
-                 on_batch: Callable[[MirrorReport], None] | None = None, driver_pid: int = 0,
+                 on_batch: Callable[[MirrorReport], None] | None = None,
                  topics: TopicFilter | None = None):
         self.kafka = kafka
         self.topics = topics
         self.commitlog_dir = commitlog_dir
-        self.checkpoint = checkpoint
         self.metadata = metadata
         self.key_property = key_property
         self.check_crc = check_crc
@@ -152,7 +147,6 @@ class MirrorQuery:
         self.tasks = tasks
         self.should_stop = should_stop
         self.on_batch = on_batch
-        self.driver_pid = driver_pid
         self.lock = threading.RLock()  # held while a batch is sent; a graceful stop waits on it
         self.health = Health(MIRROR_SINK, None if metadata is None else
                              lambda h: metadata.record_health(MIRROR_SINK, h))
@@ -161,16 +155,15 @@ class MirrorQuery:
         self._positions: dict[str, int] = {}
         self.sent = 0  # messages sent since start, all batches
 
-    def process(self, df, batch_id: int) -> None:
+    def process(self, batch: Batch) -> None:
         with self.lock:
             started = time.monotonic()
-            checkpoint = Checkpoint(self.checkpoint, df.sparkSession)
-            end = checkpoint.batch_end(batch_id)
-            start = self._batch_start(df, batch_id, checkpoint)
+            batch_id, df, end = batch.batch_id, batch.df, batch.end
+            start = batch.start if batch.start is not None else self._first_reference(df)
             report = MirrorReport(batch_id, 0, 0, 0, end, 0.0, 0)
             if start is not None and start < end:
                 self._send(df.sparkSession, start, end, report)
-            crash_point("mirrored", self.driver_pid)
+            crash_point("mirrored")
             if self.metadata is not None:
                 self.metadata.record_sink(MIRROR_SINK, end)
             self.sent += report.sent
@@ -178,16 +171,11 @@ class MirrorQuery:
             if self.on_batch:
                 self.on_batch(report)
 
-    def _batch_start(self, df, batch_id: int, checkpoint: Checkpoint) -> int | None:
-        """Where the batch starts: where the one before ended, by the offset log (no Spark job);
-        for the first batch of a checkpoint, its first reference.  None for an empty batch."""
+    @staticmethod
+    def _first_reference(df) -> int | None:
+        """The first physical offset of a batch whose start the offset log lacks; None when empty."""
         from pyspark.sql import functions as F
 
-        if batch_id > 0:
-            try:
-                return checkpoint.batch_end(batch_id - 1)
-            except TierlogError:
-                pass  # purged or never written: ask Spark
         return df.agg(F.min("phy_offset")).first()[0]
 
     def _send(self, spark, start: int, end: int, report: MirrorReport) -> None:
@@ -196,7 +184,7 @@ class MirrorQuery:
         attempt = 0
         while pending:
             task = SendTask(self.kafka, self.commitlog_dir, start, end, slots_total, self.key_property,
-                            self.check_crc, self.on_corrupt, self.driver_pid, dict(self._partitions), dict(self._positions),
+                            self.check_crc, self.on_corrupt, dict(self._partitions), dict(self._positions),
                             self.topics)
             outcomes = (spark.range(0, len(pending), 1, len(pending))
                         .mapInArrow(make_sender(task, pending), OUTCOME_DDL).toArrow().to_pylist())

@@ -30,7 +30,7 @@ BASE_CONF = {
     # RocksDB frees memory in many small pieces from many threads, and glibc keeps what it
     # frees in per-thread arenas instead of giving it back: in an hour's soak the JVM's
     # memory outside anything Java tracks kept rising ~15 MB a minute after the RocksDB
-    # budget was full.  Trimming the C heap every 30 s levels it (README, soak rows).  The
+    # budget was full.  Trimming the C heap every 30 s levels it (docs/benchmarks.md, soak rows).  The
     # flag needs JDK 17.0.9+ or 21; older JVMs ignore it rather than refuse to start.
     "spark.driver.extraJavaOptions": JVM_OPTIONS,
     "spark.executor.extraJavaOptions": JVM_OPTIONS,
@@ -63,9 +63,25 @@ def local_driver(master: str) -> dict:
     return {}
 
 
+# Spark's log configuration without its start-up notes; --log-level DEBUG keeps Spark's own.
+QUIET_LOG4J = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+
+
+def java_options(verbose: bool) -> str:
+    """The driver's and executors' JVM options; quiet unless ``verbose``."""
+    return JVM_OPTIONS if verbose else f"{JVM_OPTIONS} -Dlog4j2.configurationFile=file:{QUIET_LOG4J}"
+
+
 def build_session(app_name: str = "tierlog", master: str = "local[2]", extra: dict | None = None):
-    """Create (or reuse) the SparkSession with tierlog's settings and data sources registered."""
+    """Create (or reuse) the SparkSession with tierlog's settings and data sources registered.
+
+    Spark's start-up notes are hidden unless the ``tierlog`` logger is at DEBUG (``--log-level
+    DEBUG``)."""
+    import logging
+
     check_java()
+    options = java_options(logging.getLogger("tierlog").isEnabledFor(logging.DEBUG))
+    extra = {"spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options, **(extra or {})}
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession

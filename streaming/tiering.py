@@ -1,6 +1,6 @@
 """The tiering query: commitlog -> staging objects -> commit record -> sealed segments.
 
-Per micro-batch (``TieringSink.process``, the foreachBatch):
+Per micro-batch (``TieringHandler.process``, the foreachBatch):
 
 1. **stage** (executors): each Spark partition is a byte range of the
    commitlog; its task reads the range itself with the Arrow fast path, sorts
@@ -20,6 +20,10 @@ batch, or a new checkpoint that starts over, commits nothing twice.  A batch
 starting *above* it would skip messages and stops the query instead.
 Staging objects are named by their first physical offset, so an upload that
 is repeated after a crash overwrites itself.
+
+It is longer than most modules because a batch's commit and the maintenance
+that follows it (sealing, retention, the tier log's checkpoints) change the
+same ``TierHead`` under one lock, in an order the crash tests pin down.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ from connectors.tier import layout
 from connectors.tier.backend import open_backend
 from connectors.tier.log import TierLog
 from connectors.tier.manifest import Segment, StagingObject, add_counts, record_keys
-from streaming.faults import crash_point
+from connectors.tier.records import LastRecord, batch_record, expire_record, seal_record
+from connectors.faults import crash_point
 
 log = logging.getLogger("tierlog.tiering")
 
@@ -76,11 +81,10 @@ class TieringSettings:
     retention_bytes: dict | None = None  # topic -> bytes of segments each queue keeps
     retention_messages: dict | None = None  # topic -> messages each queue keeps
     retention_check_s: float = 30.0  # every queue is checked for retention this often
-    compact_every: int = 200  # commit records between checkpoints
-    compact_bytes: int = 8 << 20  # or this many bytes of records, whichever comes first
+    checkpoint_every: int = 200  # commit records between checkpoints
+    checkpoint_bytes: int = 8 << 20  # or this many bytes of records, whichever comes first
     filters: dict | None = None  # sink -> TopicFilter; the tier keeps what filters["tier"] accepts
     delete_grace_s: float = 60.0  # retired objects stay readable this long
-    driver_pid: int = 0
 
 
 # ---------------------------------------------------------------- executor side
@@ -146,7 +150,7 @@ def make_stager(settings: TieringSettings, floor: int):
                 backend.close()
             summary.update(name=name, size=len(data), rows=table.num_rows, bytes=int(pc.sum(table["size"]).as_py() or 0),
                            queues=json.dumps(queue_stats(table)), upload_s=time.monotonic() - started)
-            crash_point("staged", settings.driver_pid)
+            crash_point("staged")
         yield pa.RecordBatch.from_pylist([summary], schema=STAGED_SCHEMA)
 
     return stage
@@ -170,7 +174,7 @@ class BatchReport:
     uploads: list | None = None  # (kind, seconds) per object written: staging, segment, key_index
 
 
-class TieringSink:
+class TieringHandler:
     """The foreachBatch of the tiering query.  One instance per running query, on the driver.
 
     It holds the tier's head (every queue's offsets, the live staging objects, the records since
@@ -258,13 +262,8 @@ class TieringSink:
         )
         clock.lap("dispatch")
         crash_point("dispatched")
-        record = {"type": "batch", "batch_id": batch_id, "source_start": staged[0]["first_phy"],
-                  "source_end": staged[-1]["end_phy"], "staging": [o.to_json() for o in objects],
-                  "last_record": self._fingerprint(staged[-1]["last_phy"], staged[-1]["end_phy"])}
-        if quarantined:
-            record["quarantined"] = quarantined  # in the tier too, so the record outlives the metadata store
-        if filtered:
-            record["filtered"] = filtered  # so a metadata store that missed this record counts it on catch-up
+        record = batch_record(batch_id, staged[0]["first_phy"], staged[-1]["end_phy"], [o.to_json() for o in objects],
+                              self._fingerprint(staged[-1]["last_phy"], staged[-1]["end_phy"]), quarantined, filtered)
         self.log.append(self.head, record)
         crash_point("logged")
         self.metadata.record_commit(self.head, queues=touched, filtered=filtered)
@@ -281,7 +280,7 @@ class TieringSink:
         clock.lap("maintain")
         return report
 
-    def _fingerprint(self, phy: int, end: int) -> dict:
+    def _fingerprint(self, phy: int, end: int) -> LastRecord:
         """The batch's last record: where it is and the CRC-32 of its bytes.  A later start checks
         the commitlog (a replica after a failover, say) still holds exactly these bytes there."""
         from connectors.commitlog.reader import CommitLogReader
@@ -348,7 +347,7 @@ class TieringSink:
         seals = self.seal(due)
         self.expire(now_ms, due)
         self.delete_retired(now_ms)
-        if len(self.head.tail) >= self.settings.compact_every or self.head.tail_bytes >= self.settings.compact_bytes:
+        if len(self.head.tail) >= self.settings.checkpoint_every or self.head.tail_bytes >= self.settings.checkpoint_bytes:
             self.checkpoint()
         return seals
 
@@ -411,7 +410,7 @@ class TieringSink:
             o.name for o in holding
             if all(st["last"] < sealed_after.get(k, self.head.queues[k].sealed) for k, st in o.queues.items())
         ]
-        self.log.append(self.head, {"type": "seal", "segments": [s.to_json() for s in segments], "retire": retire})
+        self.log.append(self.head, seal_record([s.to_json() for s in segments], retire))
         crash_point("sealed")
         now = time.time()
         self.metadata.record_commit(
@@ -443,7 +442,7 @@ class TieringSink:
             expired.extend(self._expired(key, now_ms))
         if not expired:
             return
-        self.log.append(self.head, {"type": "expire", "segments": [seg.to_json() for seg in expired]})
+        self.log.append(self.head, expire_record([seg.to_json() for seg in expired]))
         now = time.time()
         self.metadata.record_commit(
             self.head, queues={seg.key for seg in expired}, removed_segments=expired,

@@ -48,7 +48,7 @@ def run_killed_at(config, point: str, nth: int, fault_dir: Path) -> bool:
 def sink_offsets(conf) -> dict[str, int]:
     """Each sink's applied physical offset, from the metadata store (read-only)."""
     from state.metadata import MetadataStore
-    from streaming.service import metadata_path
+    from streaming.plan import metadata_path
 
     store = MetadataStore(metadata_path(conf), read_only=True)
     try:

@@ -11,7 +11,7 @@ from connectors.tier.backend import open_backend
 from state.kv import KVView
 from state.latest import read_state
 from streaming import config as cfg
-from streaming.service import checkpoint_path, kv_path
+from streaming.plan import checkpoint_path, kv_path
 from tests.oracle import latest_per_key
 
 FILE = 256 * 1024

@@ -20,7 +20,8 @@ from connectors.errors import TierlogError
 from connectors.tier.reader import TierReader
 from state.metadata import MetadataStore
 from streaming import config as cfg
-from streaming.service import Service, metadata_path
+from streaming.service import Service
+from streaming.plan import metadata_path
 from tests.cli_runner import sink_offsets
 from tests.kafka_helpers import changelog_records, compacted, kafka_conf, mirrored_bodies, read_topic
 from tests.kv_helpers import view_contents

@@ -12,7 +12,8 @@ from connectors.errors import ConfigError
 from connectors.tier.reader import TierReader
 from streaming import config as cfg
 from streaming.checkpoints import FINGERPRINT, SHUFFLE_PARTITIONS
-from streaming.service import Service, checkpoint_path
+from streaming.service import Service
+from streaming.plan import checkpoint_path
 from tests.tiering_helpers import assert_tier_equals_commitlog, make_conf, produce
 
 
@@ -65,4 +66,28 @@ def test_a_hadoop_checkpoint_path_is_guarded_too(spark, tmp_path):
     produce(conf, 100)
     assert Service(conf).run(until_caught_up=True, spark=spark) == 0
     assert os.path.exists(tmp_path / "remote-checkpoints" / "tiering" / FINGERPRINT)
+    refused(spark, replace(conf, "tier", location=str(tmp_path / "elsewhere")), "tier.location")
+
+
+def test_checkpoints_on_another_hadoop_file_system_work_end_to_end(spark, tmp_path):
+    """A checkpoint.dir of a scheme other than file:// (as s3a:// or hdfs:// would be): Hadoop's
+    viewfs, mounted on a local directory, so nothing is downloaded.  Spark keeps its offsets and
+    commits there, and tierlog reads each batch's range and the last committed end through Hadoop."""
+    from tests.kv_helpers import assert_all_equal_oracle
+
+    backing = tmp_path / "mounted"
+    backing.mkdir()
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    hadoop.set("fs.viewfs.mounttable.tierlogtest.link./checkpoints", f"file://{backing}")
+    conf = make_conf(tmp_path, str(tmp_path / "tier"), compaction=cfg.CompactionConfig(snapshot_interval_s=0))
+    conf = replace(conf, "checkpoint", dir="viewfs://tierlogtest/checkpoints")
+    conf = replace(conf, "source", max_bytes_per_trigger=50_000)
+    produce(conf, 300)
+    assert Service(conf).run(until_caught_up=True, spark=spark) == 0
+    for query in ("tiering", "compaction"):  # Spark's files and tierlog's, all behind the mount
+        assert (backing / query / FINGERPRINT).exists() and os.listdir(backing / query / "commits"), query
+    produce(conf, 200, start=300)
+    assert Service(conf).run(until_caught_up=True, spark=spark) == 0  # goes on from the committed batches
+    assert_tier_equals_commitlog(conf)
+    assert_all_equal_oracle(spark, conf, snapshot=False)
     refused(spark, replace(conf, "tier", location=str(tmp_path / "elsewhere")), "tier.location")

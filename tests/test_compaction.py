@@ -13,7 +13,8 @@ import time
 from connectors.commitlog.format import Message
 from state.kv import Change, KVView
 from streaming import config as cfg
-from streaming.service import Service, kv_path
+from streaming.service import Service
+from streaming.plan import kv_path
 from tests.kv_helpers import append, assert_all_equal_oracle, kv_messages, spark_state, view_contents
 from tests.oracle import latest_per_key
 from tests.tiering_helpers import make_conf

@@ -10,6 +10,8 @@ import pytest
 
 from connectors.errors import ConfigError
 from streaming import cli
+from streaming.cli.output import emit
+from streaming.cli.parser import build_parser
 from streaming import config as cfg
 from tests.cli_runner import tierlog
 from tests.oracle import replay
@@ -31,6 +33,8 @@ def test_layers_override_in_order(tmp_path):
         ('[commitlog]\nfile_size = "big"\n', {}, r"commitlog\.file_size \(from .*t\.toml\): expected a whole number"),
         ("[commitlog]\nbogus = 1\n", {}, r"unknown setting commitlog\.bogus"),
         ("[nosuch]\nx = 1\n", {}, r"unknown section \[nosuch\]"),
+        ("[tier]\ncompact_every = 5\n", {}, r"tier\.compact_every \(from .*t\.toml\) is now tier\.checkpoint_every"),
+        ("", {"TIERLOG_TIER_COMPACT_EVERY": "5"}, r"tier\.compact_every \(from environment .*is now tier\.checkpoint_every"),
         ("commitlog = 3\n", {}, r"`commitlog` must be a \[section\] table"),
         ("[commitlog\n", {}, "not valid TOML"),
         ("", {"TIERLOG_COMMITLOG_CHECK_CRC": "perhaps"}, r"commitlog\.check_crc \(from environment variable"),
@@ -139,17 +143,19 @@ def test_help_explains_every_command(command, capsys):
 
 def test_table_output_aligns_columns():
     out = io.StringIO()
-    cli.emit([{"a": 1, "b": b"xyz"}, {"a": 22, "b": None}], "table", out=out)
+    emit([{"a": 1, "b": b"xyz"}, {"a": 22, "b": None}], "table", out=out)
     assert out.getvalue().splitlines() == ["a   b", "1   xyz", "22  -"]
 
 
-def test_readme_documents_every_setting_and_command():
-    readme = (__import__("pathlib").Path(__file__).parents[1] / "README.md").read_text()
+def test_the_docs_document_every_setting_and_command():
+    docs = __import__("pathlib").Path(__file__).parents[1] / "docs"
+    reference = (docs / "configuration.md").read_text()
     for name, _type, _default, _doc in cfg.settings_reference():
-        assert f"`{name}`" in readme, f"README's configuration reference misses {name}"
-    commands = cli.build_parser()._subparsers._group_actions[0].choices
+        assert f"`{name}`" in reference, f"docs/configuration.md misses {name}"
+    commands = build_parser()._subparsers._group_actions[0].choices
+    cli_reference = (docs / "cli.md").read_text()
     for command in commands:
-        assert f"`tierlog {command}" in readme, f"README's CLI reference misses `tierlog {command}`"
+        assert f"`tierlog {command}" in cli_reference, f"docs/cli.md misses `tierlog {command}`"
 
 
 def test_kafka_settings_are_checked_one_line_each(tmp_path):
@@ -165,7 +171,7 @@ def test_kafka_settings_are_checked_one_line_each(tmp_path):
 
 
 def test_the_kafka_password_never_shows(tmp_path):
-    from streaming.service import kafka_settings
+    from streaming.plan import kafka_settings
 
     env = {"TIERLOG_KAFKA_BOOTSTRAP": "127.0.0.1:1", "TIERLOG_KAFKA_SASL_PASSWORD": "canary-5ecret"}
     conf = cfg.load(env=env)

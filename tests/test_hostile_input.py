@@ -17,7 +17,7 @@ from connectors.kafka.embedded import free_port
 from connectors.tier.layout import escape_topic, unescape_topic
 from connectors.tier.reader import TierReader
 from streaming import config as cfg
-from streaming.service import metadata_path
+from streaming.plan import metadata_path
 from tests.cli_runner import cli_command, cli_env, tierlog, write_config
 from tests.kv_helpers import append, kv_messages
 from tests.oracle import replay
@@ -82,11 +82,11 @@ def test_topic_names_kafka_refuses_get_a_legal_name_and_a_collision_stops_naming
 SLOW_COMPACTION_BATCHES = """
 import time
 from streaming import compaction
-process = compaction.CompactionSink.process
-def slow_process(self, df, batch_id):
+process = compaction.CompactionHandler.process
+def slow_process(self, batch):
     time.sleep(2.0)
-    return process(self, df, batch_id)
-compaction.CompactionSink.process = slow_process
+    return process(self, batch)
+compaction.CompactionHandler.process = slow_process
 """
 
 

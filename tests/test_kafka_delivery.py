@@ -20,7 +20,7 @@ from connectors.errors import StopRequested
 from connectors.kafka.embedded import free_port
 from connectors.kafka.errors import ForeignRecordError, RecordTooLargeError
 from connectors.kafka.mirror import MIRROR_COLUMNS, MirrorSink
-from streaming.service import kafka_settings
+from streaming.plan import kafka_settings
 from tests.kafka_helpers import kafka_conf, mirror_contents, mirror_oracle
 from tests.kv_helpers import append, kv_messages
 from tests.tiering_helpers import make_conf

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from streaming import config as cfg
-from streaming.service import kv_path
+from streaming.plan import kv_path
 from tests.cli_runner import tierlog
 from tests.kv_helpers import append, kv_messages, snapshot_contents, view_contents
 from tests.oracle import latest_per_key

@@ -32,6 +32,10 @@ def test_run_status_rebuild_and_gc(tmp_path):
     batch_lines = [json.loads(x.split("batch ", 1)[1]) for x in r.stderr.splitlines() if "tierlog.service: batch {" in x and '"query": "tiering"' in x]
     assert len(batch_lines) > 3 and all({"rows", "bytes", "lag_bytes", "lag_msgs", "lag_s"} <= set(b) for b in batch_lines)
     assert batch_lines[-1]["lag_bytes"] == 0 and sum(b["rows"] for b in batch_lines) == 1500
+    # Quiet by default: none of Spark's start-up notes, none of its log4j banner lines.
+    for note in ("resolves to a loopback address", "native-hadoop", "Disabling AQE", "adaptive.enabled",
+                 "log4j2-defaults.properties", "Setting default log level"):
+        assert note not in r.stderr, note
     assert_tier_equals_commitlog(conf)
 
     state = TierReader(conf.tier.location).state()
@@ -95,7 +99,7 @@ def test_second_service_on_the_same_state_is_refused(tmp_path):
     conf = cfg.load(str(config), env={})
     produce(conf, 50)
     from state.metadata import MetadataStore
-    from streaming.service import metadata_path
+    from streaming.plan import metadata_path
 
     held = MetadataStore(metadata_path(conf))
     try:

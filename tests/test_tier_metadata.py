@@ -14,7 +14,7 @@ import pytest
 
 from connectors.tier import layout
 from connectors.tier.backend import open_backend
-from connectors.tier.errors import TierLogError
+from connectors.tier.errors import TierRecordError
 from connectors.tier.log import TierLayoutError, TierLog
 from connectors.tier.manifest import bucket_of
 from connectors.brokers import DEFAULT_BROKER
@@ -178,7 +178,7 @@ def test_a_crash_in_a_checkpoint_loses_nothing(tmp_path, after_puts):
 def test_a_bad_record_is_never_written(tmp_path):
     tier_log = TierLog(open_backend(str(tmp_path / "tier")))
     head = tier_log.open_head()
-    with pytest.raises(TierLogError, match="does not hold"):
+    with pytest.raises(TierRecordError, match="does not hold"):
         tier_log.append(head, {"type": "seal", "segments": [{"name": "x", "topic": "t", "queue_id": 0, "base": 0,
                                                             "end": 0, "rows": 1, "size": 1, "min_ts": 0, "max_ts": 0}],
                                "retire": []})
@@ -282,7 +282,7 @@ def test_an_upgrade_interrupted_after_its_root_is_finished_by_running_it_again(t
 def test_retention_by_bytes_and_messages_drops_each_queues_oldest_segments(tmp_path):
     """Kafka's rule per queue: drop the oldest segment while what stays still meets the limit."""
     from state.metadata import MetadataStore
-    from streaming.tiering import TieringSettings, TieringSink
+    from streaming.tiering import TieringHandler, TieringSettings
 
     tier_log, head, ledger = run_workload(tmp_path, 5, steps=300, checkpoint_every=9)
     store = MetadataStore(str(tmp_path / "metadata"))
@@ -290,7 +290,7 @@ def test_retention_by_bytes_and_messages_drops_each_queues_oldest_segments(tmp_p
         store.rebuild(tier_log.view())
         settings = TieringSettings(location=str(tmp_path / "tier"), commitlog_dir=str(tmp_path / "none"),
                                    retention_bytes={"t1": 120}, retention_messages={"*": 25}, retention_check_s=0)
-        sink = TieringSink(settings, store)
+        sink = TieringHandler(settings, store)
         sink.expire(now_ms=10**13)
         for key, q in ledger.queues.items():
             keep = list(q["segments"])

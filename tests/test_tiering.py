@@ -13,7 +13,8 @@ from connectors.tier.backend import open_backend
 from connectors.tier.errors import ObjectNotFound
 from connectors.tier.reader import TierReader
 from state.metadata import MetadataStore
-from streaming.service import Service, metadata_path
+from streaming.service import Service
+from streaming.plan import metadata_path
 from tests.oracle import normalize_arrow_row
 from tests.tiering_helpers import assert_tier_equals_commitlog, make_conf, oracle_rows, produce
 from connectors.brokers import DEFAULT_BROKER
@@ -31,7 +32,7 @@ def test_tier_holds_exactly_the_commitlog_and_seals_segments(spark, tmp_path, ti
     conf = make_conf(tmp_path, tier_location, segment_messages=150)
     produce(conf, 1500)
     service = run_until_caught_up(spark, conf)
-    assert service.progress.batches > 3  # admission control cut the backlog into batches
+    assert service.batches["tiering"] > 3  # admission control cut the backlog into batches
     assert_tier_equals_commitlog(conf)
 
     state = TierReader(tier_location).state()
@@ -92,11 +93,12 @@ def test_retention_expires_old_segments(spark, tmp_path):
     produce(conf, 300)
     service = run_until_caught_up(spark, conf)
     time.sleep(1.5)
-    service.sink.metadata = MetadataStore(metadata_path(conf))
+    handler = service.queries["tiering"].handler
+    handler.metadata = MetadataStore(metadata_path(conf))
     try:
-        service.sink.maintain()
+        handler.maintain()
     finally:
-        service.sink.metadata.close()
+        handler.metadata.close()
     state = TierReader(conf.tier.location).state()
     assert not state.segments
     assert all(q.low == q.sealed for q in state.queues.values())
@@ -104,7 +106,7 @@ def test_retention_expires_old_segments(spark, tmp_path):
 
 
 def test_log_compaction_keeps_the_same_state(spark, tmp_path):
-    conf = make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=80, compact_every=2)
+    conf = make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=80, checkpoint_every=2)
     produce(conf, 600)
     run_until_caught_up(spark, conf)
     names = [o.name for o in open_backend(conf.tier.location).list(layout.LOG_PREFIX)]

@@ -6,7 +6,7 @@ properties) are cut out as Arrow binary views and copied in C++.  No Python
 object is made per field; the only per-record Python work is the header walk
 and, when asked, the CRC check.
 
-The batch has the message row (``MESSAGE_SCHEMA``: README, *The commitlog source*), plus
+The batch has the message row (``MESSAGE_SCHEMA``: docs/architecture.md, *The commitlog source*), plus
 ``prepared_tx_offset`` and ``size`` so a stored record can be rebuilt exactly, and ``broker``.
 """
 

@@ -20,6 +20,10 @@ is the last thing in the log, i.e. nothing but zero bytes follows where it
 ends and no later file holds data.  The last complete record is also checked
 against its body CRC, because a broker copies records into its mapped file
 front to back and a reader can catch the copy half done.
+
+It is longer than most modules because the file walk, the roll between files,
+the live end and corruption handling are one state machine over the same
+cursor; split, each part would need the others' invariants restated.
 """
 
 from __future__ import annotations

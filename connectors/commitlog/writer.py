@@ -26,7 +26,7 @@ import numpy as np
 from connectors.commitlog import format as fmt
 from connectors.commitlog.errors import WriterLockedError
 from connectors.commitlog.reader import CommitLogReader, list_files
-from streaming.faults import crash_point
+from connectors.faults import crash_point
 
 log = logging.getLogger(__name__)
 

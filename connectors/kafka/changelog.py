@@ -19,12 +19,13 @@ from typing import Iterable
 
 import pyarrow as pa
 
+from connectors.changes import CHANGE_ROW
 from connectors.commitlog.arrow import epoch_ms
 from connectors.kafka.records import OP, key_partition, source_headers
 from connectors.kafka.settings import TopicRouter
 from connectors.kafka.sink import KafkaSink
 
-CHANGE_COLUMNS = ("topic", "key", "phy_offset", "queue_id", "queue_offset", "store_ts", "deleted", "body")
+CHANGE_COLUMNS = CHANGE_ROW
 
 
 class ChangelogSink(KafkaSink):

@@ -20,6 +20,10 @@ brokers, and counts as ``broker-a``'s (the default name).
 Order within a partition holds because there is one producer, records are
 sent in position order, and the producer is idempotent (``acks=all``): the
 broker refuses a batch that would land after a gap.
+
+It is longer than most modules because positions, read-back, retries and
+health are one protocol: what a retry may resend depends on what the
+read-back found, and both sinks must share exactly that.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from connectors.kafka.errors import (
     RecordTooLargeError,
 )
 from connectors.kafka.settings import KafkaSettings
-from streaming.faults import crash_point
+from connectors.faults import crash_point
 
 log = logging.getLogger("tierlog.kafka")
 
@@ -91,8 +95,7 @@ class KafkaSink:
     def __init__(self, settings: KafkaSettings, *, should_stop: Callable[[], bool] = lambda: False,
                  on_health: Callable[[dict | None], None] | None = None,
                  on_skip: Callable[[int, str], None] | None = None,
-                 owns: Callable[[str, int], bool] | None = None, shared_producer: bool = False,
-                 driver_pid: int | None = None):
+                 owns: Callable[[str, int], bool] | None = None, shared_producer: bool = False):
         self.settings = settings
         self.should_stop = should_stop
         self.on_health = on_health
@@ -101,7 +104,6 @@ class KafkaSink:
         # Reuse one producer per process across sinks (Spark tasks in a reused Python worker); one
         # sink uses it at a time, and a failure throws it away.
         self.shared_producer = shared_producer
-        self.driver_pid = driver_pid  # what a crash point kills: the driver, also from a Spark task
         self.stats = SinkStats()
         self._producer: KafkaProducer | None = None
         self._partitions: dict[str, int] = {}  # Kafka topic -> partition count
@@ -217,7 +219,7 @@ class KafkaSink:
         self._positions[(topic, partition)] = position
         self.stats.sent += 1
         if self.stats.sent % 100 == 0:  # records sent, some not yet acknowledged
-            crash_point("kafka_sending", self.driver_pid)
+            crash_point("kafka_sending")
         self.stats.bytes += len(value or b"")
         return True
 

@@ -31,5 +31,6 @@ class InvalidObjectName(TierError):
     """An object name that would escape the tier root or cannot be stored."""
 
 
-class TierLogError(TierError):
-    """The tier's commit log is inconsistent: a gap in sequence numbers, or an unreadable record."""
+class TierRecordError(TierError):
+    """The tier's commit records are inconsistent: a gap in sequence numbers, or an unreadable record.
+    (Named apart from ``connectors.errors.TierlogError``, the root of every tierlog error.)"""

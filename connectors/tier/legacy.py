@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 
 from connectors.tier import layout
-from connectors.tier.errors import TierLogError
+from connectors.tier.errors import TierRecordError
 from connectors.tier.manifest import QueueKey, Segment, StagingObject
 
 
@@ -37,7 +37,7 @@ class LegacyState:
     def apply(self, record: dict) -> None:
         seq = record["seq"]
         if seq != self.seq + 1:
-            raise TierLogError(f"commit record {seq} follows {self.seq}: the tier's commit log has a gap")
+            raise TierRecordError(f"commit record {seq} follows {self.seq}: the tier's commit log has a gap")
         kind = record["type"]
         if kind == "batch":
             for obj in record["staging"]:
@@ -65,7 +65,7 @@ class LegacyState:
                     q = self.queues[seg.key]
                     q.low = max(q.low, seg.end + 1)
         else:
-            raise TierLogError(f"commit record {seq} has unknown type {kind!r}")
+            raise TierRecordError(f"commit record {seq} has unknown type {kind!r}")
         self.seq = seq
 
     @classmethod

@@ -20,6 +20,9 @@ Crash safety: a checkpoint writes pages, manifests and buckets under new
 names first, then the root, and only then deletes the records the root covers.
 A crash before the root leaves the old root and every record in place; the
 objects it wrote are referenced by nothing, so no reader sees them.
+
+It is longer than most modules because appending, checkpointing and upgrading
+write the same objects and must agree on their order of writes and deletes.
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ from dataclasses import dataclass, field
 from connectors.brokers import DEFAULT_BROKER
 from connectors.tier import layout
 from connectors.tier.backend import Backend
-from connectors.tier.errors import ObjectNotFound, TierLogError
+from connectors.tier.errors import ObjectNotFound, TierRecordError
 from connectors.tier.manifest import (
     DEFAULT_BUCKETS, FORMAT, PAGE_SEGMENTS, PageRef, QueueKey, QueueManifest, QueueState, Segment, StagingObject,
     StagingPart, add_counts, apply_to_manifest, apply_to_state, bucket_of, check_record, dropped_pages, home_bucket,
     record_keys,
 )
 from connectors.tier.pool import io_map
+from connectors.tier.records import CommitRecord
 from connectors.tier.view import TierView
 
 log = logging.getLogger("tierlog.tier")
@@ -48,7 +52,7 @@ log = logging.getLogger("tierlog.tier")
 CACHE_OBJECTS = 4096  # parsed metadata objects a TierLog keeps (every name it caches is immutable)
 
 
-class TierLayoutError(TierLogError):
+class TierLayoutError(TierRecordError):
     """The tier was written by an older tierlog, in a layout this one reads only to upgrade."""
 
 
@@ -116,11 +120,11 @@ class TierHead:
         """Refuse a record that does not follow the head (a bad record is never written)."""
         check_record(record)
         if record["seq"] != self.seq + 1:
-            raise TierLogError(f"commit record {record['seq']} follows {self.seq}: the tier's commit log has a gap")
+            raise TierRecordError(f"commit record {record['seq']} follows {self.seq}: the tier's commit log has a gap")
         if record["type"] != "batch":
             for key in record_keys(record):
                 if key not in self.queues:
-                    raise TierLogError(f"commit record {record['seq']} ({record['type']}) names queue "
+                    raise TierRecordError(f"commit record {record['seq']} ({record['type']}) names queue "
                                        f"{key[0]}/{key[1]}, which the tier does not hold")
 
     def apply(self, record: dict, size: int = 0) -> None:
@@ -298,7 +302,7 @@ class TierLog:
 
     # ------------------------------------------------------------ writing
 
-    def append(self, head: TierHead, record: dict) -> int:
+    def append(self, head: TierHead, record: CommitRecord) -> int:
         """Write ``record`` as the next commit record and apply it to ``head``; returns its seq.
 
         The record is checked against ``head`` first, so a bad record is never written.  The
@@ -329,7 +333,7 @@ class TierLog:
             for record in by_key[key]:
                 m = apply_to_manifest(m, key, record)
             if m.state != head.queues[key]:
-                raise TierLogError(f"queue {key[0]}/{key[1]}: its manifest folds to {m.state}, the head holds "
+                raise TierRecordError(f"queue {key[0]}/{key[1]}: its manifest folds to {m.state}, the head holds "
                                    f"{head.queues[key]}")
             garbage = [p.name for p in dropped_pages(m)]
             if len(m.recent) >= PAGE_SEGMENTS:
@@ -450,7 +454,7 @@ def _check_sequence(root_seq: int, tail: list[dict]) -> None:
     for record in tail:
         check_record(record)
         if record["seq"] != expected:
-            raise TierLogError(f"commit record {record['seq']} follows {expected - 1}: the tier's commit log has a gap")
+            raise TierRecordError(f"commit record {record['seq']} follows {expected - 1}: the tier's commit log has a gap")
         expected += 1
 
 

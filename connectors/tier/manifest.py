@@ -31,7 +31,7 @@ import bisect
 import zlib
 from dataclasses import dataclass, field
 
-from connectors.tier.errors import TierLogError
+from connectors.tier.errors import TierRecordError
 
 QueueKey = tuple[str, int]
 FORMAT = 2  # the layout version; written in every root and record
@@ -230,13 +230,13 @@ def record_keys(record: dict) -> set[QueueKey]:
         return {(t, q) for obj in record["staging"] for t, q, _ in obj["queues"]}
     if kind in ("seal", "expire"):
         return {(s["topic"], s["queue_id"]) for s in record["segments"]}
-    raise TierLogError(f"commit record {record.get('seq')} has unknown type {kind!r}")
+    raise TierRecordError(f"commit record {record.get('seq')} has unknown type {kind!r}")
 
 
 def check_record(record: dict) -> None:
     """Refuse a record this layout cannot apply (written by an older tierlog, or unknown)."""
     if record.get("v") != FORMAT:
-        raise TierLogError(f"commit record {record.get('seq')} has layout {record.get('v', 1)}, not {FORMAT}")
+        raise TierRecordError(f"commit record {record.get('seq')} has layout {record.get('v', 1)}, not {FORMAT}")
     record_keys(record)
 
 
@@ -251,7 +251,7 @@ def apply_to_state(state: QueueState | None, key: QueueKey, record: dict) -> Que
                     state.commit = max(state.commit, stats["last"] + 1)
         return state
     if state is None:
-        raise TierLogError(f"commit record {record.get('seq')} ({kind}) names queue {key[0]}/{key[1]}, "
+        raise TierRecordError(f"commit record {record.get('seq')} ({kind}) names queue {key[0]}/{key[1]}, "
                            "which the tier does not hold")
     for s in record["segments"]:
         if (s["topic"], s["queue_id"]) != key:

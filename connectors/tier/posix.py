@@ -9,7 +9,7 @@ from typing import Iterator
 
 from connectors.tier.backend import RETRY_DEADLINE_S, Backend, ObjectInfo, check_name, retry_transient
 from connectors.tier.errors import ObjectNotFound, TierError, TransientTierError
-from streaming.faults import disk_full_fault
+from connectors.faults import disk_full_fault
 
 _TMP_PREFIX = ".tmp-"
 

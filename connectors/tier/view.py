@@ -12,7 +12,6 @@ from __future__ import annotations
 from functools import cached_property, partial
 from typing import Iterator
 
-from connectors.tier import layout
 from connectors.tier.pool import io_map
 from connectors.tier.manifest import (
     QueueKey, QueueManifest, QueueState, Segment, StagingPart, add_counts, apply_to_manifest, apply_to_state,

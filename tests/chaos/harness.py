@@ -221,7 +221,7 @@ class ChaosRun:
             commitlog={"local_retention": "0s"},
             source={"max_bytes_per_trigger": 4 << 20},
             tier={"location": tier, "segment_messages": 20000, "segment_age_s": 20, "delete_grace_s": 5,
-                  "compact_every": 50},
+                  "checkpoint_every": 50},
             compaction={"snapshot_interval_s": 30},
             **({"state": {"rocksdb_memory_mb": self.plan.rocksdb_memory_mb}} if self.plan.rocksdb_memory_mb else {}),
             kafka={"bootstrap": f"127.0.0.1:{self.kafka_proxy.port}", "partitions": 4, "linger_ms": 5, "delivery_timeout_s": 10},
@@ -312,7 +312,7 @@ class ChaosRun:
         """Tier, metadata, KV view and both Kafka topics against a plain replay of every byte produced,
         compared as positions and CRCs of whole rows (:mod:`tests.chaos.digests`) to stay small at soak scale."""
         from state.kv import KVView
-        from streaming.service import kv_path
+        from streaming.plan import kv_path
 
         r = self.report
         want = digests.expected(str(self.archive), self.conf.kafka)
@@ -547,7 +547,7 @@ class ChaosRun:
         # What a restart would read again: every sink's position, and each query's last committed batch
         # end (Spark replays an uncommitted batch from there), read straight from the checkpoints.
         from streaming.checkpoints import Checkpoint
-        from streaming.service import checkpoint_path
+        from streaming.plan import checkpoint_path
 
         needed = [self._sinks().get(s, -1) for s in ("tier", "kv", "mirror", "changelog")]
         try:
@@ -566,7 +566,7 @@ class ChaosRun:
 
     def _metadata(self):
         from state.metadata import MetadataStore
-        from streaming.service import metadata_path
+        from streaming.plan import metadata_path
 
         if not os.path.exists(metadata_path(self.conf)):
             return None

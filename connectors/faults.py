@@ -5,6 +5,12 @@ across processes in ``TIERLOG_FAULT_DIR``) SIGKILL the service's driver
 process, as an operator's ``kill -9`` or a power cut would.  Unset, a crash
 point costs one dictionary lookup.
 
+The driver is the process named by ``TIERLOG_DRIVER_PID``, which ``tierlog
+run`` sets before it starts Spark, so Spark's Python workers (forked from a
+JVM that inherited it) kill the driver too, not themselves; unset, the
+current process.  It lives here, at the bottom of the packages, so that the
+connectors that hold crash points need nothing from the Spark layer.
+
 ``TIERLOG_FAULT_DISK_FULL=<file>`` makes every write to a posix tier fail
 with ENOSPC while ``<file>`` exists: a full disk the chaos harness can fill
 and free without root (a size-limited mount needs it).
@@ -36,7 +42,10 @@ POINTS = (
 )
 
 
-def crash_point(name: str, driver_pid: int | None = None) -> None:
+DRIVER_PID = "TIERLOG_DRIVER_PID"
+
+
+def crash_point(name: str) -> None:
     spec = os.environ.get("TIERLOG_FAULT")
     if not spec:
         return
@@ -52,7 +61,7 @@ def crash_point(name: str, driver_pid: int | None = None) -> None:
     finally:
         os.close(fd)
     if passes == int(nth or 1):
-        os.kill(driver_pid or os.getpid(), signal.SIGKILL)
+        os.kill(int(os.environ.get(DRIVER_PID) or os.getpid()), signal.SIGKILL)
 
 
 def disk_full_fault() -> None:

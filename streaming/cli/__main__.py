@@ -1,0 +1,5 @@
+import sys
+
+from streaming.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from connectors.errors import ConfigError, TierlogError
+from streaming import config as cfg
+from streaming.cli.parser import build_parser
+
+
+def overrides_from(args: argparse.Namespace) -> dict:
+    """Flags named ``section.key`` override settings."""
+    return {k: v for k, v in vars(args).items() if "." in k and v is not None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    for chatty in ("botocore", "boto3", "urllib3"):  # "Found credentials in environment variables" etc.
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+    # kafka-python logs every connection, and every refused one with a traceback; the sinks report
+    # what matters (waiting for the broker, in the log and in status) in one line each.
+    logging.getLogger("kafka").setLevel(logging.DEBUG if args.log_level == "DEBUG" else logging.CRITICAL)
+    try:
+        conf = cfg.load(args.config, overrides=overrides_from(args))
+        return args.func(args, conf)
+    except ConfigError as exc:
+        print(f"tierlog: error: {exc}", file=sys.stderr)
+        return 2
+    except TierlogError as exc:
+        print(f"tierlog: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,74 @@
+"""``tierlog tier ...`` maintenance and ``tierlog commitlog gc``: commands that change the tier or the commitlog offline."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from connectors.errors import ConfigError
+from streaming import config as cfg
+from streaming.cli.output import emit
+
+log = logging.getLogger("tierlog")
+
+
+def cmd_tier(args, conf: cfg.Config) -> int:
+    from connectors.tier.backend import open_backend
+    from connectors.tier.log import TierLog
+    from state.metadata import MetadataStore
+    from streaming.plan import metadata_path
+
+    backend = open_backend(conf.tier.location)
+    if args.tier_command == "upgrade":
+        from connectors.tier.upgrade import upgrade_to_broker
+
+        report = upgrade_to_broker(backend, conf.broker.name)
+        if report is None:
+            log.info("the tier at %s is up to date: nothing to upgrade", conf.tier.location)
+        else:
+            emit([report], args.format)
+        return 0
+    view = TierLog(backend, conf.broker.name).view()
+    store = MetadataStore(metadata_path(conf))
+    try:
+        store.rebuild(view)
+    finally:
+        store.close()
+    states = view.queue_states()
+    emit([{"commit_records": view.seq + 1, "queues": len(states), "segments": sum(q.segments for q in states.values()),
+           "staging_objects": len(view.staging), "tiered_to_phy": view.source_end}], args.format)
+    return 0
+
+
+def cmd_commitlog_gc(args, conf: cfg.Config) -> int:
+    import os
+
+    from connectors.commitlog.reader import list_files
+    from state.metadata import MetadataStore
+    from streaming.plan import enabled_sinks, metadata_path, safepoint
+
+    retention = cfg.parse_duration(conf.commitlog.local_retention, "commitlog.local_retention")
+    store = MetadataStore(metadata_path(conf), read_only=True)
+    try:
+        sinks = store.sinks()
+    finally:
+        store.close()
+    point = safepoint(conf, sinks)
+    if point is None:
+        raise ConfigError(
+            f"no safepoint yet: every enabled sink ({', '.join(enabled_sinks(conf))}) must have applied "
+            "something and every query committed a batch (run `tierlog run` first); with checkpoint.dir "
+            "outside the local file system gc cannot tell what a restart would read again, and deletes nothing"
+        )
+    now = time.time()
+    files = list_files(conf.commitlog.dir)
+    # Never the newest file: a writer may be appending to it.
+    doomed = [f for f in files[:-1] if f.end <= point and now - os.path.getmtime(f.path) >= retention]
+    for f in doomed:
+        if not args.dry_run:
+            os.remove(f.path)
+    emit([{"file": f.path, "start_phy": f.base, "end_phy": f.end, "deleted": not args.dry_run} for f in doomed]
+         or [{"file": "-", "start_phy": None, "end_phy": None, "deleted": False}], args.format)
+    log.info("safepoint %d (%s); %d file(s) %s", point, ", ".join(f"{k}={v}" for k, v in sinks.items()),
+             len(doomed), "would be deleted" if args.dry_run else "deleted")
+    return 0

@@ -1,0 +1,49 @@
+"""How the CLI prints rows: a table for people, or one JSON object per line for scripts."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from datetime import datetime, timezone
+from typing import Iterable
+
+
+def emit(rows: Iterable[dict], fmt: str, columns: list[str] | None = None, out=None) -> int:
+    """Print rows as JSON lines or an aligned table; returns how many were printed."""
+    out = out or sys.stdout
+    rows = list(rows)
+    if fmt == "json":
+        for row in rows:
+            out.write(json.dumps(row, default=_json_default, ensure_ascii=False) + "\n")
+        return len(rows)
+    columns = columns or (list(rows[0]) if rows else [])
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    out.write("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip() + "\n")
+    for r in cells:
+        out.write("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() + "\n")
+    return len(rows)
+
+
+def _json_default(value):
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (bytes, bytearray)):
+        preview = bytes(value[:24]).decode("utf-8", "replace").replace("\n", " ")
+        return preview + ("…" if len(value) > 24 else "")
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def ms_to_iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")

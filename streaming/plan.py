@@ -1,0 +1,134 @@
+"""The plan of a run, from the configuration: which queries run and which sinks they feed, where
+each keeps its state and checkpoint, the source's options, the Spark and Kafka settings, and the
+safepoint below which no sink needs the commitlog.
+
+``tierlog run`` (``streaming.service``) and the CLI's other commands (status, gc, config check)
+read it here, so they agree on what a run is.  A new query is one line in ``QUERIES``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from connectors.errors import TierlogError
+from connectors.kafka.settings import KafkaSettings, parse_topic_map
+from streaming import config as cfg
+from streaming.queries.base import Query
+from streaming.queries.compaction import CompactionQuery
+from streaming.queries.mirror import MirrorQuery
+from streaming.queries.tiering import TieringQuery
+
+QUERIES: tuple[type[Query], ...] = (TieringQuery, CompactionQuery, MirrorQuery)
+
+
+def queries(conf: cfg.Config) -> list[type[Query]]:
+    """The queries this configuration runs, in the order they start."""
+    return [q for q in QUERIES if q.enabled(conf)]
+
+
+def enabled_sinks(conf: cfg.Config) -> list[str]:
+    """The sinks the run feeds: ``tier``, and ``kv``, ``changelog``, ``mirror`` as switched on."""
+    return [sink for q in queries(conf) for sink in q.sinks(conf)]
+
+
+def safepoint(conf: cfg.Config, sinks: dict[str, int]) -> int | None:
+    """Below it, no sink needs the commitlog any more: the lowest offset every enabled sink has applied,
+    and no lower than where each query's last committed batch ends.
+
+    A sink records a batch before Spark commits it; after a crash Spark runs that batch again from
+    the end of the last committed one, reading its bytes once more (the chaos harness found `gc`
+    deleting them).  None until each sink has applied something and each query committed a batch,
+    and for checkpoints on a Hadoop file system when no Spark session runs in this process.
+    """
+    enabled = enabled_sinks(conf)
+    if not all(n in sinks for n in enabled):
+        return None
+    points = [sinks[n] for n in enabled]
+    for query in queries(conf):
+        committed = _committed_end(checkpoint_path(conf, query.name))
+        if committed is None:
+            return None
+        points.append(committed)
+    return min(points)
+
+
+def _committed_end(checkpoint: str) -> int | None:
+    from streaming.checkpoints import Checkpoint
+
+    try:
+        return Checkpoint(checkpoint).last_committed_end()
+    except TierlogError:
+        return None
+
+
+def metadata_path(conf: cfg.Config) -> str:
+    return os.path.join(conf.state.dir, "metadata")
+
+
+def kv_path(conf: cfg.Config) -> str:
+    return os.path.join(conf.state.dir, "kv")
+
+
+def checkpoint_path(conf: cfg.Config, query: str) -> str:
+    return os.path.join(conf.checkpoint.dir, query)
+
+
+def source_options(conf: cfg.Config) -> dict:
+    """The ``commitlog`` source's options; None values are left out when the stream is built."""
+    s = conf.source
+    return {
+        "path": conf.commitlog.dir,
+        "broker": conf.broker.name,
+        "maxRecordsPerTrigger": s.max_records_per_trigger or None,
+        "maxBytesPerTrigger": s.max_bytes_per_trigger or None,
+        "partitionBytes": s.partition_bytes,
+        "startingOffset": s.starting_offset,
+        "checkCrc": str(conf.commitlog.check_crc).lower(),
+        "onCorrupt": conf.commitlog.on_corrupt,
+        "keyProperty": conf.commitlog.key_property,
+    }
+
+
+def session_conf(conf: cfg.Config) -> dict:
+    """The Spark settings of the run's session."""
+    from streaming.checkpoints import s3a_settings
+
+    out = {
+        "spark.sql.shuffle.partitions": str(conf.spark.shuffle_partitions),
+        "spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": str(conf.state.rocksdb_memory_mb),
+    }
+    if conf.spark.jars:
+        out["spark.jars"] = conf.spark.jars
+    if conf.checkpoint.dir.startswith("s3a://"):
+        out.update(s3a_settings())
+    return out
+
+
+def kafka_settings(conf: cfg.Config) -> KafkaSettings | None:
+    """The Kafka sinks' settings; None when ``kafka.bootstrap`` is empty (the sinks are off)."""
+    k = conf.kafka
+    if not k.bootstrap.strip():
+        return None
+    client = {"bootstrap_servers": cfg.bootstrap_servers(k.bootstrap),
+              "client_id": k.client_id, "security_protocol": k.security_protocol}
+    optional = {"sasl_mechanism": k.sasl_mechanism, "sasl_plain_username": k.sasl_username,
+                "sasl_plain_password": k.sasl_password, "ssl_cafile": k.ssl_cafile, "ssl_certfile": k.ssl_certfile,
+                "ssl_keyfile": k.ssl_keyfile}
+    client.update({name: value for name, value in optional.items() if value})
+    return KafkaSettings(
+        client=client,
+        broker=conf.broker.name,
+        mirror_topic=k.mirror_topic,
+        mirror_topic_map=parse_topic_map(k.mirror_topic_map, "kafka.mirror_topic_map"),
+        changelog_topic=k.changelog_topic,
+        changelog_topic_map=parse_topic_map(k.changelog_topic_map, "kafka.changelog_topic_map"),
+        auto_create_topics=k.auto_create_topics,
+        partitions=max(1, k.partitions),
+        replication_factor=max(1, k.replication_factor),
+        compression=k.compression,
+        linger_ms=k.linger_ms,
+        batch_bytes=k.batch_bytes,
+        max_request_size=k.max_request_size,
+        delivery_timeout_s=max(2.0 + k.linger_ms / 1000, k.delivery_timeout_s),
+        on_too_large=k.on_too_large,
+    )

@@ -1,0 +1,99 @@
+"""What every streaming query of ``tierlog run`` is, to the runner (``streaming.service``).
+
+A query reads the ``commitlog`` source and hands each micro-batch to its
+outputs (the tier, the KV view, a Kafka topic).  The runner knows queries only
+through :class:`Query`: it starts each one's stream with its own checkpoint,
+hands every batch its offset range, calls ``tick`` between batches, and on a
+stop waits for the batch in flight (by taking ``lock``), then calls ``flush``
+and ``close``.  Nothing in the runner branches on a query's name, so a new
+query is one new module and one line in ``streaming.plan.QUERIES``.
+
+Contract of a query:
+
+- ``name``: its checkpoint directory under ``checkpoint.dir``, its ``query``
+  label in metrics and log lines.  Changing it abandons its checkpoint.
+- ``sinks(conf)``: the sinks (outputs) it feeds, by the names the metadata
+  store records their progress under (``tier``, ``kv``, ``changelog``,
+  ``mirror``); each sink's applied offset bounds the safepoint, and so does
+  this query's last committed batch.
+- ``guarded_settings(conf, spark)``: the settings its checkpoint depends on;
+  a start with other values is refused (``streaming.checkpoints``).
+- ``start(committed_end)`` runs before the stream starts (catch up what Spark committed
+  but an output has not applied); ``process(batch)`` runs on Spark's
+  foreachBatch thread, under ``lock``, and must be idempotent for a batch
+  Spark runs again after a crash; ``tick()`` and ``poll_metrics()`` run on the
+  runner's thread about once per trigger interval (``poll_metrics`` also once
+  after the streams stopped); ``flush()`` after the streams stopped, unless a
+  query failed; ``close()`` always, last.
+- Each query writes its own batch log line and metrics (``ctx.metrics``).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+from streaming import config as cfg
+from streaming.checkpoints import Batch
+
+
+@dataclass
+class RunContext:
+    """What a query is built with: the settings, the open stores, and the run's plumbing."""
+
+    conf: cfg.Config
+    metadata: object  # state.metadata.MetadataStore
+    kv: object | None  # state.kv.KVView, when the compaction query runs
+    metrics: object  # streaming.metrics.Metrics
+    should_stop: Callable[[], bool]
+    checkpoint: Callable[[str], str]  # query name -> its checkpoint path
+    source_options: dict  # the commitlog source's options
+    kafka: object | None  # connectors.kafka.settings.KafkaSettings, None when Kafka is off
+
+
+class Query:
+    name: ClassVar[str]
+    output_mode: ClassVar[str] = "append"
+
+    @classmethod
+    def enabled(cls, conf: cfg.Config) -> bool:
+        return True
+
+    @classmethod
+    def sinks(cls, conf: cfg.Config) -> list[str]:
+        return []
+
+    @classmethod
+    def guarded_settings(cls, conf: cfg.Config, spark) -> dict[str, str]:
+        """Every query's offsets point into one broker's commitlog; subclasses add their own."""
+        import os
+
+        return {"broker.name": conf.broker.name, "commitlog.dir": os.path.abspath(conf.commitlog.dir)}
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+        self.lock = threading.RLock()
+
+    def stream(self, spark):
+        """The streaming DataFrame the runner writes with ``foreachBatch``."""
+        raise NotImplementedError
+
+    def start(self, committed_end: int | None) -> None:
+        """Before the stream starts; ``committed_end``: where Spark's last committed batch ends."""
+
+    def process(self, batch: Batch) -> None:
+        raise NotImplementedError
+
+    def tick(self) -> None:
+        """Between batches: work a quiet stream still needs (expiring keys, say)."""
+
+    def poll_metrics(self) -> None:
+        """Set the gauges no batch report carries; after each ``tick`` and once more at the end."""
+
+    def flush(self) -> None:
+        """After the streams stopped cleanly (no query failed): finish what was handed over; an
+        error here fails the run."""
+
+    def close(self) -> None:
+        """Release what the query holds; always called, last."""

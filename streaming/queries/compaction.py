@@ -1,0 +1,109 @@
+"""The compaction query as the runner sees it: commitlog -> latest value per key -> the KV view,
+compacted snapshots and, when Kafka is on, the changelog topic (``streaming.compaction``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from connectors.kafka.changelog import ChangelogSink
+from streaming import config as cfg
+from streaming.checkpoints import SHUFFLE_PARTITIONS, STATE_PROVIDER, Batch
+from streaming.compaction import CompactionReport, CompactionSettings, CompactionHandler, compaction_stream
+from streaming.queries.base import Query, RunContext
+
+log = logging.getLogger("tierlog.service")
+
+
+def compaction_settings(conf: cfg.Config) -> CompactionSettings:
+    c = conf.compaction
+    return CompactionSettings(
+        commitlog_dir=conf.commitlog.dir,
+        tier_location=conf.tier.location,
+        broker=conf.broker.name,
+        ttl=cfg.parse_ttl(c.ttl),
+        snapshot_interval_s=c.snapshot_interval_s,
+        snapshot_keep=max(1, c.snapshot_keep),
+        on_corrupt=conf.commitlog.on_corrupt,
+        topics=cfg.topic_filters(conf)["compaction"],
+    )
+
+
+def changelog_enabled(conf: cfg.Config) -> bool:
+    return bool(conf.kafka.bootstrap.strip()) and conf.kafka.changelog and conf.compaction.enabled
+
+
+class CompactionQuery(Query):
+    name = "compaction"
+    output_mode = "update"
+
+    @classmethod
+    def enabled(cls, conf: cfg.Config) -> bool:
+        return conf.compaction.enabled
+
+    @classmethod
+    def sinks(cls, conf: cfg.Config) -> list[str]:
+        return ["kv"] + (["changelog"] if changelog_enabled(conf) else [])
+
+    @classmethod
+    def guarded_settings(cls, conf: cfg.Config, spark) -> dict[str, str]:
+        return {**super().guarded_settings(conf, spark),
+                "commitlog.key_property": conf.commitlog.key_property,
+                "spark.shuffle_partitions": spark.conf.get(SHUFFLE_PARTITIONS),  # what the session uses
+                "state store provider": spark.conf.get(STATE_PROVIDER, "")}
+
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        conf, metadata = ctx.conf, ctx.metadata
+        changelog = None
+        if changelog_enabled(conf):
+            changelog = ChangelogSink(
+                ctx.kafka, should_stop=ctx.should_stop,
+                on_health=lambda h: metadata.record_health("changelog", h),
+                on_skip=lambda phy, why: metadata.record_skip("changelog", phy, why),
+            )
+        self.handler = CompactionHandler(compaction_settings(conf), ctx.kv, metadata, on_batch=self.report,
+                                      changelog=changelog, key_property=conf.commitlog.key_property)
+        self.lock = self.handler.lock
+        self._kafka_counts = {"sent": 0, "retries": 0}  # the changelog's, as last counted
+
+    def stream(self, spark):
+        return compaction_stream(spark, {**self.ctx.source_options,
+                                         "topics": cfg.topic_filters(self.ctx.conf)["compaction"].to_json()})
+
+    def start(self, committed_end: int | None) -> None:
+        self.handler.catch_up(committed_end)
+
+    def process(self, batch: Batch) -> None:
+        self.handler.process(batch)
+
+    def tick(self) -> None:
+        self.handler.sweep()  # a quiet stream runs no batches, but keys still expire
+
+    def poll_metrics(self) -> None:
+        m, kv = self.ctx.metrics, self.ctx.kv
+        m.state_rows.labels("kv").set(kv.estimated_keys())  # Spark's own count is off: it costs a read per write
+        m.state_memory.labels("kv").set(kv.memory_bytes())
+        changelog = self.handler.changelog
+        if changelog is not None:
+            stats = changelog.stats
+            m.kafka_sent.labels("changelog").inc(stats.sent - self._kafka_counts["sent"])
+            m.kafka_errors.labels("changelog").inc(stats.retries - self._kafka_counts["retries"])
+            self._kafka_counts = {"sent": stats.sent, "retries": stats.retries}
+
+    def flush(self) -> None:
+        self.handler.flush()  # the last batch's view update, on the apply thread
+
+    def close(self) -> None:
+        self.handler.close()
+
+    def report(self, report: CompactionReport) -> None:
+        line = {
+            "query": self.name, "batch": report.batch_id, "changes": report.changes, "applied": report.applied,
+            "expired": report.expired, "source_end": report.source_end, "seconds": round(report.seconds, 3),
+            "phases": report.phases,
+        }
+        if report.snapshot_rows is not None:
+            line["snapshot_rows"] = report.snapshot_rows
+        log.info("batch %s", json.dumps(line))
+        self.ctx.metrics.batch_seconds.labels(self.name).observe(report.seconds)

@@ -1,0 +1,56 @@
+"""The mirror query as the runner sees it: commitlog -> one Kafka record per message
+(``streaming.replication``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from streaming import config as cfg
+from streaming.checkpoints import Batch
+from streaming.queries.base import Query, RunContext
+from streaming.replication import MirrorHandler, MirrorReport
+from streaming.tiering import refs_stream
+
+log = logging.getLogger("tierlog.service")
+
+
+class MirrorQuery(Query):
+    name = "mirror"
+
+    @classmethod
+    def enabled(cls, conf: cfg.Config) -> bool:
+        return bool(conf.kafka.bootstrap.strip()) and conf.kafka.mirror
+
+    @classmethod
+    def sinks(cls, conf: cfg.Config) -> list[str]:
+        return ["mirror"]
+
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        conf = ctx.conf
+        self.handler = MirrorHandler(
+            ctx.kafka, conf.commitlog.dir, ctx.metadata, key_property=conf.commitlog.key_property,
+            check_crc=conf.commitlog.check_crc, on_corrupt=conf.commitlog.on_corrupt, tasks=conf.kafka.mirror_tasks,
+            should_stop=ctx.should_stop, on_batch=self.report, topics=cfg.topic_filters(conf)["mirror"],
+        )
+        self.lock = self.handler.lock
+
+    def stream(self, spark):
+        return refs_stream(spark, self.ctx.source_options)
+
+    def process(self, batch: Batch) -> None:
+        self.handler.process(batch)
+
+    def report(self, report: MirrorReport) -> None:
+        line = {"query": self.name, "batch": report.batch_id, "sent": report.sent, "skipped": report.skipped,
+                "mb": round(report.bytes / 1e6, 3), "source_end": report.source_end,
+                "seconds": round(report.seconds, 3), "attempts": report.attempts}
+        log.info("batch %s", json.dumps(line))
+        m = self.ctx.metrics
+        m.batch_seconds.labels(self.name).observe(report.seconds)
+        m.bytes_in.labels(self.name).inc(report.bytes)
+        m.kafka_sent.labels(self.name).inc(report.sent)
+        m.kafka_errors.labels(self.name).inc(report.attempts - 1)
+        if report.sent:
+            m.kafka_rate.labels(self.name).set(report.sent / max(report.seconds, 1e-3))

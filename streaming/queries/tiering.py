@@ -1,0 +1,115 @@
+"""The tiering query as the runner sees it: commitlog -> the tier (``streaming.tiering``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+from connectors.commitlog.reader import CommitLogReader
+from connectors.errors import TierlogError
+from streaming import config as cfg
+from streaming.queries.base import Batch, Query, RunContext
+from streaming.tiering import BatchReport, TieringSettings, TieringHandler, refs_stream
+
+log = logging.getLogger("tierlog.service")
+
+
+def tiering_settings(conf: cfg.Config) -> TieringSettings:
+    """The tiering query's settings; raises ``ConfigError`` on a bad retention setting."""
+    t = conf.tier
+    return TieringSettings(
+        location=t.location,
+        broker=conf.broker.name,
+        commitlog_dir=conf.commitlog.dir,
+        key_property=conf.commitlog.key_property,
+        check_crc=conf.commitlog.check_crc,
+        on_corrupt=conf.commitlog.on_corrupt,
+        segment_bytes=t.segment_bytes,
+        segment_messages=t.segment_messages,
+        segment_age_s=t.segment_age_s,
+        retention_s=cfg.parse_retention(t.retention),
+        retention_bytes=cfg.parse_topic_limits(t.retention_bytes, "tier.retention_bytes", size=True),
+        retention_messages=cfg.parse_topic_limits(t.retention_messages, "tier.retention_messages"),
+        checkpoint_every=max(1, t.checkpoint_every),
+        filters=cfg.topic_filters(conf),
+        delete_grace_s=t.delete_grace_s,
+    )
+
+
+class TieringQuery(Query):
+    name = "tiering"
+
+    @classmethod
+    def sinks(cls, conf: cfg.Config) -> list[str]:
+        return ["tier"]
+
+    @classmethod
+    def guarded_settings(cls, conf: cfg.Config, spark) -> dict[str, str]:
+        location = conf.tier.location
+        return {**super().guarded_settings(conf, spark),
+                "tier.location": location if "://" in location else os.path.abspath(location)}
+
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        self.handler = TieringHandler(tiering_settings(ctx.conf), ctx.metadata, on_batch=self.report)
+        self.lock = self.handler.lock
+        self.batches = self.rows = self.bytes = 0
+        self._log_reader: CommitLogReader | None = None  # kept open: it remembers the frontier
+
+    def stream(self, spark):
+        return refs_stream(spark, self.ctx.source_options)
+
+    def process(self, batch: Batch) -> None:
+        self.handler.process(batch.df, batch.batch_id)
+
+    def flush(self) -> None:
+        self.handler.flush()  # a clean stop leaves a root that covers every commit
+        log.info("stopped: %d tiering batches, %d messages, %.1f MB", self.batches, self.rows, self.bytes / 1e6)
+
+    def close(self) -> None:
+        if self._log_reader is not None:
+            self._log_reader.close()
+
+    def report(self, report: BatchReport) -> None:
+        frontier = self._frontier(report.source_end)
+        lag_bytes = max(0, frontier - (report.source_end or 0)) if report.source_end is not None else 0
+        avg = report.bytes / report.rows if report.rows else 0
+        self.batches += 1
+        self.rows += report.rows
+        self.bytes += report.bytes
+        line = {
+            "query": self.name, "batch": report.batch_id, "rows": report.rows, "bytes": report.bytes,
+            "objects": report.objects, "seals": report.seals, "seconds": round(report.seconds, 3),
+            "lag_bytes": lag_bytes, "lag_msgs": round(lag_bytes / avg) if avg else 0,
+            "lag_s": round(max(0.0, time.time() - report.max_store_ts / 1000), 3)
+            if report.max_store_ts and lag_bytes else 0.0,
+            "total_rows": self.rows,
+        }
+        if report.phases:
+            line["phases"] = report.phases
+        if report.replay:
+            line["replay"] = True
+        log.info("batch %s", json.dumps(line))
+        m = self.ctx.metrics
+        m.batch_seconds.labels(self.name).observe(report.seconds)
+        m.bytes_in.labels(self.name).inc(report.bytes)
+        m.behind_messages.set(line["lag_msgs"])
+        m.behind_seconds.set(line["lag_s"])
+        m.seals.inc(report.seals)
+        for kind, seconds in report.uploads or ():
+            m.upload_seconds.labels(kind).observe(seconds)
+            m.objects.labels(kind).inc()
+        if not report.replay:
+            m.objects.labels("commit_record").inc()
+
+    def _frontier(self, hint: int | None) -> int:
+        """The commitlog's end, for the lag in the batch line; 0 when it cannot be read."""
+        conf = self.ctx.conf
+        if self._log_reader is None:
+            self._log_reader = CommitLogReader(conf.commitlog.dir, on_corrupt=conf.commitlog.on_corrupt)
+        try:
+            return self._log_reader.end_offset(hint)
+        except TierlogError:
+            return 0
