@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from connectors.commitlog.reader import CommitLogReader
 from streaming import config as cfg
 from tests.cli_runner import run_killed_at, sink_offsets, tierlog
 from tests.cli_runner import write_config as shared_config
@@ -20,6 +21,19 @@ from tests.tiering_helpers import assert_tier_equals_commitlog
 
 FAULTS = [("collected", 2), ("kv_applied", 1), ("snapshotted", 2), ("kv_applied", 3), ("collected", 1),
           ("snapshotted", 1)]
+
+
+def puts_by_offset(directory: str) -> dict:
+    """Every keyed put in the log: physical offset -> ((topic, key), the view's fields of it)."""
+    out = {}
+    with CommitLogReader(directory, check_crc=True) as reader:
+        for m in reader.messages():
+            key = m.key("KEYS")
+            if key is not None and m.dispatched and m.op != "delete":
+                out[m.phy_offset] = ((m.topic, key), {"body": m.body, "phy_offset": m.phy_offset, "queue_id": m.queue_id,
+                                                      "queue_offset": m.queue_offset, "store_ts": m.store_ts,
+                                                      "deleted": False})
+    return out
 
 
 def write_config(tmp_path: Path) -> Path:
@@ -38,7 +52,11 @@ def test_sigkill_in_compaction_batches_then_restart(spark, tmp_path):
         # Whatever the view holds after a crash is a state the oracle passed through: no key
         # is newer than the log, and none has a value that was never its latest.
         everything = latest_per_key(conf.commitlog.dir, with_tombstones=True)
-        assert all(v["phy_offset"] <= everything[k]["phy_offset"] for k, v in view_contents(conf).items())
+        written = puts_by_offset(conf.commitlog.dir)
+        for k, v in view_contents(conf).items():
+            assert v["phy_offset"] <= everything[k]["phy_offset"], k
+            # ... and its value is exactly the put of that key at that offset: body, queue, time.
+            assert written.get(v["phy_offset"]) == (k, v), (k, v["phy_offset"])
     assert kills >= 5, f"only {kills} runs were killed"
 
     final = tierlog("run", "--until-caught-up", "--config", str(config))

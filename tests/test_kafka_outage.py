@@ -69,8 +69,10 @@ def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, kafka, kafka
     try:
         wait_for(lambda: (status(config) or {"sinks": {"mirror": {}}})["sinks"]["mirror"].get("applied_phy"), 120,
                  "the mirror's first batch")
+        first = status(config)["sinks"]["mirror"]["applied_phy"]
         producer.start()
-        time.sleep(5)
+        # Kafka goes away while messages are flowing: once the mirror has sent some of the producer's.
+        wait_for(lambda: status(config)["sinks"]["mirror"]["applied_phy"] > first, 60, "the mirror to send new messages")
         kafka.stop(kill=True)
         down_at = time.monotonic()
         seen_waiting = None
@@ -84,7 +86,8 @@ def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, kafka, kafka
         sinks = seen_waiting["sinks"]
         assert sinks["mirror"]["error"] and sinks["tier"]["applied_phy"] > sinks["mirror"]["applied_phy"]
         assert seen_waiting["summary"]["safepoint"] <= sinks["mirror"]["applied_phy"]  # GC holds for Kafka
-        time.sleep(5)
+        # The producer goes on until the mirror is sending again, so the recovery too has new messages.
+        wait_for(lambda: status(config)["sinks"]["mirror"]["state"] == "ok", 120, "the mirror to send again")
         stop.set()
         producer.join()
         end = status(config)["summary"]["commitlog_end_phy"]

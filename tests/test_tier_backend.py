@@ -79,19 +79,31 @@ def test_readers_never_see_a_partial_object(tier_location):
     b = open_backend(tier_location)
     versions = [bytes([i]) * (3 << 20) for i in range(1, 5)]
     b.put("big.bin", versions[0])
-    seen, stop = set(), threading.Event()
+    seen, stop, errors, reads_during_puts = set(), threading.Event(), [], [0]
+    putting = threading.Event()
 
     def reader():
-        while not stop.is_set():
-            data = b.read("big.bin")
-            seen.add((len(data), data[:1], data[-1:]))
+        try:
+            while not stop.is_set():
+                data = b.read("big.bin")
+                seen.add((len(data), data[:1], data[-1:]))
+                if putting.is_set():
+                    reads_during_puts[0] += 1
+        except Exception as exc:  # noqa: BLE001 - raised in the test below
+            errors.append(exc)
 
     t = threading.Thread(target=reader)
     t.start()
-    for v in versions[1:]:
-        b.put("big.bin", v)
+    putting.set()
+    for _round in range(3):  # enough overwrites that the reader reads during several of them
+        for v in versions[1:] + versions[:1]:
+            b.put("big.bin", v)
+    putting.clear()
     stop.set()
     t.join()
+    assert not errors, errors
+    assert reads_during_puts[0] >= 2, "the reader must have read while the object was being overwritten"
+    assert len({head for _, head, _ in seen}) >= 2  # it saw more than one version
     assert all(size == 3 << 20 and head == tail for size, head, tail in seen)
 
 
@@ -111,7 +123,8 @@ def test_s3_multipart_upload_is_used_for_large_objects(s3_location):
     assert calls == ["mpu"] and b.read("large.bin") == data
 
 
-def test_s3_missing_bucket_and_bad_credentials_are_named(s3_endpoint, monkeypatch):
+def test_s3_missing_bucket_is_named(s3_endpoint):
+    """(Denied access, which is what bad credentials get, is `test_s3_access_denied_is_named`.)"""
     b = S3Backend("s3://no-such-bucket-xyz/p", retry_deadline_s=1)
     with pytest.raises(BucketNotFound, match="no-such-bucket-xyz"):
         b.check()
