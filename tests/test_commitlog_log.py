@@ -1,4 +1,8 @@
-"""The commitlog directory: writer, tail-safe reader, Arrow fast path, corruption."""
+"""The commitlog directory: writer, tail-safe reader, Arrow fast path, corruption.
+
+One file rather than several because most tests here write with the writer and read back on both
+paths (record by record and Arrow), and share those fixtures.
+"""
 
 from __future__ import annotations
 

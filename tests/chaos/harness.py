@@ -19,6 +19,10 @@ One run:
 The seed fixes the fault schedule and the messages; the exact moments the
 processes reach are up to the machine, so a failure names the seed and the
 fault log to replay it with.
+
+It is longer than most modules because the fault schedule, the processes it
+restarts and the checks it runs share one timeline: a check needs to know which
+faults happened before it.
 """
 
 from __future__ import annotations
