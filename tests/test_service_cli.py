@@ -16,7 +16,7 @@ from tests.cli_runner import cli_command, cli_env, tierlog
 from tests.cli_runner import write_config as shared_config
 from tests.kv_helpers import view_contents
 from tests.oracle import latest_per_key
-from tests.tiering_helpers import assert_tier_equals_commitlog, produce
+from tests.tiering_helpers import assert_tier_equals_commitlog, oracle_rows, produce, tier_rows
 
 def write_config(tmp_path: Path) -> Path:
     return shared_config(tmp_path, commitlog={"local_retention": "0s"}, source={"max_bytes_per_trigger": 100000},
@@ -75,20 +75,28 @@ def test_sigterm_finishes_the_batch_and_exits_zero(tmp_path):
     proc = subprocess.Popen(cli_command("run", "--config", str(config)), env=cli_env(),
                             stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
+        def tiered_to() -> int:
             state = TierReader(conf.tier.location).state() if os.path.exists(conf.tier.location) else None
-            if state and state.source_end:
-                break
-            time.sleep(0.5)
+            return (state.source_end or 0) if state else 0
+
+        deadline = time.time() + 120
+        while not tiered_to() and time.time() < deadline:
+            time.sleep(0.2)
+        first = tiered_to()
+        assert first, "the service never tiered the first messages"
         produce(conf, 2000, start=200)  # keep it busy when the signal lands
-        time.sleep(1.0)
+        while tiered_to() == first and time.time() < deadline:  # it is tiering the new messages
+            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-3000:]
     assert "finishing the batch in flight" in err
+    # Stopped mid-stream, cleanly: the tier holds exactly what was written up to where it got.
+    stopped_at = tiered_to()
+    assert stopped_at > first
+    assert tier_rows(conf.tier.location) == [r for r in oracle_rows(conf) if r["phy_offset"] < stopped_at]
     r = tierlog("run", "--until-caught-up", "--config", str(config))
     assert r.returncode == 0, r.stderr[-2000:]
     assert_tier_equals_commitlog(conf)

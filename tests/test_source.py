@@ -90,7 +90,9 @@ def test_restarts_on_one_checkpoint_read_nothing_twice(spark, log_dir, tmp_path)
     assert q.exception() is None
     first_run = len(seen)
     q = run(processingTime="300 milliseconds")
-    time.sleep(3)
+    deadline = time.monotonic() + 120
+    while len(seen) < first_run + 2 and time.monotonic() < deadline:  # two batches in, the writer still writing
+        time.sleep(0.05)
     q.stop()  # mid-stream, possibly mid-batch
     second_run = len(seen)
     writer.join(120)

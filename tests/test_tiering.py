@@ -16,7 +16,7 @@ from state.metadata import MetadataStore
 from streaming.service import Service
 from streaming.plan import metadata_path
 from tests.oracle import normalize_arrow_row
-from tests.tiering_helpers import assert_tier_equals_commitlog, make_conf, oracle_rows, produce
+from tests.tiering_helpers import assert_tier_equals_commitlog, make_conf, oracle_rows, produce, tier_rows
 from connectors.brokers import DEFAULT_BROKER
 
 NAMES = layout.Names(DEFAULT_BROKER)  # the names of a one-broker tier
@@ -26,6 +26,22 @@ def run_until_caught_up(spark, conf) -> Service:
     service = Service(conf)
     assert service.run(until_caught_up=True, spark=spark) == 0
     return service
+
+
+def test_the_tier_holds_committed_transactions_only(spark, tmp_path):
+    """A log with RocketMQ's transaction records among plain messages: the tier holds the plain
+    messages and the COMMIT records, never a PREPARED or ROLLBACK one."""
+    from connectors.commitlog.format import Message
+    from tests.kv_helpers import append
+
+    conf = make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=40)
+    flags = (0x0, 0x4, 0x8, 0x0, 0xC, 0x8)  # plain, PREPARED, COMMIT, plain, ROLLBACK, COMMIT
+    append(conf, [Message(topic=f"t{i % 2}", queue_id=i % 3, body=b"m%d" % i, properties={"KEYS": f"k{i % 7}"},
+                          sysflag=flags[i % len(flags)]) for i in range(600)])
+    run_until_caught_up(spark, conf)
+    rows = tier_rows(conf.tier.location)
+    assert sorted({r["sysflag"] & 0xC for r in rows}) == [0x0, 0x8] and len(rows) == 400
+    assert_tier_equals_commitlog(conf)
 
 
 def test_tier_holds_exactly_the_commitlog_and_seals_segments(spark, tmp_path, tier_location):
@@ -122,7 +138,7 @@ def test_readers_see_only_committed_data_while_tiering_runs(spark, tmp_path, tie
     by_queue: dict = {}
     for r in oracle.values():
         by_queue.setdefault((r["topic"], r["queue_id"]), []).append(r)
-    stop, problems, reads, errors = threading.Event(), [], [0], []
+    stop, problems, reads, errors, seqs = threading.Event(), [], [0], [], set()
 
     def reader():
         try:
@@ -138,6 +154,7 @@ def test_readers_see_only_committed_data_while_tiering_runs(spark, tmp_path, tie
                 except ObjectNotFound:
                     continue  # delete_grace_s = 0: an object the view named was retired meanwhile; read afresh
                 reads[0] += 1
+                seqs.add(state.seq)
         except Exception as exc:  # noqa: BLE001 - raised in the test below
             errors.append(exc)
 
@@ -149,7 +166,9 @@ def test_readers_see_only_committed_data_while_tiering_runs(spark, tmp_path, tie
         stop.set()
         t.join()
     assert not errors, errors
-    assert reads[0] > 2 and not problems
+    assert not problems, problems[:3]
+    # The reader ran all along: it read the tier at several commits, not only before or after the run.
+    assert reads[0] > 2 and len(seqs) >= 3, (reads[0], sorted(seqs))
     assert_tier_equals_commitlog(conf)
 
 
