@@ -68,9 +68,6 @@ class Service:
         if problem:
             raise ConfigError(problem)
         kinds = plan.queries(conf)
-        # Spark's Python workers inherit it from the JVM the session starts: a crash point
-        # (connectors.faults) in a task kills this process, as in a real crash.
-        os.environ[DRIVER_PID] = str(os.getpid())
         metadata = self._metadata = MetadataStore(plan.metadata_path(conf))
         self.metrics.serve(conf.metrics.host, conf.metrics.port)
         kv = None
@@ -81,6 +78,12 @@ class Service:
             if spark is None:
                 from streaming.session import build_session
 
+                # Spark's Python workers inherit it from the JVM this session starts: a crash point
+                # (connectors.faults) in a task kills this process, as a real crash would.  Only
+                # here, where this process owns the session: a caller's session (the tests') was
+                # started without it, and a process that runs a service in-process must not hand it
+                # on to the processes it starts later.
+                os.environ[DRIVER_PID] = str(os.getpid())
                 spark = build_session("tierlog", conf.spark.master, plan.session_conf(conf))
             names = [q.name for q in kinds]
             moved_from = self._check_commitlog(spark, names)
