@@ -1,0 +1,157 @@
+"""The mutation check: plant one deliberate bug at a time in a copy of the product and show that
+the tests that should catch it fail.  ``./dev mutants [NAME ...]`` runs it and prints one JSON
+object per mutant, then a summary; it exits 1 if any mutant survived.
+
+Each mutant replaces one exact piece of code (the check refuses to run if the piece is gone, so
+the list cannot silently rot) and names the tests that must catch it.  The copy is made from the
+files git tracks plus the untracked ones it does not ignore, so the check runs on the working
+tree as it is, and never touches it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    what: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTANTS = (
+    Mutant(
+        "reader_drops_last_record_before_a_roll",
+        "the commitlog reader drops the last record of a file when it rolls to the next",
+        "connectors/commitlog/reader.py",
+        """            if stop == "blank" and (end is None or f.end < end) and idx + 1 < len(files):
+                span.end = f.end""",
+        """            if stop == "blank" and (end is None or f.end < end) and idx + 1 < len(files):
+                if span.starts:
+                    span.sizes.pop()
+                    span.starts.pop()
+                span.end = f.end""",
+        ("tests/test_tiering.py::test_tier_holds_exactly_the_commitlog_and_seals_segments",),
+    ),
+    Mutant(
+        "commit_offset_skipped_for_one_queue",
+        "a batch record never moves queue 1's commit offset",
+        "connectors/tier/manifest.py",
+        """                    state.commit = max(state.commit, stats["last"] + 1)""",
+        """                    if q != 1:
+                        state.commit = max(state.commit, stats["last"] + 1)""",
+        ("tests/test_tiering.py::test_tier_holds_exactly_the_commitlog_and_seals_segments",),
+    ),
+    Mutant(
+        "kv_view_forgets_deletes",
+        "the KV view skips a changed key's delete and keeps its old value",
+        "state/kv.py",
+        """            topic, _key, phy, queue_id, queue_offset, store_ts, deleted, body = latest[k]
+            wb.put(k,""",
+        """            topic, _key, phy, queue_id, queue_offset, store_ts, deleted, body = latest[k]
+            if deleted:
+                continue
+            wb.put(k,""",
+        ("tests/test_compaction.py::test_latest_per_key_survives_restarts_and_equals_the_oracle",),
+    ),
+    Mutant(
+        "mirror_sends_a_record_twice",
+        "the mirror sends the message at queue offset 5 of every queue twice",
+        "connectors/kafka/mirror.py",
+        """            self.send(route[0], partition, None if key is None else key.encode(), body, headers, phy, ts)""",
+        """            self.send(route[0], partition, None if key is None else key.encode(), body, headers, phy, ts)
+            if queue_offset == 5:
+                self.send(route[0], partition, None if key is None else key.encode(), body, headers, phy, ts,
+                          force=True)""",
+        ("tests/test_kafka_sinks.py::test_mirror_and_changelog_equal_the_oracle_across_restarts",),
+    ),
+    Mutant(
+        "staging_object_lost_after_a_crash",
+        "a restart that catches the metadata store up also schedules the batch's staging objects for deletion",
+        "streaming/tiering.py",
+        """            deletes = {n: now for n in record.get("retire", ())} | {n: now for s in expired for n in (s.name, s.keys) if n}""",
+        """            deletes = {n: now for n in record.get("retire", ())} | {n: now for s in expired for n in (s.name, s.keys) if n}
+            deletes |= {o["name"]: now for o in record.get("staging", ())}""",
+        ("tests/test_crash.py",),
+    ),
+    Mutant(
+        "committed_transactions_filtered_out",
+        "the shared queue filter drops the COMMIT records of transactions (so committed transactional "
+        "messages never enter a queue)",
+        "connectors/commitlog/arrow.py",
+        """    return pc.or_(pc.equal(tx, fmt.TRANSACTION_NOT_TYPE), pc.equal(tx, fmt.TRANSACTION_COMMIT))""",
+        """    return pc.equal(tx, fmt.TRANSACTION_NOT_TYPE)""",
+        ("tests/test_tiering.py::test_the_tier_holds_committed_transactions_only",),
+    ),
+)
+
+
+def copy_tree(into: Path) -> None:
+    """The working tree as it is (tracked files and untracked ones git does not ignore)."""
+    names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, names):
+        source = ROOT / name
+        if source.is_file():
+            target = into / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    (into / ".cache").mkdir(exist_ok=True)
+    if (ROOT / ".cache" / "jvm").exists():  # the brokers' class paths, fetched by ./dev
+        (into / ".cache" / "jvm").symlink_to(ROOT / ".cache" / "jvm")
+
+
+def run(mutant: Mutant) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
+        tree = Path(tmp)
+        copy_tree(tree)
+        target = tree / mutant.path
+        text = target.read_text()
+        if text.count(mutant.old) != 1:
+            raise SystemExit(f"mutant {mutant.name}: the code it changes is not in {mutant.path} exactly once; "
+                             "update tests/mutants.py")
+        target.write_text(text.replace(mutant.old, mutant.new))
+        started = time.monotonic()
+        result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
+                                cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
+        failed = [line.split(" ", 1)[1].split(" - ")[0] for line in result.stdout.splitlines()
+                  if line.startswith("FAILED ")]
+        return {"mutant": mutant.name, "what": mutant.what, "caught": result.returncode == 1 and bool(failed),
+                "caught_by": failed, "exit": result.returncode, "seconds": round(time.monotonic() - started, 1),
+                **({} if failed else {"output": result.stdout[-3000:]})}  # why it survived, or what broke
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", help="mutants to run (default: all): " + ", ".join(m.name for m in MUTANTS))
+    args = ap.parse_args()
+    unknown = set(args.names) - {m.name for m in MUTANTS}
+    if unknown:
+        ap.error(f"no such mutant: {', '.join(sorted(unknown))}")
+    results = []
+    for mutant in (m for m in MUTANTS if not args.names or m.name in args.names):
+        print(f"mutants: {mutant.name}: {', '.join(mutant.tests)}", file=sys.stderr, flush=True)
+        results.append(run(mutant))
+        print(json.dumps(results[-1]), flush=True)
+    survived = [r["mutant"] for r in results if not r["caught"]]
+    print(json.dumps({"mutants": len(results), "caught": len(results) - len(survived), "survived": survived}))
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
