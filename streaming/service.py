@@ -91,7 +91,7 @@ class Service:
                 check_or_record(spark, plan.checkpoint_path(conf, q.name), q.name, q.guarded_settings(conf, spark),
                                 movable=("commitlog.dir",) if moved_from else ())
             ctx = RunContext(conf=conf, metadata=metadata, kv=kv, metrics=self.metrics,
-                             should_stop=self.stopping.is_set, checkpoint=lambda name: plan.checkpoint_path(conf, name),
+                             should_stop=self.stopping.is_set,
                              source_options=plan.source_options(conf), kafka=plan.kafka_settings(conf))
             for kind in kinds:
                 query = self.queries[kind.name] = kind(ctx)

@@ -68,7 +68,7 @@ QUIET_LOG4J = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.p
 
 
 def java_options(verbose: bool) -> str:
-    """The driver's and executors' JVM options; quiet unless ``verbose``."""
+    """The driver's JVM options; quiet unless ``verbose``."""
     return JVM_OPTIONS if verbose else f"{JVM_OPTIONS} -Dlog4j2.configurationFile=file:{QUIET_LOG4J}"
 
 
@@ -80,8 +80,9 @@ def build_session(app_name: str = "tierlog", master: str = "local[2]", extra: di
     import logging
 
     check_java()
+    # The driver's only: a cluster's executors keep Spark's own logging, in the worker's files.
     options = java_options(logging.getLogger("tierlog").isEnabledFor(logging.DEBUG))
-    extra = {"spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options, **(extra or {})}
+    extra = {"spark.driver.extraJavaOptions": options, **(extra or {})}
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession

@@ -54,7 +54,9 @@ class ApacheKafka:
 
     def start(self, timeout_s: float = 90) -> "ApacheKafka":
         if not self._formatted:
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = "-"
+            while cluster_id.startswith("-"):  # as Kafka's Uuid.randomUuid: a leading "-" reads as a flag
+                cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             fmt = JavaProcess("kafka-storage format", ["-cp", classpath("kafka"), "kafka.tools.StorageTool", "format",
                                                       "-t", cluster_id, "-c", str(self.config)], self.root / "format.out")
             fmt.start()

@@ -47,7 +47,6 @@ class RunContext:
     kv: object | None  # state.kv.KVView, when the compaction query runs
     metrics: object  # streaming.metrics.Metrics
     should_stop: Callable[[], bool]
-    checkpoint: Callable[[str], str]  # query name -> its checkpoint path
     source_options: dict  # the commitlog source's options
     kafka: object | None  # connectors.kafka.settings.KafkaSettings, None when Kafka is off
 
