@@ -30,13 +30,10 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from connectors.changes import CHANGE_REF
 from connectors.commitlog import format as fmt
 
 # What the compaction query reads from the commitlog source (its ``columns`` option).
 SOURCE_COLUMNS = ("topic", "key", "phy_offset", "sysflag")
-# What each changed key carries: where its latest message is.
-CHANGE_COLUMNS = CHANGE_REF
 
 
 def keyed_messages(messages: DataFrame) -> DataFrame:
@@ -57,7 +54,7 @@ def latest_per_key(messages: DataFrame) -> DataFrame:
 
 
 def read_state(spark, checkpoint: str):
-    """Spark's committed state for the compaction query, as an Arrow table of ``CHANGE_COLUMNS``.
+    """Spark's committed state for the compaction query: an Arrow table of ``connectors.changes.CHANGE_REF``.
 
     Read with Spark's ``statestore`` data source; a key whose latest message
     is a delete is included (its offset points at the delete).  For audits and

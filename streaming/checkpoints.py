@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 from connectors.errors import ConfigError, TierlogError
@@ -119,16 +119,27 @@ class OffsetLogError(TierlogError):
     """Spark's offset log of a checkpoint lacks or garbles the entry of a batch."""
 
 
-@dataclass
 class Batch:
     """One micro-batch as a query's handler gets it: Spark's DataFrame and id, and the physical
-    offsets it covers, ``[start, end)``, from the query's offset log.  ``start`` is None when the
-    log no longer (or never) held the batch before it: the batch's first reference is its start."""
+    offsets it covers, ``[start, end)``, from the query's offset log, read when first asked for (a
+    query that needs no range, such as tiering, reads nothing).  ``start`` is None when the log no
+    longer (or never) held the batch before it: the batch's first reference is its start."""
 
-    df: object
-    batch_id: int
-    start: int | None
-    end: int
+    def __init__(self, df, batch_id: int, checkpoint: "Checkpoint"):
+        self.df, self.batch_id, self._checkpoint = df, batch_id, checkpoint
+
+    @cached_property
+    def end(self) -> int:
+        return self._checkpoint.batch_end(self.batch_id)
+
+    @cached_property
+    def start(self) -> int | None:
+        if self.batch_id == 0:
+            return None
+        try:
+            return self._checkpoint.batch_end(self.batch_id - 1)
+        except OffsetLogError:
+            return None  # purged by Spark, or the checkpoint began at this batch
 
 
 def foreach_batch(checkpoint: str, process: Callable[[Batch], None]) -> Callable[[object, int], None]:
@@ -136,7 +147,7 @@ def foreach_batch(checkpoint: str, process: Callable[[Batch], None]) -> Callable
     handler reads Spark's files itself."""
 
     def handle(df, batch_id: int) -> None:
-        process(Checkpoint(checkpoint, df.sparkSession).batch(df, batch_id))
+        process(Batch(df, batch_id, Checkpoint(checkpoint, df.sparkSession)))
 
     return handle
 
@@ -173,16 +184,6 @@ class Checkpoint:
             return int(json.loads(lines[-1])["phy_offset"])
         except (ValueError, KeyError, IndexError) as exc:
             raise OffsetLogError(f"cannot read where batch {batch_id} ends from {self.root}/{name}: {exc}") from None
-
-    def batch(self, df, batch_id: int) -> Batch:
-        """Batch ``batch_id`` of this checkpoint's query, with its offset range."""
-        start = None
-        if batch_id > 0:
-            try:
-                start = self.batch_end(batch_id - 1)
-            except OffsetLogError:
-                pass  # purged by Spark, or the checkpoint began at this batch
-        return Batch(df, batch_id, start, self.batch_end(batch_id))
 
     def last_committed_end(self) -> int | None:
         """Where the last batch Spark committed ends; None before the first commit."""

@@ -85,8 +85,9 @@ class Service:
                 # on to the processes it starts later.
                 os.environ[DRIVER_PID] = str(os.getpid())
                 spark = build_session("tierlog", conf.spark.master, plan.session_conf(conf))
-            names = [q.name for q in kinds]
-            moved_from = self._check_commitlog(spark, names)
+            committed = {q.name: Checkpoint(plan.checkpoint_path(conf, q.name), spark).last_committed_end()
+                         for q in kinds}
+            moved_from = self._check_commitlog(spark, committed)
             for q in kinds:  # every checkpoint checked before anything starts
                 check_or_record(spark, plan.checkpoint_path(conf, q.name), q.name, q.guarded_settings(conf, spark),
                                 movable=("commitlog.dir",) if moved_from else ())
@@ -95,7 +96,7 @@ class Service:
                              source_options=plan.source_options(conf), kafka=plan.kafka_settings(conf))
             for kind in kinds:
                 query = self.queries[kind.name] = kind(ctx)
-                query.start(Checkpoint(plan.checkpoint_path(conf, kind.name), spark).last_committed_end())
+                query.start(committed[kind.name])
             return self._run_queries(spark, until_caught_up)
         finally:
             for name, query in reversed(self.queries.items()):
@@ -108,9 +109,10 @@ class Service:
             metadata.close()
             self.metrics.close()
 
-    def _check_commitlog(self, spark, queries: list[str]) -> str | None:
-        """Check ``commitlog.dir`` holds the tier's last committed record (``streaming.failover``);
-        the directory the checkpoints were made on when it is another one (a replica took over)."""
+    def _check_commitlog(self, spark, committed: dict[str, int | None]) -> str | None:
+        """Check ``commitlog.dir`` holds the tier's last committed record and reaches ``committed``
+        (query -> where its last committed batch ends; ``streaming.failover``); the directory the
+        checkpoints were made on when it is another one (a replica took over)."""
         from connectors.tier.backend import open_backend
         from connectors.tier.log import TierLog
         from streaming.checkpoints import recorded_settings
@@ -118,7 +120,7 @@ class Service:
 
         conf = self.conf
         here = os.path.abspath(conf.commitlog.dir)
-        recorded = [recorded_settings(spark, plan.checkpoint_path(conf, q)) for q in queries]
+        recorded = [recorded_settings(spark, plan.checkpoint_path(conf, q)) for q in committed]
         before = {r.get("commitlog.dir") for r in recorded}
         moved_from = next((d for d in sorted(before - {None}) if d != here), None)
         if moved_from and any(r.get("broker.name", conf.broker.name) != conf.broker.name for r in recorded):
@@ -128,7 +130,6 @@ class Service:
             last = TierLog(backend, conf.broker.name).view().last_record
         finally:
             backend.close()
-        committed = {q: Checkpoint(plan.checkpoint_path(conf, q), spark).last_committed_end() for q in queries}
         check_commitlog(conf.commitlog.dir, conf.broker.name, last, committed, moved_from, conf.commitlog.on_corrupt)
         return moved_from
 

@@ -7,8 +7,9 @@ through ``CommitLogReader``: the source and every sink read with that reader, so
 dropped or held back at a file roll or at the live end would be missing from product and replay
 alike.  The replay is checked against the ledger as one more reader.
 
-A directory some other writer also appended to (``tierlog produce`` in a subprocess, a RocketMQ
-broker) is not the ledger's to answer for: ``stored`` refuses it, as ``forget`` marks it.
+A directory the ledger has no record of (``tierlog produce`` in a subprocess, a RocketMQ broker)
+falls back to the replay; one that another writer appended to besides the ledger's fails the
+replay check, so a test cannot mix the two unnoticed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from connectors.commitlog.format import Message
 from connectors.commitlog.writer import CommitLogWriter
 
 _STORED: dict[str, list[Message]] = {}
-_FOREIGN: set[str] = set()
 
 
 def _key(directory: str) -> str:
@@ -33,15 +33,8 @@ def append(writer: CommitLogWriter, messages) -> list[Message]:
     return stored
 
 
-def forget(directory: str) -> None:
-    """Another writer appends to ``directory`` too: the ledger no longer knows all it holds."""
-    _FOREIGN.add(_key(directory))
-
-
 def stored(directory: str) -> list[Message] | None:
     """Every message the ledger saw appended to ``directory``, in physical order; None when it
-    cannot know them all (nothing recorded, or another writer appended too)."""
+    recorded nothing there."""
     key = _key(directory)
-    if key in _FOREIGN or key not in _STORED:
-        return None
-    return sorted(_STORED[key], key=lambda m: m.phy_offset)
+    return sorted(_STORED[key], key=lambda m: m.phy_offset) if key in _STORED else None

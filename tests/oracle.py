@@ -84,6 +84,12 @@ def written_messages(directory: str) -> list[Message]:
     return written
 
 
+def view_fields(m: Message) -> dict:
+    """What the KV view holds of a key whose latest message is ``m``."""
+    return {"body": m.body, "phy_offset": m.phy_offset, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
+            "store_ts": m.store_ts, "deleted": m.op == "delete"}
+
+
 def latest_per_key(directory: str, ttl: dict | None = None, now_ms: int | None = None,
                    with_tombstones: bool = False) -> dict:
     """The KV view a plain replay gives: (topic, key) -> its latest message's fields.
@@ -98,10 +104,7 @@ def latest_per_key(directory: str, ttl: dict | None = None, now_ms: int | None =
         key = m.key("KEYS")
         if key is None or not m.dispatched:
             continue
-        latest[(m.topic, key)] = {
-            "body": m.body, "phy_offset": m.phy_offset, "queue_id": m.queue_id,
-            "queue_offset": m.queue_offset, "store_ts": m.store_ts, "deleted": m.op == "delete",
-        }
+        latest[(m.topic, key)] = view_fields(m)
     out = {}
     for (topic, key), v in latest.items():
         seconds = None if not ttl else ttl.get(topic, ttl.get("*"))

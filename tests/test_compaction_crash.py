@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from connectors.commitlog.reader import CommitLogReader
 from streaming import config as cfg
 from tests.cli_runner import run_killed_at, sink_offsets, tierlog
 from tests.cli_runner import write_config as shared_config
 from tests.kv_helpers import append, assert_all_equal_oracle, kv_messages, view_contents
-from tests.oracle import latest_per_key
+from tests.oracle import latest_per_key, view_fields, written_messages
 from tests.tiering_helpers import assert_tier_equals_commitlog
 
 FAULTS = [("collected", 2), ("kv_applied", 1), ("snapshotted", 2), ("kv_applied", 3), ("collected", 1),
@@ -24,16 +23,9 @@ FAULTS = [("collected", 2), ("kv_applied", 1), ("snapshotted", 2), ("kv_applied"
 
 
 def puts_by_offset(directory: str) -> dict:
-    """Every keyed put in the log: physical offset -> ((topic, key), the view's fields of it)."""
-    out = {}
-    with CommitLogReader(directory, check_crc=True) as reader:
-        for m in reader.messages():
-            key = m.key("KEYS")
-            if key is not None and m.dispatched and m.op != "delete":
-                out[m.phy_offset] = ((m.topic, key), {"body": m.body, "phy_offset": m.phy_offset, "queue_id": m.queue_id,
-                                                      "queue_offset": m.queue_offset, "store_ts": m.store_ts,
-                                                      "deleted": False})
-    return out
+    """Every keyed put the writer appended: physical offset -> ((topic, key), the view's fields of it)."""
+    return {m.phy_offset: ((m.topic, m.key("KEYS")), view_fields(m)) for m in written_messages(directory)
+            if m.key("KEYS") is not None and m.dispatched and m.op != "delete"}
 
 
 def write_config(tmp_path: Path) -> Path:

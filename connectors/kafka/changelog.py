@@ -25,8 +25,6 @@ from connectors.kafka.records import OP, key_partition, source_headers
 from connectors.kafka.settings import TopicRouter
 from connectors.kafka.sink import KafkaSink
 
-CHANGE_COLUMNS = CHANGE_ROW
-
 
 class ChangelogSink(KafkaSink):
     name = "changelog"
@@ -37,15 +35,15 @@ class ChangelogSink(KafkaSink):
         self.route = TopicRouter(settings.changelog_topic, settings.changelog_topic_map, "kafka.changelog_topic")
 
     def publish(self, changes: pa.Table) -> None:
-        """Send ``changes`` (columns of ``CHANGE_COLUMNS``; store_ts a timestamp or epoch ms)."""
+        """Send ``changes`` (columns of ``CHANGE_ROW``; store_ts a timestamp or epoch ms)."""
         changes = changes.sort_by("phy_offset")
-        columns = [changes.column(c).to_pylist() for c in CHANGE_COLUMNS]
+        columns = [changes.column(c).to_pylist() for c in CHANGE_ROW]
         columns[5] = epoch_ms(changes.column("store_ts"))
         rows = list(zip(*columns))
         self.deliver(lambda: self._send_rows(rows))
 
     def publish_rows(self, rows: list[tuple]) -> None:
-        """``publish`` for rows already in ``CHANGE_COLUMNS`` order, sorted by physical offset."""
+        """``publish`` for rows already in ``CHANGE_ROW`` order, sorted by physical offset."""
         self.deliver(lambda: self._send_rows(rows))
 
     def _send_rows(self, rows: Iterable[tuple], op: str | None = None, floor: int = -1) -> None:

@@ -30,6 +30,7 @@ Contract of a query:
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Callable, ClassVar
@@ -66,8 +67,6 @@ class Query:
     @classmethod
     def guarded_settings(cls, conf: cfg.Config, spark) -> dict[str, str]:
         """Every query's offsets point into one broker's commitlog; subclasses add their own."""
-        import os
-
         return {"broker.name": conf.broker.name, "commitlog.dir": os.path.abspath(conf.commitlog.dir)}
 
     def __init__(self, ctx: RunContext):
