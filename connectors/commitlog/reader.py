@@ -19,7 +19,11 @@ Telling a torn tail from corruption: a bad record is a torn tail only when it
 is the last thing in the log, i.e. nothing but zero bytes follows where it
 ends and no later file holds data.  The last complete record is also checked
 against its body CRC, because a broker copies records into its mapped file
-front to back and a reader can catch the copy half done.
+front to back and a reader can catch the copy half done.  So a corrupt last
+record of the log that could be such a copy is held back, not reported; once
+anything is written after it, it is reported.  A record whose TOTALSIZE
+disagrees with its own fields is reported at that record, not where the wrong
+size led the walk (``tests/test_commitlog_properties.py`` checks every byte).
 
 It is longer than most modules because the file walk, the roll between files,
 the live end and corruption handling are one state machine over the same
@@ -321,6 +325,13 @@ class CommitLogReader:
                     stop = "range"
                 else:
                     try:
+                        misread = self._missized(f, span)
+                        if misread is not None:
+                            # The walk stepped by a corrupt TOTALSIZE: the fault is that record, not
+                            # wherever the wrong size led.
+                            span.sizes.pop()
+                            pos = span.starts.pop()
+                            raise self._fail(f, pos, misread)
                         stop = self._classify_stop(files, idx, pos, end is not None)
                     except CorruptRecordError as exc:
                         if self.on_corrupt != "quarantine":
@@ -347,6 +358,38 @@ class CommitLogReader:
                 yield span
             pos_abs = span.end
             idx = idx_next
+
+    def _missized(self, f: MappedFile, span: Span) -> str | None:
+        """Why the last record the walk stepped over is corrupt, when its TOTALSIZE disagrees with its
+        own fields and those fields make a whole record; None otherwise.
+
+        The walk trusts TOTALSIZE, so a corrupt one leads it into the middle of later records, or
+        past the end of the log into zeros (where it would pass for a record still being written).
+        A record a broker is still copying front to back disagrees with its fields too, while they
+        are half written, but in one way only: its unwritten fields read as zero, so they imply a
+        smaller size and every byte between that size and TOTALSIZE is still zero.  A corrupt last
+        record of the log that looks like that is held back as a tail (the module docstring says why).
+        Checked once per stop of the walk, not per record.
+        """
+        if not span.starts:
+            return None
+        pos, size = span.starts[-1], span.sizes[-1]
+        buf = self._map(f)
+        implied = fmt.implied_size(buf, pos)
+        if implied is None or implied == size or pos + implied > f.length:
+            return None
+        if implied < size and not any(buf[pos + implied : pos + size]):
+            return None  # a copy in progress, or indistinguishable from one
+        record = bytearray(buf[pos : pos + implied])
+        record[:4] = implied.to_bytes(4, "big")
+        try:
+            m = fmt.decode(record, 0, check_crc=True, expect_phy=f.base + pos, inflate=False)
+        except fmt.RecordError:
+            return None
+        # As _frontier_ok: serialized properties end in \x02, and a topic never ends in a NUL byte.
+        if not m.topic or m.topic.endswith("\x00") or (m.properties and record[-1] != 2):
+            return None
+        return f"TOTALSIZE {size} does not match its fields (expected {implied})"
 
     def _classify_stop(self, files: list[MappedFile], idx: int, pos: int, known_complete: bool) -> str:
         """Why the fast walk stopped at ``pos``: "blank", "tail" (the frontier), or raise corruption.
