@@ -205,6 +205,7 @@ CORRUPTIONS = [
     (0, b"\x7f\x00\x00\x00", "impossible TOTALSIZE"),
     (100, b"\xff", "CRC mismatch"),
     (28, b"\x00" * 8, "stored physical offset"),
+    (2, b"\x01", "does not match its fields"),  # TOTALSIZE 256 too big: the walk would land inside later records
 ]
 
 
