@@ -65,7 +65,13 @@ def crash_point(name: str) -> None:
 
 
 def disk_full_fault() -> None:
-    """Raise ENOSPC while the file named by ``TIERLOG_FAULT_DISK_FULL`` exists."""
+    """Raise ENOSPC while the file named by ``TIERLOG_FAULT_DISK_FULL`` exists; each time, add a byte
+    to ``<that file>.hits``, so a test can tell the service met the full disk, not only that it was full."""
     flag = os.environ.get("TIERLOG_FAULT_DISK_FULL")
     if flag and os.path.exists(flag):
+        fd = os.open(flag + ".hits", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, b".")
+        finally:
+            os.close(fd)
         raise OSError(errno.ENOSPC, "No space left on device (injected)")

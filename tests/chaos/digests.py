@@ -86,6 +86,7 @@ class Expected:
     queue_ends: dict[tuple[str, int], int] = field(default_factory=dict)  # next queue offset
     latest: dict[tuple[str, str], Latest] = field(default_factory=dict)  # deletes included
     end: int = 0  # where the log ends
+    uniq: Positions = field(default_factory=Positions)  # every message's CRC-32 of its UNIQ_KEY
 
 
 def expected(directory: str, kafka: cfg.KafkaConfig) -> Expected:
@@ -95,6 +96,7 @@ def expected(directory: str, kafka: cfg.KafkaConfig) -> Expected:
         for m in reader.messages():
             row = message_row(m)
             out.log.add(m.phy_offset, row_digest(row))
+            out.uniq.add(m.phy_offset, zlib.crc32(m.properties.get("UNIQ_KEY", "").encode()))
             out.end = max(out.end, m.phy_offset + m.size)
             if not m.dispatched:  # PREPARED and ROLLBACK never enter a queue
                 continue

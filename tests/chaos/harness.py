@@ -51,6 +51,7 @@ from connectors.errors import TierlogError
 from connectors.kafka.embedded import free_port
 from streaming import config as cfg
 from tests.chaos import digests
+from tests.chaos.producer import BATCHES_PER_S
 from tests.chaos.s3proxy import S3FaultProxy
 from tests.chaos.tcpproxy import proxied_broker
 from tests.cli_runner import ROOT, cli_command, cli_env, write_config
@@ -140,8 +141,13 @@ class Report:
     max_dispatch_behind_bytes: int = 0
     service_starts: int = 0
     producer_starts: int = 0
+    ledgered: int = 0  # messages in the producers' own ledger
+    unledgered: int = 0  # messages in the log that a kill kept out of the ledger (at most a batch a kill)
     gc_files_deleted: int = 0
+    gc_waited: int = 0  # gc runs that found no safepoint yet (before every sink had applied something)
     s3_injected: dict[str, int] = field(default_factory=dict)
+    # What shows each fault kind had its effect (``ChaosRun.EFFECTS``): counted after the run.
+    effects: dict[str, int] = field(default_factory=dict)
     rss_mb_start: float | None = None
     rss_mb_end: float | None = None
     # Per service process: [seconds it lived, MiB a minute after its start, MiB at its last sample,
@@ -187,6 +193,8 @@ class ChaosRun:
             self._inject_all()
             self._heal_and_drain()
             self._verify()
+            self.report.s3_injected = dict(self.proxy.injected)
+            self._count_effects()
         self.report.wall_s = round(time.monotonic() - started, 1)
         return self.report
 
@@ -274,7 +282,6 @@ class ChaosRun:
             time.sleep(min(0.2, max(0.0, events[0][0] - now)))
 
     def _heal_and_drain(self) -> None:
-        self.report.s3_injected = dict(self.proxy.injected)
         self.proxy.set_mode("ok")
         self.disk_full_flag.unlink(missing_ok=True)
         self.skew_file.write_text("0")
@@ -303,6 +310,51 @@ class ChaosRun:
         if code != 0:
             self.report.problems.append(f"the service exited {code} on SIGTERM; see {self.dir / 'service.log'}")
 
+    # Per fault kind, what shows it took effect: (where it is counted, what to count).  clock_skew has
+    # none: a skewed producer's timestamps change nothing tierlog orders by.
+    EFFECTS = {
+        "kill_service": "service starts after the first",
+        "kill_producer": "producer starts after the first",
+        "tear_producer": "producer.log: torn appends a restarted producer discarded",
+        "kafka_down": "service.log: Kafka deliveries that failed and were retried",
+        "s3_down": "service.log: S3 calls that found the endpoint unreachable and were retried",
+        "s3_errors": "S3 proxy: 500 and 503 answers it injected",
+        "s3_throttle": "S3 proxy: SlowDown answers it injected",
+        "s3_timeouts": "S3 proxy: requests it held past the client's timeout",
+        "disk_full": "writes that met the full disk (TIERLOG_FAULT_DISK_FULL's .hits file)",
+        "s3_retried": "S3 proxy: requests it failed that came again and went through",
+        "gc": "commitlog files gc deleted",
+    }
+
+    def _count_effects(self) -> None:
+        """Fill ``report.effects``; a fault kind that ran without its effect is a problem: the run
+        would otherwise pass without having tested what it claims."""
+        r = self.report
+        service_log = (self.dir / "service.log").read_text(errors="replace")
+        producer_log = (self.dir / "producer.log").read_text(errors="replace")
+        hits = Path(str(self.disk_full_flag) + ".hits")
+        injected = r.s3_injected
+        found = {
+            "kill_service": r.service_starts - 1,
+            "kill_producer": r.producer_starts - 1,
+            "tear_producer": producer_log.count("discarding"),
+            "kafka_down": service_log.count("no Kafka broker reachable") + service_log.count("Kafka did not take"),
+            "s3_down": service_log.count("endpoint unreachable"),
+            "s3_errors": injected.get("InternalError", 0) + injected.get("ServiceUnavailable", 0),
+            "s3_throttle": injected.get("SlowDown", 0),
+            "s3_timeouts": injected.get("timeout", 0),
+            "disk_full": hits.stat().st_size if hits.exists() else 0,
+            "s3_retried": injected.get("retried", 0),
+            "gc": r.gc_files_deleted,
+        }
+        ran = set(r.faults) | {"gc"}
+        if any(k in S3_MODES and k != "s3_down" for k in r.faults):
+            ran.add("s3_retried")
+        r.effects = {k: found[k] for k in self.EFFECTS if k in ran}
+        for kind, n in r.effects.items():
+            if n <= 0:
+                r.problems.append(f"{kind} ran without its effect: no {self.EFFECTS[kind]}")
+
     def check(self) -> None:
         """Fail with the report, the seed and the work directory when anything was lost, doubled or broken."""
         r = self.report
@@ -321,6 +373,7 @@ class ChaosRun:
         r = self.report
         want = digests.expected(str(self.archive), self.conf.kafka)
         r.produced = len(want.log)
+        self._check_ledger(want)
         with self.direct_s3():
             got = digests.tier(self.conf.tier.location)
         r.tiered = len(got)
@@ -349,6 +402,28 @@ class ChaosRun:
             r.problems.append(f"{changes.misplaced} changelog records are in a partition their key does not map to")
         if changes.compacted != digests.changelog_expected(want):
             r.problems.append("the compacted changelog differs from the latest value per key")
+
+    def _check_ledger(self, want: digests.Expected) -> None:
+        """The replay that every sink is compared with, against the producers' own ledger: each message
+        a producer saw appended is in it, at its position; and it holds at most one batch per producer
+        kill that no ledger has (appended, then killed before the ledger write)."""
+        r = self.report
+        ledger = np.fromfile(self.dir / "ledger.bin", dtype=np.dtype([("phy", "<i8"), ("uniq", "<u4")]))
+        r.ledgered = len(ledger)
+        phy, uniq = want.uniq.arrays()
+        at = np.searchsorted(phy, ledger["phy"])
+        found = at < len(phy)
+        found[found] = phy[at[found]] == ledger["phy"][found]
+        if not found.all():
+            r.problems.append(f"the replay of the commitlog lacks {int((~found).sum())} messages the producers' "
+                              f"ledger holds (first at {ledger['phy'][~found][:5].tolist()})")
+        elif not np.array_equal(uniq[at], ledger["uniq"]):
+            r.problems.append("the replay holds other messages than the producers' ledger at some positions")
+        r.unledgered = len(phy) - int(found.sum())
+        allowed = (r.producer_starts - 1) * max(1, self.plan.rate // BATCHES_PER_S)
+        if r.unledgered > allowed:
+            r.problems.append(f"the replay holds {r.unledgered} messages no producer's ledger has; kills explain "
+                              f"at most {allowed}")
 
     def _read_timeout_s(self) -> float:
         """How long reading a Kafka topic back may take: allow 5,000 records a second, and a minute."""
@@ -437,7 +512,8 @@ class ChaosRun:
         argv = [sys.executable, "-m", "tests.chaos.producer", "--dir", self.conf.commitlog.dir,
                 "--rate", str(self.plan.rate), "--seed", str(self.plan.seed * 1000 + starts),
                 "--keys", str(self.plan.keys), "--body-size", str(self.plan.body_size),
-                "--file-size", str(self.plan.file_size), "--skew-file", str(self.skew_file)]
+                "--file-size", str(self.plan.file_size), "--skew-file", str(self.skew_file),
+                "--ledger", str(self.dir / "ledger.bin")]
         with open(self.dir / "producer.log", "ab") as out:
             self.producer = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                              start_new_session=True)
@@ -544,7 +620,11 @@ class ChaosRun:
         result = subprocess.run(cli_command("commitlog", "gc", "--config", str(self.config_path)),
                                 env=cli_env(), capture_output=True, text=True, timeout=120)
         if result.returncode != 0:
-            return  # before every sink has applied something there is no safepoint yet
+            if "no safepoint yet" in result.stderr:  # before every sink has applied something
+                self.report.gc_waited += 1
+            else:
+                self.report.problems.append(f"commitlog gc exited {result.returncode}: {result.stderr.strip()[-500:]}")
+            return
         after = list_files(self.conf.commitlog.dir)
         deleted = before - {f.base for f in after}
         self.report.gc_files_deleted += len(deleted)

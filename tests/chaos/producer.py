@@ -9,12 +9,20 @@ to the store times, as a broker with a wrong clock would.  SIGTERM ends it
 after the current batch, with the writer closed cleanly; SIGKILL (the harness's
 fault) leaves whatever the kill interrupted, and ``TIERLOG_FAULT=torn_append:n``
 makes it kill itself half-way through its n-th batch.
+
+``--ledger F`` appends, after each batch the writer returned, 12 bytes per message to F: its
+physical offset (int64) and the CRC-32 of its UNIQ_KEY (uint32), little-endian, in one write per
+batch.  It is the harness's account of what was produced, kept on the writing side: a kill
+between the append and that write leaves at most one batch in the log that F lacks.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import struct
+import zlib
 import signal
 import time
 
@@ -58,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--body-size", type=int, default=200)
     p.add_argument("--file-size", type=int, default=8 << 20)
     p.add_argument("--skew-file")
+    p.add_argument("--ledger", help="append each appended message's position and UNIQ_KEY CRC here")
     args = p.parse_args(argv)
+    ledger = os.open(args.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.ledger else None
 
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
@@ -69,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         start = time.monotonic()
         while not stopping:
             skew = read_skew(args.skew_file)
-            writer.append_many(list(batch(rng, per_batch, seed=args.seed, first=sent, keys=args.keys,
-                                          body_size=args.body_size, skew_ms=skew)))
+            stored = writer.append_many(list(batch(rng, per_batch, seed=args.seed, first=sent, keys=args.keys,
+                                                   body_size=args.body_size, skew_ms=skew)))
+            if ledger is not None:
+                os.write(ledger, b"".join(struct.pack("<qI", m.phy_offset, zlib.crc32(m.properties["UNIQ_KEY"].encode()))
+                                          for m in stored))
             sent += per_batch
             ahead = start + sent / args.rate - time.monotonic()
             if ahead > 0:

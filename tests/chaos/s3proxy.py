@@ -26,7 +26,12 @@ _ERROR = b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>%s</Code><Message>
 
 
 class S3FaultProxy:
-    """``start()``; ``endpoint``; ``set_mode(mode, share)``; ``stop()``.  Counts what it did in ``injected``."""
+    """``start()``; ``endpoint``; ``set_mode(mode, share)``; ``stop()``.
+
+    Counts what it did in ``injected``: each error code and timeout it caused, and under
+    ``retried`` each request it failed that later came again and went through.  The first
+    request after a switch to a failing mode always fails, so a short window still injects.
+    """
 
     def __init__(self, upstream: str, *, seed: int = 0, hold_s: float = 35.0):
         host, _, port = upstream.removeprefix("http://").partition(":")
@@ -39,6 +44,8 @@ class S3FaultProxy:
         self._server: ThreadingHTTPServer | None = None
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
+        self._fail_next = False
+        self._failed: set[tuple[str, str]] = set()  # (method, path) of requests failed and not yet redone
 
     @property
     def endpoint(self) -> str:
@@ -92,6 +99,7 @@ class S3FaultProxy:
         with self._lock:
             was_down = self.mode == "down"
             self.mode, self.share = mode, share
+            self._fail_next = mode in ("errors", "throttle", "timeouts")
             if mode == "down" and not was_down:
                 self.stop()
             elif was_down and mode != "down":
@@ -108,30 +116,38 @@ class S3FaultProxy:
                     raise
                 time.sleep(0.2)
 
-    def _count(self, what: str) -> None:
+    def _count(self, what: str, request: tuple[str, str]) -> None:
         with self._lock:
             self.injected[what] = self.injected.get(what, 0) + 1
+            self._failed.add(request)
 
     def _handle(self, req: BaseHTTPRequestHandler) -> None:
         body = _read_body(req)
-        mode, share = self.mode, self.share
-        hit = self.rng.random() < share
+        with self._lock:
+            mode, share, first = self.mode, self.share, self._fail_next
+            self._fail_next = False
+        hit = first or self.rng.random() < share
+        request = (req.command, req.path)
         if mode == "errors" and hit:
             code, status = self.rng.choice([("InternalError", 500), ("ServiceUnavailable", 503)])
-            return self._fail(req, status, code)
+            return self._fail(req, status, code, request)
         if mode == "throttle":
             if hit:
-                return self._fail(req, 503, "SlowDown")
+                return self._fail(req, 503, "SlowDown", request)
             time.sleep(self.rng.uniform(0.05, 0.5))
         if mode == "timeouts" and hit:
-            self._count("timeout")
+            self._count("timeout", request)
             time.sleep(self.hold_s)
             req.close_connection = True
             return
-        self._forward(req, body)
+        if self._forward(req, body):
+            with self._lock:
+                if request in self._failed:
+                    self._failed.discard(request)
+                    self.injected["retried"] = self.injected.get("retried", 0) + 1
 
-    def _fail(self, req: BaseHTTPRequestHandler, status: int, code: str) -> None:
-        self._count(code)
+    def _fail(self, req: BaseHTTPRequestHandler, status: int, code: str, request: tuple[str, str]) -> None:
+        self._count(code, request)
         payload = _ERROR % (code.encode(), b"injected by the chaos harness")
         req.send_response(status)
         req.send_header("Content-Type", "application/xml")
@@ -140,7 +156,8 @@ class S3FaultProxy:
         if req.command != "HEAD":
             req.wfile.write(payload)
 
-    def _forward(self, req: BaseHTTPRequestHandler, body: bytes) -> None:
+    def _forward(self, req: BaseHTTPRequestHandler, body: bytes) -> bool:
+        """Pass the request to the upstream; True when its answer was a success (2xx)."""
         conn = http.client.HTTPConnection(*self.upstream, timeout=120)
         try:
             headers = {k: v for k, v in req.headers.items() if k.lower() not in _HOP_BY_HOP | {"host"}}
@@ -151,7 +168,7 @@ class S3FaultProxy:
             payload = resp.read()
         except (OSError, http.client.HTTPException):
             req.close_connection = True  # the client sees a reset and retries
-            return
+            return False
         finally:
             conn.close()
         req.send_response(resp.status)
@@ -167,7 +184,8 @@ class S3FaultProxy:
             try:
                 req.wfile.write(payload)
             except (BrokenPipeError, ConnectionResetError, socket.timeout):
-                pass
+                return False
+        return 200 <= resp.status < 300
 
 
 def _read_body(req: BaseHTTPRequestHandler) -> bytes:

@@ -25,8 +25,9 @@ def test_s3_tier_survives_20_seeded_faults(tmp_path):
     run = ChaosRun(Plan(seed=11, tier="s3", faults=20), tmp_path / "run")
     report = run.run()
     print(report.as_json())
-    run.check()
-    assert sum(report.faults.values()) >= 20
+    run.check()  # each fault kind had its effect, too (report.effects)
+    assert sum(report.faults.values()) >= 20 and set(report.faults) == set(Plan(tier="s3").kinds())
+    assert report.effects["s3_retried"] > 0 and report.effects["gc"] > 0
     assert report.tiered == report.produced and report.replicated == report.produced
 
 
@@ -36,4 +37,4 @@ def test_posix_tier_survives_a_full_disk_and_kills(tmp_path):
     report = run.run()
     print(report.as_json())
     run.check()
-    assert report.faults.get("disk_full") and report.tiered == report.produced
+    assert report.effects["disk_full"] > 0 and report.effects["gc"] > 0 and report.tiered == report.produced
