@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -208,13 +209,29 @@ def test_spark_tier_source_duckdb_and_tier_reader_agree(spark, tier, backend):
     assert from_spark == _rows(reader.read_all(state)) == expected
     sealed = [r for r in expected if r["queue_offset"] < state.queues[(r["topic"], r["queue_id"])].sealed]
     assert len(sealed) < len(expected)  # staging holds the rest: both kinds of object were read
-    if backend == "posix":  # DuckDB reads S3 only through an extension it would download
-        import duckdb
+    con = duckdb_connection()  # held: a relation does not keep its connection open
+    segments = con.sql(f"select * from read_parquet('{location}/topic=*/broker=*/queue=*/*.parquet', "
+                       "hive_partitioning=false)").arrow()
+    segments = segments.read_all() if hasattr(segments, "read_all") else segments  # a reader in DuckDB >= 1.4
+    assert _rows(segments) == sealed
 
-        segments = duckdb.sql(f"select * from read_parquet('{location}/topic=*/broker=*/queue=*/*.parquet', "
-                              "hive_partitioning=false)").arrow()
-        segments = segments.read_all() if hasattr(segments, "read_all") else segments  # a reader in DuckDB >= 1.4
-        assert _rows(segments) == sealed
+
+def duckdb_connection():
+    """DuckDB as a user on S3 would set it up: the httpfs extension from its pip package
+    (``duckdb-ext-httpfs``, nothing downloaded) and an S3 secret for the endpoint."""
+    import importlib.util
+    from urllib.parse import urlparse
+
+    import duckdb
+
+    extensions = os.path.join(importlib.util.find_spec("duckdb_ext").submodule_search_locations[0], "extensions")
+    con = duckdb.connect(config={"extension_directory": extensions, "autoinstall_known_extensions": False})
+    con.sql("LOAD httpfs")
+    endpoint = urlparse(os.environ["AWS_ENDPOINT_URL_S3"])
+    con.sql(f"""CREATE SECRET tier (TYPE s3, KEY_ID '{os.environ["AWS_ACCESS_KEY_ID"]}',
+                SECRET '{os.environ["AWS_SECRET_ACCESS_KEY"]}', REGION '{os.environ["AWS_REGION"]}',
+                ENDPOINT '{endpoint.netloc}', URL_STYLE 'path', USE_SSL {str(endpoint.scheme == "https").lower()})""")
+    return con
 
 
 def test_spark_tier_source_prunes_by_topic_queue_offset_and_time(spark, tier):
