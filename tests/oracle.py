@@ -10,6 +10,8 @@ path or Spark, so those can be compared against it.
 
 from __future__ import annotations
 
+import os
+
 from connectors.brokers import DEFAULT_BROKER
 from connectors.commitlog.format import Message
 from connectors.commitlog.reader import CommitLogReader
@@ -67,9 +69,28 @@ def normalize_arrow_row(row: dict) -> dict:
     return out
 
 
+_CHECKED: dict[tuple, list[Message]] = {}
+
+
 def written_messages(directory: str) -> list[Message]:
     """What the writers appended to ``directory`` (``tests.ledger``), checked against a replay
-    through the reader; the replay alone where the ledger cannot know it all."""
+    through the reader; the replay alone where the ledger cannot know it all.
+
+    A log checked before and not changed since (the same files, sizes and modification times, and
+    the same ledger) is not replayed again: a test asks for it several times, and a million-message
+    replay takes seconds."""
+    from tests import ledger
+
+    files = tuple((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in sorted(os.scandir(directory), key=lambda e: e.name))
+    stored = ledger.stored(directory)
+    seen = (os.path.realpath(directory), files, None if stored is None else len(stored))
+    if seen not in _CHECKED:
+        _CHECKED.clear()  # one log at a time: a test's logs are not asked for again by the next test
+        _CHECKED[seen] = _written_messages(directory)
+    return _CHECKED[seen]
+
+
+def _written_messages(directory: str) -> list[Message]:
     from tests import ledger
 
     with CommitLogReader(directory, check_crc=True) as reader:
