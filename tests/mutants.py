@@ -98,6 +98,17 @@ MUTANTS = (
         """    return pc.equal(tx, fmt.TRANSACTION_NOT_TYPE)""",
         ("tests/test_tiering.py::test_the_tier_holds_committed_transactions_only",),
     ),
+    Mutant(
+        "reader_trusts_a_corrupt_totalsize",
+        "the commitlog reader never checks a record's TOTALSIZE against the record's own fields (so a "
+        "wrong size is reported where it led the walk, a quarantining reader skips the good records it "
+        "jumped over, and one that claims the rest of the file holds the reader there without an error)",
+        "connectors/commitlog/reader.py",
+        """    def _missized(self, f: MappedFile, pos: int, size: int) -> str | None:""",
+        """    def _missized(self, f: MappedFile, pos: int, size: int) -> str | None:
+        return None""",
+        ("tests/test_commitlog_properties.py",),
+    ),
 )
 
 

@@ -202,45 +202,72 @@ def _target(written: list[Message], kind: str, pick: int) -> tuple[int, int, int
     return written[i].phy_offset, written[i].size, i
 
 
-def _checked(data: bytes, rel: int) -> bool:
-    """Is byte ``rel`` of this record in a field the format checks?"""
+def _fields(data: bytes, blank: bool) -> list[tuple[str, int, int, bool]]:
+    """The record's fields as (name, first byte, end, whether the format checks it), empty ones left out.
+
+    Bytes are picked a field at a time, so a four-byte TOTALSIZE is hit as often as a long body."""
+    if blank:
+        return [("blank TOTALSIZE", 0, 4, True), ("blank MAGICCODE", 4, 8, True)]
     sysflag = int.from_bytes(data[fmt.POS_SYSFLAG:fmt.POS_SYSFLAG + 4], "big", signed=True)
-    hosts = fmt.host_width(sysflag, fmt.BORNHOST_V6_FLAG) + fmt.host_width(sysflag, fmt.STOREHOST_V6_FLAG)
-    body_len_at = fmt.POS_BORN_HOST + hosts + 8 + 4 + 8
+    born = fmt.host_width(sysflag, fmt.BORNHOST_V6_FLAG)
+    store = fmt.host_width(sysflag, fmt.STOREHOST_V6_FLAG)
+    at = fmt.POS_BORN_HOST
+    layout = [("TOTALSIZE", 4, True), ("MAGICCODE", 4, True), ("BODYCRC", 4, None), ("QUEUEID", 4, False),
+              ("FLAG", 4, False), ("QUEUEOFFSET", 8, False), ("PHYSICALOFFSET", 8, True), ("SYSFLAG", 4, False),
+              ("BORNTIMESTAMP", 8, False)]
+    fields, pos = [], 0
+    for name, width, checked in layout:
+        fields.append([name, pos, pos + width, checked])
+        pos += width
+    assert pos == at
+    body_len_at = at + born + 8 + store + 4 + 8
     body_len = int.from_bytes(data[body_len_at:body_len_at + 4], "big", signed=True)
     topic_len_at = body_len_at + 4 + body_len
     topic_len = data[topic_len_at]  # v1 records: a one-byte topic length
     props_len_at = topic_len_at + 1 + topic_len
-    crc = fmt.POS_BODY_CRC <= rel < fmt.POS_BODY_CRC + 4 and body_len > 0
-    return (rel < 8 or crc or fmt.POS_PHY_OFFSET <= rel < fmt.POS_PHY_OFFSET + 8
-            or body_len_at <= rel < body_len_at + 4 + body_len or rel == topic_len_at
-            or props_len_at <= rel < props_len_at + 2)
+    fields += [["BORNHOST", at, at + born, False], ["STORETIMESTAMP", at + born, at + born + 8, False],
+               ["STOREHOST", at + born + 8, at + born + 8 + store, False],
+               ["RECONSUMETIMES", body_len_at - 12, body_len_at - 8, False],
+               ["PREPAREDTRANSACTIONOFFSET", body_len_at - 8, body_len_at, False],
+               ["BODYLENGTH", body_len_at, body_len_at + 4, True], ["BODY", body_len_at + 4, topic_len_at, True],
+               ["TOPICLENGTH", topic_len_at, topic_len_at + 1, True], ["TOPIC", topic_len_at + 1, props_len_at, False],
+               ["PROPERTIESLENGTH", props_len_at, props_len_at + 2, True], ["PROPERTIES", props_len_at + 2, len(data), False]]
+    fields[2][3] = body_len > 0  # the CRC is checked only for a body
+    return [(n, a, b, c) for n, a, b, c in fields if b > a]
 
 
 @settings(max_examples=EXAMPLES)
-@given(sizes=bodies, kind=st.sampled_from(CLASSES), pick=st.integers(0, 1000), where=st.floats(0, 1, exclude_max=True),
-       flip=st.integers(1, 255))
+@given(sizes=bodies, kind=st.sampled_from(CLASSES), pick=st.integers(0, 1000), field=st.integers(0, 63),
+       where=st.floats(0, 1, exclude_max=True), flip=st.integers(1, 255))
 def test_a_corrupt_byte_is_named_at_its_record_or_changes_only_that_record(
-        tmp_path_factory, sizes, kind, pick, where, flip):
+        tmp_path_factory, sizes, kind, pick, field, where, flip):
     directory = str(tmp_path_factory.mktemp("corrupt"))
     written = _write(directory, sizes)
     at, size, index = _target(written, kind, pick)
-    rel = int(where * size)
     path = _path(directory, at)
     with open(path, "r+b") as fh:
         fh.seek(at % FILE)
         data = fh.read(size)
+    fields = _fields(data, index is None)
+    name, first, end, must_be_found = fields[field % len(fields)]
+    rel = first + int(where * (end - first))
+    with open(path, "r+b") as fh:
         fh.seek(at % FILE + rel)
         fh.write(bytes([data[rel] ^ flip]))
+    _assert_found_at_its_record_or_only_it_changed(directory, written, at, size, index, must_be_found,
+                                                   (kind, name, rel, size))
+
+
+def _assert_found_at_its_record_or_only_it_changed(directory, written, at, size, index, must_be_found, label):
+    """Both paths, failing and quarantining, after the record (or blank marker) at ``at`` was damaged."""
+    path = _path(directory, at)
     expected = [message_row(m) for m in written]
     last = index == len(written) - 1
-    must_be_found = index is None or _checked(data, rel)
-
     with _no_settle():
         outcomes = {p: _read(directory, p) for p in ("messages", "arrow")}
         quarantined = {p: _read(directory, p, "quarantine") for p in ("messages", "arrow")}
     for p, (rows, error, _) in outcomes.items():
-        where_ = (p, kind, rel, size)
+        where_ = (p, *label)
         if error is not None:
             assert (error.offset, error.file) == (at, path), where_
             assert rows == expected[: len(rows)] and (index is None or len(rows) <= index), where_
@@ -262,3 +289,20 @@ def test_a_corrupt_byte_is_named_at_its_record_or_changes_only_that_record(
         (q,) = skipped
         assert (q.file, q.start) == (path, at) and q.end in (at + size, at - at % FILE + FILE), (p, q)
         assert rows == [r for i, r in enumerate(expected) if i != index], p
+
+
+@settings(max_examples=EXAMPLES)
+@given(sizes=bodies, kind=st.sampled_from(CLASSES[:3] + CLASSES[4:]), pick=st.integers(0, 1000),
+       change=st.integers(1, FILE), smaller=st.booleans())
+def test_a_wrong_totalsize_is_named_at_its_record_not_where_it_leads(tmp_path_factory, sizes, kind, pick, change,
+                                                                       smaller):
+    """The reader steps from record to record by TOTALSIZE, so a wrong one leads it into later records or
+    past the end of the log: every wrong size, larger or smaller, is still reported at its own record."""
+    directory = str(tmp_path_factory.mktemp("size"))
+    written = _write(directory, sizes)
+    at, size, index = _target(written, kind, pick)
+    wrong = size - 1 - (change - 1) % (size - 1) if smaller else size + change
+    with open(_path(directory, at), "r+b") as fh:
+        fh.seek(at % FILE)
+        fh.write(wrong.to_bytes(4, "big"))
+    _assert_found_at_its_record_or_only_it_changed(directory, written, at, size, index, True, (kind, size, wrong))

@@ -325,7 +325,7 @@ class CommitLogReader:
                     stop = "range"
                 else:
                     try:
-                        misread = self._missized(f, span)
+                        misread = self._missized(f, span.starts[-1], span.sizes[-1]) if span.starts else None
                         if misread is not None:
                             # The walk stepped by a corrupt TOTALSIZE: the fault is that record, not
                             # wherever the wrong size led.
@@ -359,27 +359,26 @@ class CommitLogReader:
             pos_abs = span.end
             idx = idx_next
 
-    def _missized(self, f: MappedFile, span: Span) -> str | None:
-        """Why the last record the walk stepped over is corrupt, when its TOTALSIZE disagrees with its
-        own fields and those fields make a whole record; None otherwise.
+    def _missized(self, f: MappedFile, pos: int, size: int) -> str | None:
+        """Why the record at ``pos`` (the last one the walk stepped over, or the one it stopped at) is
+        corrupt, when its TOTALSIZE disagrees with its own fields and those fields make a whole
+        record; None otherwise.
 
         The walk trusts TOTALSIZE, so a corrupt one leads it into the middle of later records, or
         past the end of the log into zeros (where it would pass for a record still being written).
         A record a broker is still copying front to back disagrees with its fields too, while they
         are half written, but in one way only: its unwritten fields read as zero, so they imply a
-        smaller size and every byte between that size and TOTALSIZE is still zero.  A corrupt last
+        smaller size, and every byte from that size to TOTALSIZE, and the header after it, is still
+        zero (it is the last record of the log).  A corrupt last
         record of the log that looks like that is held back as a tail (the module docstring says why).
         Checked once per stop of the walk, not per record.
         """
-        if not span.starts:
-            return None
-        pos, size = span.starts[-1], span.sizes[-1]
         buf = self._map(f)
         implied = fmt.implied_size(buf, pos)
         if implied is None or implied == size or pos + implied > f.length:
             return None
-        if implied < size and not any(buf[pos + implied : pos + size]):
-            return None  # a copy in progress, or indistinguishable from one
+        if implied < size and not any(buf[pos + implied : min(f.length, pos + size + fmt.END_FILE_MIN_BLANK_LENGTH)]):
+            return None  # a copy in progress (nothing follows it either), or indistinguishable from one
         record = bytearray(buf[pos : pos + implied])
         record[:4] = implied.to_bytes(4, "big")
         try:
@@ -440,6 +439,9 @@ class CommitLogReader:
         plausible = fmt.MIN_RECORD_SIZE <= size <= f.length - pos
         if magic in (fmt.MAGIC_V1, fmt.MAGIC_V2) and size <= f.length - pos - fmt.END_FILE_MIN_BLANK_LENGTH and plausible:
             return "tail"  # published since the walk looked: the next call reads it
+        misread = self._missized(f, pos, size) if plausible and magic in (fmt.MAGIC_V1, fmt.MAGIC_V2) else None
+        if misread is not None:  # a TOTALSIZE that claims the records after it, up to where zeros begin
+            raise self._fail(f, pos, misread, size)
         if not known_complete and self._is_tail(files, idx, pos + size if plausible else pos + 8):
             return "tail"
         if magic in (fmt.MAGIC_V1, fmt.MAGIC_V2):

@@ -27,6 +27,7 @@ class TcpFaultProxy:
         self._listener: socket.socket | None = None
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self.cut = 0  # client connections open when down() closed them
 
     @property
     def is_up(self) -> bool:
@@ -53,6 +54,7 @@ class TcpFaultProxy:
             listener.close()
         with self._lock:
             conns, self._conns = list(self._conns), set()
+            self.cut += len(conns) // 2  # each a client's socket and its upstream one
         for conn in conns:
             _close(conn)
 
