@@ -369,9 +369,9 @@ class CommitLogReader:
         A record a broker is still copying front to back disagrees with its fields too, while they
         are half written, but in one way only: its unwritten fields read as zero, so they imply a
         smaller size, and every byte from that size to TOTALSIZE, and the header after it, is still
-        zero (it is the last record of the log).  A corrupt last
-        record of the log that looks like that is held back as a tail (the module docstring says why).
-        Checked once per stop of the walk, not per record.
+        zero (it is the last record of the log).  A corrupt last record of the log that looks like
+        that is held back as a tail (the module docstring says why).  Checked once per stop of the
+        walk, not per record, so the walk's cost is unchanged.
         """
         buf = self._map(f)
         implied = fmt.implied_size(buf, pos)

@@ -322,8 +322,8 @@ class ChaosRun:
         if code != 0:
             self.report.problems.append(f"the service exited {code} on SIGTERM; see {self.dir / 'service.log'}")
 
-    # Per fault kind, what shows it took effect: (where it is counted, what to count).  clock_skew has
-    # none: a skewed producer's timestamps change nothing tierlog orders by.
+    # Per fault kind (and for gc and the S3 retries), what shows it took effect, as the failure names it.
+    # clock_skew has none: a skewed producer's timestamps change nothing tierlog orders by.
     EFFECTS = {
         "kill_service": "service starts after the first",
         "kill_producer": "producer starts after the first",
