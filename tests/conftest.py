@@ -7,11 +7,19 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.class_sharing import spark_submit_opts
+
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 settings.register_profile("dev", max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# Every Spark driver the tests start, in this process or in a `tierlog` process, maps its classes
+# from the archive `./dev setup` wrote: same driver, started sooner (tests/class_sharing.py).
+_spark_opts = spark_submit_opts()
+if _spark_opts:
+    os.environ["SPARK_SUBMIT_OPTS"] = _spark_opts
 
 
 @pytest.fixture

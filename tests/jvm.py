@@ -2,7 +2,7 @@
 
 ``./dev test`` resolves each ``tests/jvm/NAME/pom.xml`` once into ``.cache/jvm/NAME.classpath``
 (the jars stay in Maven's local repository) and compiles the RocketMQ helper into
-``.cache/jvm/classes``.  Nothing here downloads.
+``.cache/jvm/rocketmq-helper.jar``.  Nothing here downloads.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+
+from tests.class_sharing import Sharing, archive_for
 
 ROOT = Path(__file__).parents[1]
 CACHE = ROOT / ".cache" / "jvm"
@@ -67,17 +69,44 @@ def accepts(port: int) -> bool:
         return False
 
 
+def sharing(argv: list[str]) -> Sharing:
+    """Class data sharing for a run of ``java argv`` (``-cp CLASSPATH MainClass ...``): see
+    ``tests/class_sharing.py``."""
+    at = argv.index("-cp")
+    path, main = argv[at + 1], argv[at + 2]
+    if any(os.path.isdir(entry) for entry in path.split(os.pathsep)):
+        return Sharing(None)  # the JVM refuses to share classes from a directory
+    return Sharing(archive_for(main.rsplit(".", 1)[-1], path, main))
+
+
+def run_java(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` of ``java argv``, with class data sharing."""
+    shared = sharing(argv)
+    result = subprocess.run([java(), *shared.options, *argv], **kwargs)
+    shared.adopt(result.returncode)
+    return result
+
+
 class JavaProcess:
-    """One JVM started in the background with its output in ``log``; ``stop()`` ends it."""
+    """One JVM started in the background with its output in ``log``; ``stop()`` or ``wait()`` ends it."""
 
     def __init__(self, name: str, argv: list[str], log: Path, env: dict | None = None):
         self.name, self.argv, self.log, self.env = name, argv, log, env
         self.process: subprocess.Popen | None = None
+        self.sharing: Sharing | None = None
 
     def start(self) -> None:
+        self.sharing = sharing(self.argv)
         with open(self.log, "ab") as out:
-            self.process = subprocess.Popen([java(), *self.argv], stdout=out, stderr=subprocess.STDOUT,
-                                            env={**os.environ, **(self.env or {})}, start_new_session=True)
+            self.process = subprocess.Popen([java(), *self.sharing.options, *self.argv], stdout=out,
+                                            stderr=subprocess.STDOUT, env={**os.environ, **(self.env or {})},
+                                            start_new_session=True)
+
+    def wait(self, timeout_s: float) -> int:
+        """Waits for the JVM to exit by itself; its exit code."""
+        code = self.process.wait(timeout_s)
+        self.sharing.adopt(code)
+        return code
 
     def wait_until(self, ready, timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
@@ -91,14 +120,16 @@ class JavaProcess:
 
     def stop(self, *, kill: bool = False, timeout_s: float = 30.0) -> None:
         """SIGTERM (the JVM's shutdown hooks run) or, with ``kill``, SIGKILL; then wait."""
-        if self.process is None or self.process.poll() is not None:
+        if self.process is None:
             return
-        if kill:
-            self.process.kill()
-        else:
-            self.process.terminate()
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process.poll() is None:
+            if kill:
+                self.process.kill()
+            else:
+                self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.sharing.adopt(self.process.returncode)

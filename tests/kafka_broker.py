@@ -60,7 +60,7 @@ class ApacheKafka:
             fmt = JavaProcess("kafka-storage format", ["-cp", classpath("kafka"), "kafka.tools.StorageTool", "format",
                                                       "-t", cluster_id, "-c", str(self.config)], self.root / "format.out")
             fmt.start()
-            if fmt.process.wait(60) != 0:
+            if fmt.wait(60) != 0:
                 raise RuntimeError(f"formatting Kafka's log directory failed: see {fmt.log}")
             self._formatted = True
         self.jvm.start()
@@ -75,4 +75,5 @@ class ApacheKafka:
         return self.start()
 
     def __exit__(self, *exc) -> None:
-        self.stop(kill=True)
+        # Killed, for a quick end; stopped cleanly only while the JVM writes its class archive.
+        self.stop(kill=self.jvm.sharing is None or self.jvm.sharing.writing is None)

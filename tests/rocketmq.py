@@ -9,10 +9,9 @@ levels are all 1 s so delayed messages and consumer retries arrive quickly.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
-from tests.jvm import CACHE, JavaProcess, accepts, classpath, free_ports, java
+from tests.jvm import CACHE, JavaProcess, accepts, classpath, free_ports, run_java
 
 # Broker JVMs: small heaps for a 2-core test machine; the disk ratios keep a nearly full CI disk
 # from switching the broker to read-only.
@@ -99,9 +98,9 @@ class Client:
         self.namesrv, self.root = namesrv, root
 
     def _run(self, *args: str, timeout_s: float = 180) -> list[dict]:
-        result = subprocess.run(
-            [java(), "-Xmx256m", "-XX:TieredStopAtLevel=1", f"-Duser.home={self.root}",
-             "-cp", f"{CACHE / 'classes'}:{classpath('rocketmq')}", "RocketMQHelper", args[0], self.namesrv.address,
+        result = run_java(
+            ["-Xmx256m", "-XX:TieredStopAtLevel=1", f"-Duser.home={self.root}",
+             "-cp", f"{CACHE / 'rocketmq-helper.jar'}:{classpath('rocketmq')}", "RocketMQHelper", args[0], self.namesrv.address,
              *args[1:]],
             capture_output=True, text=True, timeout=timeout_s)
         if result.returncode != 0:
