@@ -55,7 +55,7 @@ def bench_readback(bootstrap: str, foreign: list[int], rounds: int) -> dict:
     for r in range(rounds):
         for n in (foreign if r % 2 == 0 else list(reversed(foreign))):
             t = time.perf_counter()
-            got = read_back(mine, topics[n], [0], settle_s=0.0)
+            got = read_back(mine, {topics[n]: [0]}, settle_s=0.0)
             seconds[n].append(time.perf_counter() - t)
             assert got == {(topics[n], 0): 1000}, got
     base = statistics.median(seconds[foreign[0]])

@@ -15,8 +15,6 @@ Read as a compacted topic, the changelog equals the KV view.
 
 from __future__ import annotations
 
-from typing import Iterable
-
 import pyarrow as pa
 
 from connectors.changes import CHANGE_ROW
@@ -46,7 +44,8 @@ class ChangelogSink(KafkaSink):
         """``publish`` for rows already in ``CHANGE_ROW`` order, sorted by physical offset."""
         self.deliver(lambda: self._send_rows(rows))
 
-    def _send_rows(self, rows: Iterable[tuple], op: str | None = None, floor: int = -1) -> None:
+    def _send_rows(self, rows: list[tuple], op: str | None = None, floor: int = -1) -> None:
+        self.learn([self.route(topic) for topic in dict.fromkeys(row[0] for row in rows)])
         for topic, key, phy, queue_id, queue_offset, ts, deleted, body in rows:
             kafka_topic = self.route(topic)
             raw_key = key.encode()

@@ -59,8 +59,8 @@ class MirrorSink(KafkaSink):
         batch = dispatched_only(batch)
         if self.topics is not None and batch.num_rows:
             batch = batch.filter(self.topics.mask(batch.column("topic")))
-        for topic in pc.unique(batch.column("topic")).to_pylist():
-            self.route(topic)  # every topic routed before anything is sent: a name collision sends nothing
+        # Every topic routed before anything is sent: a name collision sends nothing.
+        self.learn([self.route(topic) for topic in pc.unique(batch.column("topic")).to_pylist()])
         columns = [batch.column(c).to_pylist() for c in ("topic", "queue_id", "queue_offset", "phy_offset", "key",
                                                            "body", "properties")]
         columns.append(epoch_ms(batch.column("store_ts")))

@@ -174,11 +174,18 @@ class KafkaSink:
         """The partition count of ``topic``, creating it first if allowed; its positions are read back."""
         count = self._partitions.get(topic)
         if count is None:
-            count = ensure_topic(self.settings, topic, compacted=self.compacted)
-            owned = [p for p in range(count) if self.owns is None or self.owns(topic, p)]
-            self._positions.update(read_back(self.settings, topic, owned))
-            self._partitions[topic] = count
+            self.learn([topic])
+            count = self._partitions[topic]
         return count
+
+    def learn(self, topics) -> None:
+        """``partitions`` for each of ``topics`` (Kafka topics) this sink does not know yet, with
+        their positions read back together: a sink about to send to several topics calls it first."""
+        counts = {t: ensure_topic(self.settings, t, compacted=self.compacted)
+                  for t in dict.fromkeys(topics) if t not in self._partitions}
+        owned = {t: [p for p in range(n) if self.owns is None or self.owns(t, p)] for t, n in counts.items()}
+        self._positions.update(read_back(self.settings, owned))
+        self._partitions.update(counts)
 
     def known(self) -> tuple[dict[str, int], dict[tuple[str, int], int]]:
         """Partition counts and positions this sink has learnt (to seed another with ``seed``)."""
@@ -423,66 +430,69 @@ def ensure_topic(settings: KafkaSettings, topic: str, *, compacted: bool, wait_s
 READ_BACK_SETTLE_S = 2.0
 
 
-def read_back(settings: KafkaSettings, topic: str, partitions: list[int], timeout_s: float = 60.0,
+def read_back(settings: KafkaSettings, wanted: dict[str, list[int]], timeout_s: float = 60.0,
               settle_s: float = READ_BACK_SETTLE_S) -> dict[tuple[str, int], int]:
-    """The position in the last record of ``settings.broker`` in each of ``partitions`` of
-    ``topic`` (-1 where it has none).
+    """The position in the last record of ``settings.broker`` in each partition of ``wanted``
+    (Kafka topic -> partitions), -1 where it has none.
 
     A record a broker took just before a failure (a killed or discarded producer's last
     request, a restart) can become visible a moment later: the outage test caught records
     appearing after the read-back and being sent again.  So the positions are read again
-    ``settle_s`` later, until two reads agree (at most five times).
+    ``settle_s`` later, until two reads agree (at most five times).  Every topic is read in the
+    same reads, so a sink with many topics waits ``settle_s`` once, not once a topic.
     """
-    positions = _read_back_once(settings, topic, partitions, timeout_s)
-    for _ in range(5 if partitions else 0):
+    wanted = {t: ps for t, ps in wanted.items() if ps}
+    positions = _read_back_once(settings, wanted, timeout_s)
+    for _ in range(5 if wanted else 0):
         time.sleep(settle_s)
-        again = _read_back_once(settings, topic, partitions, timeout_s)
+        again = _read_back_once(settings, wanted, timeout_s)
         if again == positions:
             break
-        log.warning("Kafka topic %r: positions moved while being read back (%s); reading them again", topic,
-                    {k: (positions[k], v) for k, v in again.items() if positions.get(k) != v})
+        log.warning("Kafka topics %s: positions moved while being read back (%s); reading them again",
+                    sorted(wanted), {k: (positions[k], v) for k, v in again.items() if positions.get(k) != v})
         positions = again
     return positions
 
 
-def _read_back_once(settings: KafkaSettings, topic: str, partitions: list[int],
+def _read_back_once(settings: KafkaSettings, wanted: dict[str, list[int]],
                     timeout_s: float) -> dict[tuple[str, int], int]:
     """Each partition read up to the high watermark its fetch responses report, seeking straight
     to the record before it.  The end offsets a broker lists are only a first guess: tansu's
     lag behind the real end (measured: 1 for 1,000 records)."""
+    if not wanted:
+        return {}
     consumer = _consumer(settings, fetch_max_wait_ms=100)
     try:
-        if not partitions:
-            return {}
-        tps = {p: TopicPartition(topic, p) for p in partitions}
-        consumer.assign(list(tps.values()))
-        begins, ends = consumer.beginning_offsets(list(tps.values())), consumer.end_offsets(list(tps.values()))
-        for tp in tps.values():
+        tps = [TopicPartition(t, p) for t, ps in wanted.items() for p in ps]
+        consumer.assign(tps)
+        begins, ends = consumer.beginning_offsets(tps), consumer.end_offsets(tps)
+        for tp in tps:
             consumer.seek(tp, max(ends[tp] - 1, begins[tp]))
         last: dict = {}
-        pending = set(partitions)
+        pending = set(tps)
         deadline = time.monotonic() + timeout_s
         while pending:
             for tp, records in consumer.poll(timeout_ms=300).items():
-                last[tp.partition] = records[-1]
-            for p in sorted(pending):
-                high = consumer.highwater(tps[p])
+                last[tp] = records[-1]
+            for tp in sorted(pending):
+                high = consumer.highwater(tp)
                 if high is None:
                     continue  # no fetch response for it yet
-                position = consumer.position(tps[p])
+                position = consumer.position(tp)
                 if position >= high:
-                    pending.discard(p)  # read to the end: ``last`` holds its last record, if any
+                    pending.discard(tp)  # read to the end: ``last`` holds its last record, if any
                 elif position < high - 1:
-                    consumer.seek(tps[p], high - 1)  # only the last record matters
+                    consumer.seek(tp, high - 1)  # only the last record matters
             if pending and time.monotonic() > deadline:
-                raise KafkaUnavailable(f"could not read the last records of Kafka topic {topic!r} partitions "
-                                       f"{sorted(pending)} back within {timeout_s:.0f} s")
+                late = sorted((tp.topic, tp.partition) for tp in pending)
+                raise KafkaUnavailable(f"could not read the last records of Kafka topic partitions {late} back "
+                                       f"within {timeout_s:.0f} s")
         out = {}
-        for p in partitions:
-            record = last.get(p)
-            if record is not None and _check(topic, p, record) and broker_of(record.headers) != settings.broker:
-                record = _last_of(consumer, tps[p], begins[tps[p]], record.offset, settings.broker, deadline, topic)
-            out[(topic, p)] = -1 if record is None else position_of(record.headers)
+        for tp in tps:
+            record = last.get(tp)
+            if record is not None and _check(tp.topic, tp.partition, record) and broker_of(record.headers) != settings.broker:
+                record = _last_of(consumer, tp, begins[tp], record.offset, settings.broker, deadline, tp.topic)
+            out[(tp.topic, tp.partition)] = -1 if record is None else position_of(record.headers)
         return out
     finally:
         consumer.close()
