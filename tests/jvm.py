@@ -82,8 +82,12 @@ def sharing(argv: list[str]) -> Sharing:
 def run_java(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run`` of ``java argv``, with class data sharing."""
     shared = sharing(argv)
-    result = subprocess.run([java(), *shared.options, *argv], **kwargs)
-    shared.adopt(result.returncode)
+    returncode = None  # a run that timed out keeps no archive
+    try:
+        result = subprocess.run([java(), *shared.options, *argv], **kwargs)
+        returncode = result.returncode
+    finally:
+        shared.adopt(returncode)
     return result
 
 
