@@ -315,8 +315,9 @@ def test_every_query_equals_the_oracle_while_batches_commit_and_seals_run(spark,
     conf = dataclasses.replace(conf, source=dataclasses.replace(conf.source, max_bytes_per_trigger=25_000))
     append(conf, timed_messages(2400, seed=5, start_ts=BASE_TS))
     queues = oracle_queues(conf)
-    stop, problems, seen = threading.Event(), [], {"calls": 0, "seqs": set()}
-    written: dict[int, int] = {}  # seq of each state a commit or seal wrote: its segment count
+    # seen["seqs"]: the seq of each state the reader read, with its segment count
+    stop, problems, seen = threading.Event(), [], {"calls": 0, "seqs": {}}
+    written: set[int] = set()  # the seq of each state a commit or seal record made
 
     def check(what, got, expected):
         seen["calls"] += 1
@@ -327,7 +328,7 @@ def test_every_query_equals_the_oracle_while_batches_commit_and_seals_run(spark,
         state = reader.state()
         if not state.queues:
             return
-        seen["seqs"].add(state.seq)
+        seen["seqs"][state.seq] = len(state.segments)
         (topic, queue), q = rng.choice(sorted(state.queues.items()))
         rows = queues[(topic, queue)][q.low : q.commit]
         offset = rng.randrange(q.low, q.commit)
@@ -363,7 +364,7 @@ def test_every_query_equals_the_oracle_while_batches_commit_and_seals_run(spark,
 
     def append_then_wait_for_the_reader(log, head, record):
         seq = log_append(log, head, record)
-        written[seq] = len(TierReader(tier_location).state().segments)
+        written.add(seq)
         deadline = time.monotonic() + 60
         while seq not in seen["seqs"] and thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -379,9 +380,10 @@ def test_every_query_equals_the_oracle_while_batches_commit_and_seals_run(spark,
         stop.set()
         thread.join()
     assert not problems, problems[:5]
-    assert set(written) <= seen["seqs"], f"states the reader never read: {sorted(set(written) - seen['seqs'])}"
+    assert written <= seen["seqs"].keys(), f"states the reader never read: {sorted(written - seen['seqs'].keys())}"
     # The workload makes many commits and seals in several batches: the reads spanned them all.
-    assert service.batches["tiering"] >= 8 and len(set(written.values())) >= 3, written
+    segment_counts = {seen["seqs"][seq] for seq in written}
+    assert service.batches["tiering"] >= 8 and len(segment_counts) >= 3 and seen["calls"] > 40, segment_counts
 
 
 def readme_python_blocks(*needles: str) -> list[str]:
