@@ -8,7 +8,8 @@ checkpoint and the commitlog before any starts, and runs them in one Spark
 application.  It knows a query only through ``streaming.queries.base.Query``.
 It stops gracefully on SIGTERM or SIGINT: the batches in flight finish and
 are committed, and no new one starts.  When one query fails, the others stop
-the same way and the failure is raised.
+the same way and the failure is raised; except that a query Spark could not start
+because its Python worker was late is started again (``LATE_WORKER``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ from streaming.queries.base import Query, RunContext
 
 log = logging.getLogger("tierlog.service")
 
+# Spark gives the Python process that plans a Python data source a fixed 10 s to start and connect
+# back (PythonWorkerFactory; no setting changes it).  On a busy host it can be late, and the query
+# then fails before its first batch, having changed nothing: starting it again is safe.
+LATE_WORKER = re.compile(r"Python worker failed to connect back|waiting for the Python worker to connect back")
+LATE_WORKER_STARTS = 5  # starts of one query, in all, before a late worker is the query's failure
+
 
 def _state_memory(query) -> int | None:
     """Spark's estimate of its state stores' memory in ``query``'s last batch (``memoryUsedBytes``,
@@ -52,6 +59,8 @@ class Service:
         self.batches: dict[str, int] = {}  # name -> batches processed
         self._metadata = None  # set while run() runs
         self._seen_progress: dict[str, str] = {}  # query -> timestamp of the progress last counted
+        self.starts: dict[str, int] = {}  # query -> how many times it was started in this run
+        self._entered: set[str] = set()  # queries whose batch function has run, in this run
 
     # ------------------------------------------------------------ running
 
@@ -138,6 +147,7 @@ class Service:
         checkpoint = plan.checkpoint_path(conf, query.name)
 
         def process(batch):
+            self._entered.add(query.name)
             with self._admitted(query):
                 query.process(batch)
                 self.batches[query.name] = self.batches.get(query.name, 0) + 1
@@ -172,19 +182,20 @@ class Service:
 
     def _run_queries(self, spark, until_caught_up: bool) -> int:
         conf = self.conf
-        streams = {name: self._writer(spark, q, until_caught_up).start() for name, q in self.queries.items()}
+        streams = {name: self._start(spark, q, until_caught_up) for name, q in self.queries.items()}
         self._install_signals()
         log.info("%s: %s -> %s (%s)", " + ".join(streams), conf.commitlog.dir, conf.tier.location,
                  "until caught up" if until_caught_up else "until stopped")
         next_tick = time.monotonic()
         while not self.stopping.is_set():
+            self._restart_late_starts(spark, streams, until_caught_up)
             active = [s for s in streams.values() if s.isActive]
             if not active or any(s.exception() is not None for s in streams.values()):
                 break
             try:
                 active[0].awaitTermination(0.5)
-            except Exception:  # noqa: BLE001 - a query failed; _failure says why
-                break
+            except Exception:  # noqa: BLE001 - a query failed: started again if it was late, else it ends the run
+                continue
             if time.monotonic() >= next_tick:
                 self._tick(streams)
                 next_tick = time.monotonic() + max(1.0, conf.spark.trigger_interval_s)
@@ -211,6 +222,27 @@ class Service:
         if failure is not None:
             raise failure
         return 0
+
+    def _start(self, spark, query: Query, until_caught_up: bool):
+        self.starts[query.name] = self.starts.get(query.name, 0) + 1
+        return self._writer(spark, query, until_caught_up).start()
+
+    def _restart_late_starts(self, spark, streams: dict, until_caught_up: bool) -> None:
+        """Start again each query that failed before its first batch because Spark's Python worker
+        did not connect back in time (``LATE_WORKER``), at most ``LATE_WORKER_STARTS`` starts in all.
+
+        Its batch function never ran, so its sinks saw nothing of it; a batch Spark had already
+        planned in the checkpoint is run again from there, as after any restart."""
+        for name, stream in list(streams.items()):
+            exc = stream.exception()
+            if exc is None or name in self._entered:
+                continue
+            if not LATE_WORKER.search(str(exc)) or self.starts[name] >= LATE_WORKER_STARTS:
+                continue
+            log.warning("the %s query could not start: Spark's Python worker did not connect back within Spark's "
+                        "10 s (a busy host); starting it again (start %d of at most %d)",
+                        name, self.starts[name] + 1, LATE_WORKER_STARTS)
+            streams[name] = self._start(spark, self.queries[name], until_caught_up)
 
     def _tick(self, streams: dict, work: bool = True) -> None:
         """Each query's ``tick`` (unless ``work`` is off) and ``poll_metrics``, then what no batch

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -99,6 +100,29 @@ def test_sigterm_finishes_the_batch_and_exits_zero(tmp_path):
     assert tier_rows(conf.tier.location) == [r for r in oracle_rows(conf) if r["phy_offset"] < stopped_at]
     r = tierlog("run", "--until-caught-up", "--config", str(config))
     assert r.returncode == 0, r.stderr[-2000:]
+    assert_tier_equals_commitlog(conf)
+
+
+def test_a_query_spark_could_not_start_in_time_is_started_again(tmp_path):
+    """Spark gives the Python process that runs a Python streaming source a fixed 10 s to start and
+    connect back; on a busy host it can be late, and the query fails before its first batch.  The
+    fault: a Python whose first streaming-source runner starts 12 s late (once: ``mkdir`` is atomic)."""
+    config = write_config(tmp_path)
+    conf = cfg.load(str(config), env={})
+    produce(conf, 800)
+    late = tmp_path / "late-python"
+    late.write_text(f"""#!/bin/sh
+if [ "$2" = pyspark.sql.streaming.python_streaming_source_runner ] && mkdir "{tmp_path}/was-late" 2>/dev/null; then
+  sleep 12
+fi
+exec {sys.executable} "$@"
+""")
+    late.chmod(0o755)
+    r = tierlog("run", "--until-caught-up", "--config", str(config), env={"PYSPARK_PYTHON": str(late)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "was-late").exists(), "the late start never happened"
+    restarts = [x for x in r.stderr.splitlines() if "could not start: Spark's Python worker did not connect back" in x]
+    assert len(restarts) == 1 and "start 2 of at most 5" in restarts[0], r.stderr[-3000:]
     assert_tier_equals_commitlog(conf)
 
 
