@@ -78,12 +78,11 @@ def spark_archive() -> Path:
     return archive_for("spark-driver", pyspark.__version__, os.path.dirname(pyspark.__file__))
 
 
-def spark_submit_opts() -> str | None:
-    """``SPARK_SUBMIT_OPTS`` that make every Spark driver started from here use the Spark archive,
-    if ``./dev setup`` wrote it."""
+def spark_options() -> list[str]:
+    """The driver options that make a Spark driver use the Spark archive, if ``./dev setup`` wrote it."""
     if not enabled() or not spark_archive().exists():
-        return None
-    return " ".join([os.environ.get("SPARK_SUBMIT_OPTS", ""), f"-XX:SharedArchiveFile={spark_archive()}", *QUIET]).strip()
+        return []
+    return [f"-XX:SharedArchiveFile={spark_archive()}", *QUIET]
 
 
 def write_spark_archive() -> None:

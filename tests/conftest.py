@@ -7,7 +7,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.class_sharing import spark_submit_opts
+from tests import jit
+from tests.class_sharing import spark_options
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -16,8 +17,9 @@ settings.register_profile("dev", max_examples=25, deadline=None, suppress_health
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Every Spark driver the tests start, in this process or in a `tierlog` process, maps its classes
-# from the archive `./dev setup` wrote: same driver, started sooner (tests/class_sharing.py).
-_spark_opts = spark_submit_opts()
+# from the archive `./dev setup` wrote (tests/class_sharing.py) and compiles with C1 only
+# (tests/jit.py): the same driver, started sooner and for less CPU.
+_spark_opts = " ".join([os.environ.get("SPARK_SUBMIT_OPTS", ""), *spark_options(), *jit.options()]).strip()
 if _spark_opts:
     os.environ["SPARK_SUBMIT_OPTS"] = _spark_opts
 

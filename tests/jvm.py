@@ -13,6 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests import jit
 from tests.class_sharing import Sharing, archive_for
 
 ROOT = Path(__file__).parents[1]
@@ -84,7 +85,7 @@ def run_java(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     shared = sharing(argv)
     returncode = None  # a run that timed out keeps no archive
     try:
-        result = subprocess.run([java(), *shared.options, *argv], **kwargs)
+        result = subprocess.run([java(), *shared.options, *jit.options(), *argv], **kwargs)
         returncode = result.returncode
     finally:
         shared.adopt(returncode)
@@ -102,7 +103,7 @@ class JavaProcess:
     def start(self) -> None:
         self.sharing = sharing(self.argv)
         with open(self.log, "ab") as out:
-            self.process = subprocess.Popen([java(), *self.sharing.options, *self.argv], stdout=out,
+            self.process = subprocess.Popen([java(), *self.sharing.options, *jit.options(), *self.argv], stdout=out,
                                             stderr=subprocess.STDOUT, env={**os.environ, **(self.env or {})},
                                             start_new_session=True)
 
