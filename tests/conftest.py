@@ -24,6 +24,25 @@ if _spark_opts:
     os.environ["SPARK_SUBMIT_OPTS"] = _spark_opts
 
 
+def pytest_itemcollected(item):
+    """``./dev test`` runs the tests on two pytest-xdist workers (``--dist loadgroup``).  The heavy
+    ones all go to one group, which one worker runs in turn: two of them side by side would ask
+    two cores for the CPU of four, and every Spark driver, broker and Python worker they start
+    would start that much slower.
+
+    (At collection, because xdist reads the groups in its own ``pytest_collection_modifyitems``.)"""
+    if item.get_closest_marker("heavy"):
+        item.add_marker(pytest.mark.xdist_group("heavy"))
+
+
+def pytest_runtest_setup(item):
+    """xdist passes a test's group to its scheduler as a suffix of the test's id; with a pytest
+    whose ids xdist cannot change (9.2: pytest-xdist issue 1386) heavy tests would run side by side."""
+    if item.config.getoption("loadgroup", False) and item.get_closest_marker("heavy") and "@" not in item.nodeid:
+        pytest.fail("pytest-xdist did not put this heavy test in its group: this pytest and pytest-xdist do not "
+                    "work together (see the pin in pyproject.toml); `./dev test -n 0` runs the tests serially")
+
+
 @pytest.fixture
 def log_dir(tmp_path):
     path = tmp_path / "commitlog"

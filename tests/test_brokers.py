@@ -248,6 +248,7 @@ def test_two_brokers_one_set_of_kafka_topics_exactly_once(spark, tmp_path, kafka
         (r for b in ledger for r in ledger[b]), key=lambda r: (r["broker"], r["phy_offset"]))
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(1500)
 def test_kill_one_brokers_instance_mid_send_while_the_other_runs(tmp_path, kafka_bootstrap, kafka_prefix):
     """broker-b's `tierlog run` keeps running (and its log growing) while broker-a's instance is

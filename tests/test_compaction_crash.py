@@ -33,6 +33,7 @@ def write_config(tmp_path: Path) -> Path:
                          tier={"segment_messages": 300, "delete_grace_s": 0}, compaction={"snapshot_interval_s": 0.001})
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(1200)
 def test_sigkill_in_compaction_batches_then_restart(spark, tmp_path):
     config = write_config(tmp_path)

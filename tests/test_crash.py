@@ -44,6 +44,7 @@ def committed_offsets(conf) -> dict:
     return {k: q.commit for k, q in TierReader(conf.tier.location).state().queue_states().items()}
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(1800)
 def test_sigkill_at_every_point_then_restart_loses_and_duplicates_nothing(tmp_path):
     config = write_config(tmp_path)

@@ -40,6 +40,7 @@ def assert_no_duplicates(conf: cfg.Config) -> None:
     assert len(changes) == len(set(changes)), "a change was sent twice"
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(1200)
 def test_sigkill_while_replicating_then_restart(tmp_path, kafka_bootstrap, kafka_prefix):
     config = write_config(tmp_path, kafka_bootstrap, kafka_prefix)

@@ -53,6 +53,7 @@ def keep_appending(conf, stop: threading.Event, per_second: int = 100) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(900)
 def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, kafka, kafka_prefix):
     from tests.test_kafka_crash import write_config

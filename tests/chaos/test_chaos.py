@@ -20,6 +20,7 @@ def test_the_schedule_is_fixed_by_the_seed_and_covers_every_kind():
         assert [f.at for f in faults] == sorted(f.at for f in faults)
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(1500)
 def test_s3_tier_survives_20_seeded_faults(tmp_path):
     run = ChaosRun(Plan(seed=11, tier="s3", faults=20), tmp_path / "run")
@@ -31,6 +32,7 @@ def test_s3_tier_survives_20_seeded_faults(tmp_path):
     assert report.tiered == report.produced and report.replicated == report.produced
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(1200)
 def test_posix_tier_survives_a_full_disk_and_kills(tmp_path):
     run = ChaosRun(Plan(seed=12, tier="posix", faults=10), tmp_path / "run")
