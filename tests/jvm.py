@@ -77,7 +77,9 @@ def sharing(argv: list[str]) -> Sharing:
     path, main = argv[at + 1], argv[at + 2]
     if any(os.path.isdir(entry) for entry in path.split(os.pathsep)):
         return Sharing(None)  # the JVM refuses to share classes from a directory
-    return Sharing(archive_for(main.rsplit(".", 1)[-1], path, main))
+    # The JVM ignores an archive whose jars changed since; a rebuilt helper jar gets a new one.
+    stamps = [f"{os.stat(e).st_size}:{os.stat(e).st_mtime_ns}" for e in path.split(os.pathsep) if os.path.exists(e)]
+    return Sharing(archive_for(main.rsplit(".", 1)[-1], path, main, *stamps))
 
 
 def run_java(argv: list[str], **kwargs) -> subprocess.CompletedProcess:

@@ -68,12 +68,23 @@ public final class RocketMQHelper {
         System.exit(0);  // the client's threads are not daemons
     }
 
+    /** Requests to the name server and the broker wait up to 30 s, not the client's 3: a test's
+     *  JVMs share two cores with Spark drivers and other brokers, and how fast they answer is not
+     *  what the tests check.  A transaction producer's sends too. */
+    static void patient(org.apache.rocketmq.client.ClientConfig client) {
+        client.setMqClientApiTimeout(30_000);
+        if (client instanceof DefaultMQProducer) {
+            ((DefaultMQProducer) client).setSendMsgTimeout(Math.max(10_000, ((DefaultMQProducer) client).getSendMsgTimeout()));
+        }
+    }
+
     // ---- send -------------------------------------------------------------------------------
 
     static void send(String namesrv, JSONObject spec) throws Exception {
         String group = "tierlog-tests-" + spec.getIntValue("seed");
         DefaultMQProducer producer = new DefaultMQProducer(group + "-producer");
         producer.setNamesrvAddr(namesrv);
+        patient(producer);
         producer.setDefaultTopicQueueNums(spec.getIntValue("queues"));
         producer.setMaxMessageSize(4 * 1024 * 1024);
         producer.setSendMsgTimeout(10_000);
@@ -142,6 +153,7 @@ public final class RocketMQHelper {
         Map<String, LocalTransactionState> decided = new ConcurrentHashMap<>();
         TransactionMQProducer producer = new TransactionMQProducer(group + "-tx");
         producer.setNamesrvAddr(namesrv);
+        patient(producer);
         producer.setTransactionListener(new TransactionListener() {
             @Override
             public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
@@ -199,8 +211,9 @@ public final class RocketMQHelper {
     // ---- topics -----------------------------------------------------------------------------
 
     static void topics(String namesrv, String brokerAddr, String[] specs) throws Exception {
-        org.apache.rocketmq.tools.admin.DefaultMQAdminExt admin = new org.apache.rocketmq.tools.admin.DefaultMQAdminExt();
+        org.apache.rocketmq.tools.admin.DefaultMQAdminExt admin = new org.apache.rocketmq.tools.admin.DefaultMQAdminExt(30_000);
         admin.setNamesrvAddr(namesrv);
+        patient(admin);
         admin.start();
         try {
             for (String spec : specs) {
@@ -235,6 +248,7 @@ public final class RocketMQHelper {
         CountDownLatch done = new CountDownLatch(n);
         DefaultMQPushConsumer consumer = new DefaultMQPushConsumer(group);
         consumer.setNamesrvAddr(namesrv);
+        patient(consumer);
         consumer.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
         consumer.setMaxReconsumeTimes(maxReconsume);
         consumer.setPollNameServerInterval(500);  // routes of the retry topic it makes, soon
@@ -269,6 +283,7 @@ public final class RocketMQHelper {
     static void read(String namesrv, String topic) throws Exception {
         DefaultMQPullConsumer consumer = new DefaultMQPullConsumer("tierlog-tests-reader");
         consumer.setNamesrvAddr(namesrv);
+        patient(consumer);
         consumer.start();
         try {
             for (MessageQueue mq : consumer.fetchSubscribeMessageQueues(topic)) {
