@@ -118,8 +118,12 @@ def test_a_record_too_large_fails_by_name_or_is_skipped_and_recorded(conf):
                   Message(topic="t0", body=b"x" * (100 << 10), properties={"KEYS": "big"}),
                   Message(topic="t0", body=b"after", properties={"KEYS": "b"})])
     big = offsets(conf)[1]
-    with pytest.raises(RecordTooLargeError, match=f"physical offset {big}.*kafka.on_too_large"):
-        publish(MirrorSink(kafka_settings(conf)), conf)
+    failing = MirrorSink(kafka_settings(conf))
+    try:
+        with pytest.raises(RecordTooLargeError, match=f"physical offset {big}.*kafka.on_too_large"):
+            publish(failing, conf)
+    finally:
+        failing.close()  # as the service does; left to the garbage collector, its flush times out
     skipping = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, on_too_large="skip"))
     skipped: list = []
     sink = MirrorSink(kafka_settings(skipping), on_skip=lambda phy, why: skipped.append(phy))
