@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from connectors.commitlog import CommitLogReader, CommitLogWriter, CorruptRecordError, Message
@@ -294,6 +294,9 @@ def _assert_found_at_its_record_or_only_it_changed(directory, written, at, size,
 @settings(max_examples=EXAMPLES)
 @given(sizes=bodies, kind=st.sampled_from(CLASSES[:3] + CLASSES[4:]), pick=st.integers(0, 1000),
        change=st.integers(1, FILE), smaller=st.booleans())
+# Found in CI: the first record's TOTALSIZE grown by exactly the next record's size lands on a record
+# boundary, so the walk goes on; quarantine skipped that good next record along with the bad one.
+@example(sizes=[0, 699, 0, 0, 0, 0], kind="first of the log", pick=0, change=812, smaller=False)
 def test_a_wrong_totalsize_is_named_at_its_record_not_where_it_leads(tmp_path_factory, sizes, kind, pick, change,
                                                                        smaller):
     """The reader steps from record to record by TOTALSIZE, so a wrong one leads it into later records or

@@ -468,6 +468,14 @@ class CommitLogReader:
                 at = buf.find(needle, at + 1)
         return best
 
+    def _skip_corrupt(self, f: MappedFile, pos: int, size: int, reason: str) -> int:
+        """Quarantine the record at ``pos`` that failed its checks after the walk stepped over it by its
+        TOTALSIZE ``size``; where the good records after it begin.  A wrong TOTALSIZE that happens to
+        land on a later record boundary steps over whole good records: those are read, not skipped."""
+        resume = min(self._resync(f, pos), pos + size)
+        self._quarantine(f, pos, resume, reason)
+        return resume
+
     def _quarantine(self, f: MappedFile, start: int, end: int, reason: str) -> None:
         """Note a skipped range (file positions) once; one next to the last one extends it."""
         start, end = f.base + start, f.base + end
@@ -537,7 +545,10 @@ class CommitLogReader:
                 except fmt.RecordError as exc:
                     if self.on_corrupt != "quarantine":
                         raise self._fail(span.file, pos, exc.reason, exc.size) from None
-                    self._quarantine(span.file, pos, pos + size, exc.reason)
+                    resume = self._skip_corrupt(span.file, pos, size, exc.reason)
+                    for inner in self.spans(span.file.base + resume, span.file.base + pos + size):
+                        yield from (fmt.decode(buf, p, check_crc=self.check_crc, expect_phy=inner.file.base + p)
+                                    for p in inner.starts)
 
     def record_batches(
         self,
@@ -573,7 +584,9 @@ class CommitLogReader:
             if self.on_corrupt != "quarantine":
                 raise self._fail(f, pos, exc.reason, size) from None
             yield from self._decode(f, buf, starts[: exc.index], sizes[: exc.index], options)
-            self._quarantine(f, pos, pos + size, exc.reason)
+            resume = self._skip_corrupt(f, pos, size, exc.reason)
+            for inner in self.spans(f.base + resume, f.base + pos + size):
+                yield from self._decode(f, buf, np.asarray(inner.starts, np.int64), inner.sizes, options)
             yield from self._decode(f, buf, starts[exc.index + 1 :], sizes[exc.index + 1 :], options)
 
     def records_at(self, phy_offsets: "np.ndarray", columns: "Sequence[str]") -> "pa.Table":
