@@ -34,8 +34,8 @@ from streaming.queries.base import Query, RunContext
 
 log = logging.getLogger("tierlog.service")
 
-# Spark gives the Python process that plans a Python data source a fixed 10 s to start and connect
-# back (PythonWorkerFactory; no setting changes it).  On a busy host it can be late, and the query
+# Spark gives the Python process that runs a Python streaming source (or plans a read) a fixed 10 s
+# to start and connect back (PythonWorkerFactory; no setting changes it).  On a busy host it can be late, and the query
 # then fails before its first batch, having changed nothing: starting it again is safe.
 LATE_WORKER = re.compile(r"Python worker failed to connect back|waiting for the Python worker to connect back")
 LATE_WORKER_STARTS = 5  # starts of one query, in all, before a late worker is the query's failure
