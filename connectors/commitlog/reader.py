@@ -546,9 +546,7 @@ class CommitLogReader:
                     if self.on_corrupt != "quarantine":
                         raise self._fail(span.file, pos, exc.reason, exc.size) from None
                     resume = self._skip_corrupt(span.file, pos, size, exc.reason)
-                    for inner in self.spans(span.file.base + resume, span.file.base + pos + size):
-                        yield from (fmt.decode(buf, p, check_crc=self.check_crc, expect_phy=inner.file.base + p)
-                                    for p in inner.starts)
+                    yield from self.messages(span.file.base + resume, span.file.base + pos + size)
 
     def record_batches(
         self,
