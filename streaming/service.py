@@ -35,8 +35,9 @@ from streaming.queries.base import Query, RunContext
 log = logging.getLogger("tierlog.service")
 
 # Spark gives the Python process that runs a Python streaming source (or plans a read) a fixed 10 s
-# to start and connect back (PythonWorkerFactory; no setting changes it).  On a busy host it can be late, and the query
-# then fails before its first batch, having changed nothing: starting it again is safe.
+# to start and connect back (PythonWorkerFactory; no setting changes it).  On a busy host it can be
+# late, and the query then fails before its first batch, having changed nothing: starting it again
+# is safe.
 LATE_WORKER = re.compile(r"Python worker failed to connect back|waiting for the Python worker to connect back")
 LATE_WORKER_STARTS = 5  # starts of one query, in all, before a late worker is the query's failure
 
@@ -59,7 +60,7 @@ class Service:
         self.batches: dict[str, int] = {}  # name -> batches processed
         self._metadata = None  # set while run() runs
         self._seen_progress: dict[str, str] = {}  # query -> timestamp of the progress last counted
-        self.starts: dict[str, int] = {}  # query -> how many times it was started in this run
+        self._starts: dict[str, int] = {}  # query -> how many times it was started in this run
         self._entered: set[str] = set()  # queries whose batch function has run, in this run
 
     # ------------------------------------------------------------ running
@@ -188,9 +189,10 @@ class Service:
                  "until caught up" if until_caught_up else "until stopped")
         next_tick = time.monotonic()
         while not self.stopping.is_set():
-            self._restart_late_starts(spark, streams, until_caught_up)
             active = [s for s in streams.values() if s.isActive]
             if not active or any(s.exception() is not None for s in streams.values()):
+                if self._restart_late_starts(spark, streams, until_caught_up):
+                    continue
                 break
             try:
                 active[0].awaitTermination(0.5)
@@ -224,25 +226,29 @@ class Service:
         return 0
 
     def _start(self, spark, query: Query, until_caught_up: bool):
-        self.starts[query.name] = self.starts.get(query.name, 0) + 1
+        self._starts[query.name] = self._starts.get(query.name, 0) + 1
         return self._writer(spark, query, until_caught_up).start()
 
-    def _restart_late_starts(self, spark, streams: dict, until_caught_up: bool) -> None:
+    def _restart_late_starts(self, spark, streams: dict, until_caught_up: bool) -> bool:
         """Start again each query that failed before its first batch because Spark's Python worker
-        did not connect back in time (``LATE_WORKER``), at most ``LATE_WORKER_STARTS`` starts in all.
+        did not connect back in time (``LATE_WORKER``), at most ``LATE_WORKER_STARTS`` starts in all;
+        whether any was.
 
         Its batch function never ran, so its sinks saw nothing of it; a batch Spark had already
         planned in the checkpoint is run again from there, as after any restart."""
+        restarted = False
         for name, stream in list(streams.items()):
             exc = stream.exception()
             if exc is None or name in self._entered:
                 continue
-            if not LATE_WORKER.search(str(exc)) or self.starts[name] >= LATE_WORKER_STARTS:
+            if not LATE_WORKER.search(str(exc)) or self._starts[name] >= LATE_WORKER_STARTS:
                 continue
             log.warning("the %s query could not start: Spark's Python worker did not connect back within Spark's "
                         "10 s (a busy host); starting it again (start %d of at most %d)",
-                        name, self.starts[name] + 1, LATE_WORKER_STARTS)
+                        name, self._starts[name] + 1, LATE_WORKER_STARTS)
             streams[name] = self._start(spark, self.queries[name], until_caught_up)
+            restarted = True
+        return restarted
 
     def _tick(self, streams: dict, work: bool = True) -> None:
         """Each query's ``tick`` (unless ``work`` is off) and ``poll_metrics``, then what no batch
