@@ -78,7 +78,8 @@ def sharing(argv: list[str]) -> Sharing:
     if any(os.path.isdir(entry) for entry in path.split(os.pathsep)):
         return Sharing(None)  # the JVM refuses to share classes from a directory
     # The JVM ignores an archive whose jars changed since; a rebuilt helper jar gets a new one.
-    stamps = [f"{os.stat(e).st_size}:{os.stat(e).st_mtime_ns}" for e in path.split(os.pathsep) if os.path.exists(e)]
+    stats = [os.stat(e) for e in path.split(os.pathsep) if os.path.exists(e)]
+    stamps = [f"{st.st_size}:{st.st_mtime_ns}" for st in stats]
     return Sharing(archive_for(main.rsplit(".", 1)[-1], path, main, *stamps))
 
 
