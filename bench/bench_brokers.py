@@ -99,7 +99,7 @@ def _tier(root: str, brokers: list[str]) -> str:
             obj = StagingObject(name, len(data), batch * 10**6, queues, 0)
             log.append(head, {"type": "batch", "batch_id": batch, "source_start": batch * 10**6,
                               "source_end": (batch + 1) * 10**6, "staging": [obj.to_json()]})
-        log.checkpoint(head)
+        log.fold(head)
     return location
 
 

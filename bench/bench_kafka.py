@@ -109,7 +109,7 @@ def run_sink(directory: str, end: int, s: KafkaSettings) -> tuple[float, int]:
 
 def run_query(spark, directory: str, s: KafkaSettings, workdir: str) -> dict:
     from streaming.checkpoints import foreach_batch
-    from streaming.replication import MirrorHandler
+    from streaming.mirror import MirrorHandler
     from streaming.tiering import refs_stream
 
     checkpoint = os.path.join(workdir, f"ck-{time.monotonic_ns()}")

@@ -91,9 +91,9 @@ class Tier:
                 self._commit(chunk, index)
                 records_since += 2
                 if records_since >= 200 and queues <= 10_000:
-                    self.log.checkpoint(self.head)
+                    self.log.fold(self.head)
                     records_since = 0
-        self.log.checkpoint(self.head)
+        self.log.fold(self.head)
         self.build_s = time.perf_counter() - started
         self.probe = key_of(1)  # its topic's queues hold real objects around the middle of history
         self.middle = self.per_queue // 2
@@ -136,7 +136,7 @@ class Tier:
         self.log.append(self.head, {"type": "seal", "segments": [segment(k, index) for k in keys],
                                     "retire": [NAMES.staging(self.phy)]})
         t2 = time.perf_counter()
-        self.log.checkpoint(self.head)
+        self.log.fold(self.head)
         t3 = time.perf_counter()
         self.phy += 1000
         self.batch_id += 1

@@ -52,7 +52,7 @@ from connectors.tier.reader import TierReader
 def build(root: str, messages: int, topics: int, queues: int, keys: int, body: int, segment: int) -> dict:
     """Produce ``messages`` and tier them with the service, unless ``root`` already holds that tier."""
     marker = os.path.join(root, "built")
-    conf = make_conf(root, tier={"segment_messages": segment, "checkpoint_every": 50},
+    conf = make_conf(root, tier={"segment_messages": segment, "fold_every": 50},
                      source={"max_bytes_per_trigger": 256 << 20})
     if os.path.exists(marker):
         return {"reused": True, "location": conf.tier.location}

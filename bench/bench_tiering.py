@@ -45,7 +45,7 @@ from streaming import config as cfg
 
 def make_conf(root: str, **overrides) -> cfg.Config:
     tier = {"location": os.path.join(root, "tier"), "segment_bytes": 1 << 40, "segment_messages": 1 << 40,
-            "segment_age_s": 1e9, "checkpoint_every": 1 << 30, **overrides.pop("tier", {})}
+            "segment_age_s": 1e9, "fold_every": 1 << 30, **overrides.pop("tier", {})}
     return cfg.Config(
         commitlog=cfg.CommitlogConfig(**{"dir": os.path.join(root, "commitlog"), "file_size": 256 << 20,
                                          "check_crc": True, **overrides.pop("commitlog", {})}),

@@ -30,8 +30,8 @@ POINTS = (
     "committed",  # driver: metadata updated, Spark has not committed the batch
     "seal_uploaded",  # driver: a segment uploaded, no seal record yet
     "sealed",  # driver: seal record written, metadata not yet updated
-    "checkpoint_written",  # driver: a checkpoint's pages, manifests and buckets written, its root not yet
-    "checkpointed",  # driver: a new root written and the records it covers deleted; old versions not yet scheduled
+    "fold_written",  # driver: a fold's pages, manifests and buckets written, its root not yet
+    "folded",  # driver: a new root written and the records it covers deleted; old versions not yet scheduled
     "collected",  # driver: a compaction batch's changes collected, the KV view not yet updated
     "kv_applied",  # apply thread: the KV view updated, the kv sink offset not yet (Spark may have committed)
     "snapshotted",  # apply thread: one topic's compacted snapshot written, the others not yet

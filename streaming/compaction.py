@@ -39,6 +39,7 @@ from connectors.brokers import DEFAULT_BROKER
 from connectors.changes import CHANGE_REF, CHANGE_ROW
 from connectors.commitlog.reader import CommitLogReader
 from connectors.errors import TierlogError
+from connectors.sinks import CHANGELOG, KV
 from connectors.tier import snapshots
 from connectors.tier.backend import open_backend
 from state.kv import Change, KVView
@@ -48,8 +49,6 @@ from connectors.faults import crash_point
 
 log = logging.getLogger("tierlog.compaction")
 
-KV_SINK = "kv"
-CHANGELOG_SINK = "changelog"
 
 
 @dataclass(frozen=True)
@@ -144,7 +143,7 @@ class CompactionHandler:
         start = self._reader.first_offset() if applied is None else applied
         count = replay_commitlog(self.kv, self._reader, start, committed, self.key_property, self.settings.topics)
         self.kv.apply([], applied_through=committed)
-        self._record_sink(KV_SINK, committed)
+        self._record_sink(KV, committed)
         log.info("the KV view was behind the compaction checkpoint: replayed %d message(s) from physical "
                  "offset %d to %d from the commitlog", count, start, committed)
         return count
@@ -154,7 +153,7 @@ class CompactionHandler:
         starts from the view's keys, so its compacted topic holds every live key."""
         from state.replay import latest_changes
 
-        sent_through = self.metadata.sinks().get(CHANGELOG_SINK) if self.metadata is not None else None
+        sent_through = self.metadata.sinks().get(CHANGELOG) if self.metadata is not None else None
         if sent_through is None and applied is not None:
             entries = sorted((e for _, e in self.kv.entries() if e is not None), key=lambda e: e.phy_offset)
             rows = [(e.topic, e.key, e.phy_offset, e.queue_id, e.queue_offset, e.store_ts, False, e.body)
@@ -162,7 +161,7 @@ class CompactionHandler:
             self.changelog.publish_rows(rows)
             log.info("changelog: started from the KV view's %d live key(s)", len(rows))
             sent_through = applied
-            self._record_sink(CHANGELOG_SINK, applied)
+            self._record_sink(CHANGELOG, applied)
         if sent_through is not None:
             self.changelog.floor = sent_through - 1
         if committed is None:
@@ -173,7 +172,7 @@ class CompactionHandler:
             self.changelog.publish(changes)
             log.info("changelog: caught up %d changed key(s) from physical offset %d to %d", changes.num_rows,
                      start, committed)
-        self._record_sink(CHANGELOG_SINK, max(start, committed))
+        self._record_sink(CHANGELOG, max(start, committed))
 
     def process(self, batch: Batch) -> None:
         with self.lock:
@@ -221,9 +220,9 @@ class CompactionHandler:
         applied = self.kv.apply_table(table, applied_through=end)
         crash_point("kv_applied")
         expired = self._expire()
-        self._record_sink(KV_SINK, end)
+        self._record_sink(KV, end)
         if self.changelog is not None:
-            self._record_sink(CHANGELOG_SINK, end)
+            self._record_sink(CHANGELOG, end)
             self.changelog.floor = end - 1
         t3 = time.monotonic()
         snapshot_rows = self._maybe_snapshot(end)

@@ -18,6 +18,7 @@ declared with its documentation, and the documentation is the bulk of it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import tomllib
@@ -26,6 +27,8 @@ from typing import Any, Mapping
 
 from connectors.brokers import DEFAULT_BROKER, broker_name_problem
 from connectors.errors import ConfigError
+
+log = logging.getLogger("tierlog.config")
 
 ENV_PREFIX = "TIERLOG_"
 DEFAULT_FILE = "tierlog.toml"
@@ -101,8 +104,8 @@ class TierConfig:
             "Empty: no limit."
     )
     delete_grace_s: float = setting(60.0, "Seconds a retired object stays readable before it is deleted.")
-    checkpoint_every: int = setting(200, "Commit records between checkpoints of the tier's commit log (a checkpoint "
-                                      "also happens once the records since the last one reach 8 MiB).")
+    fold_every: int = setting(200, "Commit records between folds of the tier's commit log into manifests (a fold "
+                                "also happens once the records since the last one reach 8 MiB).")
 
 
 @dataclass(frozen=True)
@@ -295,7 +298,9 @@ def _coerce(f: dataclasses.Field, value: Any, name: str, origin: str) -> Any:
 
 
 # Settings that were renamed: an old name is refused naming the new one, not ignored.
-RENAMED = {"tier.compact_every": "tier.checkpoint_every"}
+RENAMED = {"tier.compact_every": "tier.fold_every"}
+# Settings renamed lately: the old name still works, with a warning naming the new one.
+DEPRECATED = {"tier.checkpoint_every": "tier.fold_every"}
 
 
 def _apply(values: dict[str, dict[str, Any]], section: str, key: str, raw: Any, origin: str) -> None:
@@ -303,6 +308,10 @@ def _apply(values: dict[str, dict[str, Any]], section: str, key: str, raw: Any, 
     if cls is None:
         raise ConfigError(f"unknown section [{section}] (from {origin}); known: {', '.join(sections())}")
     by_name = {f.name: f for f in fields(cls)}
+    if f"{section}.{key}" in DEPRECATED:
+        new = DEPRECATED[f"{section}.{key}"]
+        log.warning("setting %s.%s (from %s) is now %s: it still works, rename it there", section, key, origin, new)
+        section, key = new.split(".")
     if f"{section}.{key}" in RENAMED:
         raise ConfigError(f"setting {section}.{key} (from {origin}) is now {RENAMED[f'{section}.{key}']}: "
                           "rename it there, the value means the same")
@@ -411,38 +420,6 @@ def parse_topic_limits(text: str, setting_name: str, *, size: bool = False) -> d
             raise ConfigError(f"setting {setting_name}: {item.strip()!r} is not {what}; use * for every topic")
         out[topic] = _size_bytes(*m.groups()) if size else int(m.group(1))
     return out
-
-
-def _globs(text: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in text.split(",") if p.strip())
-
-
-def topic_filters(conf: "Config") -> dict:
-    """Each sink's ``TopicFilter`` (tier, compaction, mirror) from ``[topics]``."""
-    from connectors.commitlog.topics import CLASSES, TopicFilter
-
-    t = conf.topics
-    out = {}
-    for sink in ("tier", "compaction", "mirror"):
-        classes = _globs(getattr(t, sink))
-        unknown = [c for c in classes if c not in CLASSES]
-        if unknown:
-            raise ConfigError(f"setting topics.{sink}: {', '.join(map(repr, unknown))} is not a topic class; "
-                              f"use any of {', '.join(CLASSES)}")
-        out[sink] = TopicFilter(frozenset(classes), _globs(t.include) or ("*",),
-                                _globs(t.exclude) + _globs(getattr(t, f"{sink}_exclude")),
-                                _globs(getattr(t, f"{sink}_include")))
-    return out
-
-
-def parse_retention(text: str) -> dict[str, float] | None:
-    """``tier.retention``: empty keeps everything."""
-    return parse_topic_durations(text, "tier.retention")
-
-
-def parse_ttl(text: str) -> dict[str, float] | None:
-    """``compaction.ttl``: empty never expires a key."""
-    return parse_topic_durations(text, "compaction.ttl")
 
 
 def to_toml(config: Config, *, with_docs: bool = True) -> str:

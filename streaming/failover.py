@@ -4,7 +4,7 @@ a replica.
 A RocketMQ master and its replicas hold the same bytes at the same physical offsets, so when a
 replica takes over, tierlog may go on from its commitlog exactly where the tier ended.  Every
 batch record of the tier names its last record: physical offset, size and the CRC-32 of its
-bytes (``TieringHandler._fingerprint``).  On every start the commitlog must hold those same bytes
+bytes (the stager's fingerprint, ``connectors.tier.staging.stage``).  On every start the commitlog must hold those same bytes
 there; then each query goes on from its own checkpoint, its offsets meaning the same in either
 log.  The check is one record's read, so it runs whether or not ``commitlog.dir`` changed.
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from connectors.brokers import DEFAULT_BROKER
+from connectors.sinks import CHANGELOG, MIRROR
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class Metrics:
         for query in queries:  # present from the start, so dashboards see 0
             self.rows_in.labels(query)
             self.bytes_in.labels(query)
-        for sink in ("mirror", "changelog"):
+        for sink in (MIRROR, CHANGELOG):
             self.kafka_sent.labels(sink)
             self.kafka_errors.labels(sink)
         self._server = None

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 
 from connectors.errors import ConfigError, StopRequested, TierlogError
 from connectors.faults import DRIVER_PID
+from connectors.sinks import KV
 from state.kv import KVView
 from state.metadata import MetadataStore
 from streaming import config as cfg
@@ -31,6 +32,7 @@ from streaming import plan
 from streaming.checkpoints import Checkpoint, check_or_record, foreach_batch
 from streaming.metrics import Metrics
 from streaming.queries.base import Query, RunContext
+from streaming.settings import derive
 
 log = logging.getLogger("tierlog.service")
 
@@ -77,14 +79,15 @@ class Service:
         problem = location_problem(conf)
         if problem:
             raise ConfigError(problem)
+        settings = derive(conf)  # every setting parsed, and refused, before anything opens
         kinds = plan.queries(conf)
         metadata = self._metadata = MetadataStore(plan.metadata_path(conf))
         self.metrics.serve(conf.metrics.host, conf.metrics.port)
         kv = None
         self.queries = {}
         try:
-            if any("kv" in q.sinks(conf) for q in kinds):
-                kv = KVView(plan.kv_path(conf), ttl=cfg.parse_ttl(conf.compaction.ttl))
+            if any(KV in q.sinks(conf) for q in kinds):
+                kv = KVView(plan.kv_path(conf), ttl=settings.ttl)
             if spark is None:
                 from streaming.session import build_session
 
@@ -101,7 +104,7 @@ class Service:
             for q in kinds:  # every checkpoint checked before anything starts
                 check_or_record(spark, plan.checkpoint_path(conf, q.name), q.name, q.guarded_settings(conf, spark),
                                 movable=("commitlog.dir",) if moved_from else ())
-            ctx = RunContext(conf=conf, metadata=metadata, kv=kv, metrics=self.metrics,
+            ctx = RunContext(conf=conf, settings=settings, metadata=metadata, kv=kv, metrics=self.metrics,
                              should_stop=self.stopping.is_set,
                              source_options=plan.source_options(conf), kafka=plan.kafka_settings(conf))
             for kind in kinds:

@@ -83,11 +83,28 @@ MUTANTS = (
     Mutant(
         "staging_object_lost_after_a_crash",
         "a restart that catches the metadata store up also schedules the batch's staging objects for deletion",
-        "streaming/tiering.py",
+        "connectors/tier/writer.py",
         """            deletes = {n: now for n in record.get("retire", ())} | {n: now for s in expired for n in (s.name, s.keys) if n}""",
         """            deletes = {n: now for n in record.get("retire", ())} | {n: now for s in expired for n in (s.name, s.keys) if n}
             deletes |= {o["name"]: now for o in record.get("staging", ())}""",
-        ("tests/test_crash.py",),
+        ("tests/test_tier_writer.py", "tests/test_crash.py"),
+    ),
+    Mutant(
+        "seal_retires_staging_a_queue_still_needs",
+        "a seal retires a staging object once any of its queues (not every one) is sealed past it",
+        "connectors/tier/writer.py",
+        """            if all(st["last"] < sealed_after.get(k, self.head.queues[k].sealed) for k, st in o.queues.items())""",
+        """            if any(st["last"] < sealed_after.get(k, self.head.queues[k].sealed) for k, st in o.queues.items())""",
+        ("tests/test_tier_writer.py",),
+    ),
+    Mutant(
+        "metadata_store_left_behind_after_a_crash",
+        "a restart finds the metadata store one record behind the tier and does not catch it up",
+        "connectors/tier/writer.py",
+        """        log.info("metadata store is at commit record %d, tier at %d: catching up", meta_seq, head.seq)""",
+        """        log.info("metadata store is at commit record %d, tier at %d: catching up", meta_seq, head.seq)
+        return""",
+        ("tests/test_tier_writer.py",),
     ),
     Mutant(
         "committed_transactions_filtered_out",

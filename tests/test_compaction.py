@@ -56,7 +56,7 @@ def test_ttl_expires_quiet_keys_and_nothing_else(spark, tmp_path):
     append(conf, kv_messages(800, keys=150, seed=1, store_ts=now - 3_600_000))  # an hour ago
     append(conf, kv_messages(300, keys=150, seed=2))  # now: some keys are refreshed
     run(spark, conf)
-    ttl_map = cfg.parse_ttl(ttl.ttl)
+    ttl_map = {"t0": 600.0}  # t0=10m
     expected = latest_per_key(conf.commitlog.dir, ttl=ttl_map, now_ms=int(time.time() * 1000))
     everything = latest_per_key(conf.commitlog.dir)
     got = view_contents(conf)

@@ -33,8 +33,8 @@ def test_layers_override_in_order(tmp_path):
         ('[commitlog]\nfile_size = "big"\n', {}, r"commitlog\.file_size \(from .*t\.toml\): expected a whole number"),
         ("[commitlog]\nbogus = 1\n", {}, r"unknown setting commitlog\.bogus"),
         ("[nosuch]\nx = 1\n", {}, r"unknown section \[nosuch\]"),
-        ("[tier]\ncompact_every = 5\n", {}, r"tier\.compact_every \(from .*t\.toml\) is now tier\.checkpoint_every"),
-        ("", {"TIERLOG_TIER_COMPACT_EVERY": "5"}, r"tier\.compact_every \(from environment .*is now tier\.checkpoint_every"),
+        ("[tier]\ncompact_every = 5\n", {}, r"tier\.compact_every \(from .*t\.toml\) is now tier\.fold_every"),
+        ("", {"TIERLOG_TIER_COMPACT_EVERY": "5"}, r"tier\.compact_every \(from environment .*is now tier\.fold_every"),
         ("commitlog = 3\n", {}, r"`commitlog` must be a \[section\] table"),
         ("[commitlog\n", {}, "not valid TOML"),
         ("", {"TIERLOG_COMMITLOG_CHECK_CRC": "perhaps"}, r"commitlog\.check_crc \(from environment variable"),
@@ -48,6 +48,18 @@ def test_bad_settings_are_named(tmp_path, toml, env, match):
     file.write_text(toml)
     with pytest.raises(ConfigError, match=match):
         cfg.load(str(file), env=env)
+
+
+def test_a_deprecated_name_still_sets_its_new_setting_and_says_so(tmp_path, caplog):
+    file = tmp_path / "t.toml"
+    file.write_text("[tier]\ncheckpoint_every = 7\n")
+    with caplog.at_level("WARNING", logger="tierlog.config"):
+        assert cfg.load(str(file), env={}).tier.fold_every == 7
+        assert cfg.load(None, env={"TIERLOG_TIER_CHECKPOINT_EVERY": "9"}).tier.fold_every == 9
+    assert [r.getMessage() for r in caplog.records] == [
+        f"setting tier.checkpoint_every (from {file}) is now tier.fold_every: it still works, rename it there",
+        "setting tier.checkpoint_every (from environment variable TIERLOG_TIER_CHECKPOINT_EVERY) is now "
+        "tier.fold_every: it still works, rename it there"]
 
 
 def test_every_setting_is_documented_and_shown():

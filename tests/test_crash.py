@@ -24,14 +24,14 @@ from tests.tiering_helpers import assert_tier_equals_commitlog, produce
 # (crash point, on which pass): 14 kills, covering every point at least once.
 FAULTS = [
     ("staged", 1), ("uploaded", 1), ("dispatched", 2), ("logged", 1), ("committed", 2), ("seal_uploaded", 1),
-    ("sealed", 1), ("checkpoint_written", 1), ("staged", 3), ("logged", 3), ("checkpointed", 1), ("committed", 1),
+    ("sealed", 1), ("fold_written", 1), ("staged", 3), ("logged", 3), ("folded", 1), ("committed", 1),
     ("seal_uploaded", 2), ("dispatched", 1),
 ]
 
 
 def write_config(tmp_path: Path) -> Path:
     return shared_config(tmp_path, source={"max_bytes_per_trigger": 60000, "partition_bytes": 30000},
-                         tier={"segment_messages": 120, "delete_grace_s": 0, "checkpoint_every": 5},
+                         tier={"segment_messages": 120, "delete_grace_s": 0, "fold_every": 5},
                          compaction={"enabled": False})
 
 

@@ -89,7 +89,7 @@ def check_view(tier_log: TierLog, ledger: Ledger, keys) -> None:
     assert set(view.queue_keys()) == set(ledger.queues)
 
 
-def run_workload(tmp_path, seed: int, steps: int, checkpoint_every: int, nqueues: int = 40):
+def run_workload(tmp_path, seed: int, steps: int, fold_every: int, nqueues: int = 40):
     rng = random.Random(seed)
     tier_log = TierLog(open_backend(str(tmp_path / "tier")), buckets=16)
     head = tier_log.open_head()
@@ -108,8 +108,8 @@ def run_workload(tmp_path, seed: int, steps: int, checkpoint_every: int, nqueues
             record = ledger.expire(key, rng.randint(1, 3))
             if record["segments"]:
                 tier_log.append(head, record)
-        if step % checkpoint_every == checkpoint_every - 1:
-            tier_log.checkpoint(head)
+        if step % fold_every == fold_every - 1:
+            tier_log.fold(head)
         if step % 25 == 0:
             check_view(TierLog(tier_log.backend), ledger, rng.sample(sorted(ledger.queues), min(5, len(ledger.queues))))
     return tier_log, head, ledger
@@ -117,7 +117,7 @@ def run_workload(tmp_path, seed: int, steps: int, checkpoint_every: int, nqueues
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_views_and_restarts_agree_with_the_ledger(tmp_path, seed):
-    tier_log, head, ledger = run_workload(tmp_path, seed, steps=400, checkpoint_every=7)
+    tier_log, head, ledger = run_workload(tmp_path, seed, steps=400, fold_every=7)
     check_view(TierLog(tier_log.backend), ledger, sorted(ledger.queues))
     again = TierLog(tier_log.backend).open_head()  # what a restarted service holds
     assert again.queues == head.queues and again.seq == head.seq and again.source_end == head.source_end
@@ -135,12 +135,12 @@ def test_a_checkpoint_writes_only_the_queues_that_changed(tmp_path):
     keys = [("t", q) for q in range(2000)]
     for i in range(0, 2000, 200):
         tier_log.append(head, ledger.batch(rng, keys[i:i + 200], i))
-    tier_log.checkpoint(head)
+    tier_log.fold(head)
     puts = []
     real_put = backend.put
     backend.put = lambda name, data: (puts.append(name), real_put(name, data))
     tier_log.append(head, ledger.batch(rng, [("t", 7)], 99))
-    tier_log.checkpoint(head)
+    tier_log.fold(head)
     # the record, one queue manifest, its bucket and the root: nothing per other queue
     assert sorted(puts) == sorted([NAMES.log(10), NAMES.queue_manifest("t", 7, 10),
                                    NAMES.bucket(bucket_of(("t", 7), head.buckets), 10), NAMES.root(10)])
@@ -153,7 +153,7 @@ class Crash(Exception):
 
 @pytest.mark.parametrize("after_puts", [0, 1, 2, 3, 5])
 def test_a_crash_in_a_checkpoint_loses_nothing(tmp_path, after_puts):
-    tier_log, head, ledger = run_workload(tmp_path, 7, steps=120, checkpoint_every=1000)
+    tier_log, head, ledger = run_workload(tmp_path, 7, steps=120, fold_every=1000)
     backend = tier_log.backend
     real_put, count = backend.put, [0]
 
@@ -165,13 +165,13 @@ def test_a_crash_in_a_checkpoint_loses_nothing(tmp_path, after_puts):
 
     backend.put = failing_put
     with pytest.raises(Crash):
-        tier_log.checkpoint(head)
+        tier_log.fold(head)
     backend.put = real_put
     check_view(TierLog(backend), ledger, sorted(ledger.queues))  # the old root and every record still count
     fresh = TierLog(backend)
     restarted = fresh.open_head()
     assert restarted.queues == head.queues
-    fresh.checkpoint(restarted)
+    fresh.fold(restarted)
     check_view(TierLog(backend), ledger, sorted(ledger.queues))
 
 
@@ -260,7 +260,7 @@ def test_an_upgrade_interrupted_after_its_root_is_finished_by_running_it_again(t
         if i % 3 == 2:
             before.append(head, ledger.seal(sorted(ledger.queues)))
         if i == 6:
-            before.checkpoint(head)
+            before.fold(head)
     old = put_data_objects(backend, ledger)
 
     def crash(*args):
@@ -282,15 +282,16 @@ def test_an_upgrade_interrupted_after_its_root_is_finished_by_running_it_again(t
 def test_retention_by_bytes_and_messages_drops_each_queues_oldest_segments(tmp_path):
     """Kafka's rule per queue: drop the oldest segment while what stays still meets the limit."""
     from state.metadata import MetadataStore
-    from streaming.tiering import TieringHandler, TieringSettings
+    from connectors.tier.retention import Retention
+    from connectors.tier.writer import TierWriter, WriterSettings
 
-    tier_log, head, ledger = run_workload(tmp_path, 5, steps=300, checkpoint_every=9)
+    tier_log, head, ledger = run_workload(tmp_path, 5, steps=300, fold_every=9)
     store = MetadataStore(str(tmp_path / "metadata"))
     try:
         store.rebuild(tier_log.view())
-        settings = TieringSettings(location=str(tmp_path / "tier"), commitlog_dir=str(tmp_path / "none"),
-                                   retention_bytes={"t1": 120}, retention_messages={"*": 25}, retention_check_s=0)
-        sink = TieringHandler(settings, store)
+        settings = WriterSettings(location=str(tmp_path / "tier"),
+                                  retention=Retention(bytes={"t1": 120}, messages={"*": 25}, check_s=0))
+        sink = TierWriter(settings, store)
         sink.expire(now_ms=10**13)
         for key, q in ledger.queues.items():
             keep = list(q["segments"])
@@ -304,7 +305,7 @@ def test_retention_by_bytes_and_messages_drops_each_queues_oldest_segments(tmp_p
         assert [s.base for s in store.segments("t1", 1)] == [s["base"] for s in ledger.queues[("t1", 1)]["segments"]]
         pending = store.pending_deletes()
         assert all(s["name"] not in pending for q in ledger.queues.values() for s in q["segments"])
-        sink.checkpoint()  # expired pages are dropped from the manifests, and scheduled for deletion
+        sink.fold()  # expired pages are dropped from the manifests, and scheduled for deletion
         check_view(TierLog(tier_log.backend), ledger, sorted(ledger.queues))
         assert any(name.startswith(NAMES.meta_prefix + "pages/") for name in store.pending_deletes())
     finally:

@@ -109,12 +109,12 @@ def test_retention_expires_old_segments(spark, tmp_path):
     produce(conf, 300)
     service = run_until_caught_up(spark, conf)
     time.sleep(1.5)
-    handler = service.queries["tiering"].handler
-    handler.metadata = MetadataStore(metadata_path(conf))
+    writer = service.queries["tiering"].handler.writer
+    writer.index = MetadataStore(metadata_path(conf))
     try:
-        handler.maintain()
+        writer.maintain()
     finally:
-        handler.metadata.close()
+        writer.index.close()
     state = TierReader(conf.tier.location).state()
     assert not state.segments
     assert all(q.low == q.sealed for q in state.queues.values())
@@ -122,7 +122,7 @@ def test_retention_expires_old_segments(spark, tmp_path):
 
 
 def test_log_compaction_keeps_the_same_state(spark, tmp_path):
-    conf = make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=80, checkpoint_every=2)
+    conf = make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=80, fold_every=2)
     produce(conf, 600)
     run_until_caught_up(spark, conf)
     names = [o.name for o in open_backend(conf.tier.location).list(layout.LOG_PREFIX)]

@@ -164,6 +164,22 @@ class ScanResult:
     splits: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class ReaderOptions:
+    """How one broker's commitlog is read, from the settings (``streaming.settings``); ``open`` a
+    reader with them, overriding a field where a reader needs less (no CRC check to find an end)."""
+
+    directory: str
+    check_crc: bool = False
+    on_corrupt: str = "fail"
+    broker: str = DEFAULT_BROKER
+    key_property: str = "KEYS"  # for the Arrow rows' key column: pass it to ``record_batches``
+
+    def open(self, **overrides) -> "CommitLogReader":
+        o = {"check_crc": self.check_crc, "on_corrupt": self.on_corrupt, "broker": self.broker, **overrides}
+        return CommitLogReader(self.directory, **o)
+
+
 class CommitLogReader:
     """Reads complete records from a commitlog directory.  Not thread-safe; cheap to create."""
 
@@ -218,10 +234,6 @@ class CommitLogReader:
                 mm = mmap.mmap(fh.fileno(), f.length, access=mmap.ACCESS_READ)
             self._maps[f.path] = mm
         return mm
-
-    def read_range(self, f: MappedFile, start: int, end: int) -> bytes:
-        """A copy of the bytes ``[start, end)`` of physical offsets inside file ``f``."""
-        return self._map(f)[start - f.base : end - f.base]
 
     # ------------------------------------------------------------ walking
 

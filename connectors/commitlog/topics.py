@@ -42,8 +42,6 @@ SYSTEM_TOPICS = frozenset({
 SYSTEM_PREFIXES = ("rmq_sys_", "%LMQ%")
 RETRY_PREFIXES = ("%RETRY%", "%DLQ%")
 CLASSES = ("business", "retry", "system")
-SINKS = ("tier", "compaction", "mirror")
-DEFAULT_CLASSES = {"tier": ("business", "retry"), "compaction": ("business",), "mirror": ("business",)}
 
 
 def topic_class(topic: str) -> str:

@@ -1,1 +1,1 @@
-"""Kafka sinks: the mirror and the changelog (see issue 5)."""
+"""Kafka sinks: the mirror and the changelog."""

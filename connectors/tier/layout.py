@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from connectors.commitlog.arrow import MESSAGE_SCHEMA, project_schema
@@ -289,3 +291,19 @@ def from_parquet(data: bytes, filters=None) -> pa.Table:
 
 def sort_rows(table: pa.Table) -> pa.Table:
     return table.sort_by(SORT_KEYS)
+
+
+def split_by_queue(table: pa.Table) -> dict[tuple[str, int], pa.Table]:
+    """Slices of a table sorted by (topic, queue_id), one per queue, without copying."""
+    if table.num_rows == 0:
+        return {}
+    topics = pc.dictionary_encode(table["topic"]).combine_chunks()
+    codes = topics.indices.to_numpy().astype(np.int64)
+    queues = table["queue_id"].to_numpy().astype(np.int64)
+    combined = (codes << 32) | queues
+    starts = np.flatnonzero(np.diff(combined)) + 1
+    bounds = [0, *starts.tolist(), table.num_rows]
+    names = topics.dictionary.to_pylist()
+    return {
+        (names[codes[a]], int(queues[a])): table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])
+    }

@@ -12,16 +12,16 @@ Record types (each carries ``"v": 2``, the layout):
 ``seal``    segments sealed from staging data, and the staging objects they retire
 ``expire``  segments removed by retention, oldest first per queue
 
-A *root* (``checkpoint``) folds the records into per-queue manifests and
+A *fold* writes a new *root*: it folds the records into per-queue manifests and
 compacts the log; its cost is the queues the records touched, never the tier's
 history (``connectors.tier.manifest`` has the layout and why).
 
-Crash safety: a checkpoint writes pages, manifests and buckets under new
+Crash safety: a fold writes pages, manifests and buckets under new
 names first, then the root, and only then deletes the records the root covers.
 A crash before the root leaves the old root and every record in place; the
 objects it wrote are referenced by nothing, so no reader sees them.
 
-It is longer than most modules because appending, checkpointing and upgrading
+It is longer than most modules because appending, folding and upgrading
 write the same objects and must agree on their order of writes and deletes.
 """
 
@@ -88,7 +88,7 @@ class TierHead:
         self.quarantined = {q["start_phy"]: q for q in root.get("quarantined", ())}
         self.topics: dict[str, int] = {}  # topic -> one past its highest queue id
         self.topics_by_home: dict[int, set[str]] = {}
-        self.changed_buckets: set[int] = set()  # buckets to rewrite at the next checkpoint
+        self.changed_buckets: set[int] = set()  # buckets to rewrite at the next fold
         self.filtered: dict[str, dict[str, int]] = {k: dict(v) for k, v in root.get("filtered", {}).items()}
         self.queues: dict[QueueKey, QueueState] = {}
         self.versions: dict[QueueKey, int] = {}  # each queue's manifest version at the root
@@ -202,7 +202,7 @@ class TierLog:
         return value
 
     def _listing(self) -> Listing:
-        """This broker's commit-log objects.  Lists every broker's (a checkpoint keeps each one
+        """This broker's commit-log objects.  Lists every broker's (a fold keeps each one
         short), to notice a commit log from before brokers."""
         out = Listing()
         before = layout.Names(None)
@@ -225,7 +225,7 @@ class TierLog:
     def view(self, *, attempts: int = 5) -> TierView:
         """The committed state: the newest root and every record after it.
 
-        A checkpoint running at the same time may delete what was just listed; the read
+        A fold running at the same time may delete what was just listed; the read
         is then started again.
         """
         for attempt in range(attempts):
@@ -315,7 +315,7 @@ class TierLog:
         head.apply(record, len(data))
         return record["seq"]
 
-    def checkpoint(self, head: TierHead, before_root=None) -> list[str]:
+    def fold(self, head: TierHead, before_root=None) -> list[str]:
         """Fold the records since the last root into the manifests of the queues they changed,
         write a new root, and delete the records it covers.  Returns the metadata objects the new
         root no longer names; the caller deletes them after a grace period (readers may be on them).
@@ -328,7 +328,7 @@ class TierLog:
             for key in record_keys(record):
                 by_key.setdefault(key, []).append(record)
 
-        def fold(key: QueueKey) -> list[str]:
+        def fold_queue(key: QueueKey) -> list[str]:
             m = self._manifest(key, head.versions.get(key))
             for record in by_key[key]:
                 m = apply_to_manifest(m, key, record)
@@ -346,7 +346,7 @@ class TierLog:
                 garbage.append(self.names.queue_manifest(*key, head.versions[key]))
             return garbage
 
-        garbage = [name for names in io_map(fold, list(by_key)) for name in names]
+        garbage = [name for names in io_map(fold_queue, list(by_key)) for name in names]
         for key in by_key:
             head.versions[key] = seq
         garbage += self._write_buckets(head, head.changed_buckets, seq)

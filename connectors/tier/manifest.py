@@ -14,10 +14,10 @@ Like Iceberg's manifest list and manifests, and Kafka's remote-log metadata kept
                                          a page: up to ``PAGE_SEGMENTS`` older segments, immutable
 
 A root names one version per bucket and nothing per queue, so its size is fixed by the bucket
-count.  A checkpoint rewrites only the queues (and their buckets) that commit records changed
+count.  A fold rewrites only the queues (and their buckets) that commit records changed
 since the last root; a queue's manifest holds at most ``PAGE_SEGMENTS`` segments inline before
 they move to an immutable page.  So no cost grows with the tier's history: a commit is one
-record, a checkpoint is proportional to the queues it touched, and a reader of one queue reads
+record, a fold is proportional to the queues it touched, and a reader of one queue reads
 the root, the records after it, one bucket, one manifest and the pages the offsets it wants
 fall in.
 

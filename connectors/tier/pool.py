@@ -1,6 +1,6 @@
 """One process-wide pool of threads for the tier's metadata I/O (reads and writes of manifests).
 
-Starting threads for every checkpoint cost more than its writes, so the pool is made once per
+Starting threads for every fold cost more than its writes, so the pool is made once per
 process (again in a forked child, which has none of its parent's threads)."""
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ class TierReader:
         return [self._log(b).view() for b in self.brokers()]
 
     def _fresh(self, question: Callable[[TierView], object], state: TierView | None):
-        """``question(state)``; on a fresh view, asked again if a checkpoint deleted what the view named."""
+        """``question(state)``; on a fresh view, asked again if a fold deleted what the view named."""
         if state is not None:
             return question(state)
         return self._retry(lambda: question(self.state()))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import socket
 import sys
 
@@ -60,13 +59,11 @@ def check_config(conf: cfg.Config) -> list[str]:
         problems.append(problem)
     if not 0 <= conf.metrics.port <= 65535:
         problems.append(f"metrics.port {conf.metrics.port} is not a TCP port: use 1-65535, or 0 to turn metrics off")
-    for parse, text in ((cfg.parse_retention, conf.tier.retention), (cfg.parse_ttl, conf.compaction.ttl),
-                        (lambda t: cfg.parse_topic_limits(t, "tier.retention_bytes", size=True), conf.tier.retention_bytes),
-                        (lambda t: cfg.parse_topic_limits(t, "tier.retention_messages"), conf.tier.retention_messages),
-                        (lambda _: cfg.topic_filters(conf), None),
-                        (lambda t: cfg.parse_duration(t, "commitlog.local_retention"), conf.commitlog.local_retention)):
+    from streaming import settings
+
+    for part in settings.PARTS:
         try:
-            parse(text)
+            part(conf)
         except ConfigError as exc:
             problems.append(str(exc))
     for hostport in cfg.bootstrap_servers(conf.kafka.bootstrap):
@@ -89,9 +86,6 @@ def _s3_problems(location: str) -> list[str]:
     """Reach the bucket: a missing one, denied access or an unreachable endpoint, in one line."""
     from connectors.tier.s3 import S3Backend
 
-    s3_log = logging.getLogger("connectors.tier.s3")
-    level = s3_log.level
-    s3_log.setLevel(logging.ERROR)  # the outcome is the one line below, not a warning per retry
     try:
         backend = S3Backend(location)
         try:
@@ -101,8 +95,6 @@ def _s3_problems(location: str) -> list[str]:
     except TierlogError as exc:
         text = str(exc)
         return [text if "tier.location" in text else f"tier.location {location!r}: {text}"]
-    finally:
-        s3_log.setLevel(level)
     return []
 
 

@@ -43,7 +43,9 @@ def _topic_summary(reader, args, conf: cfg.Config) -> list[dict]:
     from connectors.commitlog.arrow import dispatched_mask
     from connectors.commitlog.topics import topic_class
 
-    filters = cfg.topic_filters(conf)
+    from streaming.settings import topic_filters
+
+    filters = topic_filters(conf)
     totals: dict[str, list[int]] = {}
     start, end = (reader.first_offset() if args.from_phy is None else args.from_phy), reader.end_offset()
     next_report = time.monotonic() + 5

@@ -47,7 +47,9 @@ def cmd_commitlog_gc(args, conf: cfg.Config) -> int:
     from state.metadata import MetadataStore
     from streaming.plan import enabled_sinks, metadata_path, safepoint
 
-    retention = cfg.parse_duration(conf.commitlog.local_retention, "commitlog.local_retention")
+    from streaming.settings import local_retention_s
+
+    retention = local_retention_s(conf)
     store = MetadataStore(metadata_path(conf), read_only=True)
     try:
         sinks = store.sinks()

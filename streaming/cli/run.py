@@ -12,10 +12,8 @@ from streaming.cli.status import show_status
 
 
 def cmd_run(args, conf: cfg.Config) -> int:
-    from streaming.queries.tiering import tiering_settings
     from streaming.service import Service
 
-    tiering_settings(conf)  # fail on a bad retention setting before Spark starts
     return Service(conf).run(until_caught_up=args.until_caught_up)
 
 

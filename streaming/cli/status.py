@@ -6,6 +6,7 @@ import logging
 import sys
 
 from connectors.errors import ConfigError, TierlogError
+from connectors.sinks import FILTER_OF
 from streaming import config as cfg
 from streaming.cli.output import emit
 
@@ -82,7 +83,7 @@ def show_status(args, conf: cfg.Config) -> int:
                   "state": health[name]["state"] if name in health else "ok",
                   "since": _iso(health[name]["since"]) if name in health else None,
                   "skipped": sum(1 for x in skipped if x["sink"] == name),
-                  "filtered": _filtered_text(filtered.get(_FILTER_OF.get(name, name), {})),
+                  "filtered": _filtered_text(filtered.get(FILTER_OF.get(name, name), {})),
                   "error": health.get(name, {}).get("error")} for name in enabled_sinks(conf)]
     if args.format == "json":
         emit([{"kind": "queue", **r} for r in rows] + [{"kind": "sink", **r} for r in sink_rows]
@@ -100,10 +101,6 @@ def show_status(args, conf: cfg.Config) -> int:
             print()
         emit([{k: v for k, v in summary.items() if k != "sinks"}], "table")
     return 0
-
-
-# The topic filter each sink follows: the KV view and the changelog follow [topics] compaction.
-_FILTER_OF = {"kv": "compaction", "changelog": "compaction"}
 
 
 def _filtered_text(by_class: dict[str, int]) -> str:

@@ -44,6 +44,7 @@ class RunContext:
     """What a query is built with: the settings, the open stores, and the run's plumbing."""
 
     conf: cfg.Config
+    settings: object  # streaming.settings.Settings: conf's settings, parsed
     metadata: object  # state.metadata.MetadataStore
     kv: object | None  # state.kv.KVView, when the compaction query runs
     metrics: object  # streaming.metrics.Metrics

@@ -7,26 +7,14 @@ import json
 import logging
 
 from connectors.kafka.changelog import ChangelogSink
+from connectors.sinks import CHANGELOG, KV
 from streaming import config as cfg
 from streaming.checkpoints import SHUFFLE_PARTITIONS, STATE_PROVIDER, Batch
-from streaming.compaction import CompactionReport, CompactionSettings, CompactionHandler, compaction_stream
+from streaming.compaction import CompactionReport, CompactionHandler, compaction_stream
 from streaming.queries.base import Query, RunContext
+from streaming.settings import compaction_settings
 
 log = logging.getLogger("tierlog.service")
-
-
-def compaction_settings(conf: cfg.Config) -> CompactionSettings:
-    c = conf.compaction
-    return CompactionSettings(
-        commitlog_dir=conf.commitlog.dir,
-        tier_location=conf.tier.location,
-        broker=conf.broker.name,
-        ttl=cfg.parse_ttl(c.ttl),
-        snapshot_interval_s=c.snapshot_interval_s,
-        snapshot_keep=max(1, c.snapshot_keep),
-        on_corrupt=conf.commitlog.on_corrupt,
-        topics=cfg.topic_filters(conf)["compaction"],
-    )
 
 
 def changelog_enabled(conf: cfg.Config) -> bool:
@@ -43,7 +31,7 @@ class CompactionQuery(Query):
 
     @classmethod
     def sinks(cls, conf: cfg.Config) -> list[str]:
-        return ["kv"] + (["changelog"] if changelog_enabled(conf) else [])
+        return [KV] + ([CHANGELOG] if changelog_enabled(conf) else [])
 
     @classmethod
     def guarded_settings(cls, conf: cfg.Config, spark) -> dict[str, str]:
@@ -59,17 +47,17 @@ class CompactionQuery(Query):
         if changelog_enabled(conf):
             changelog = ChangelogSink(
                 ctx.kafka, should_stop=ctx.should_stop,
-                on_health=lambda h: metadata.record_health("changelog", h),
-                on_skip=lambda phy, why: metadata.record_skip("changelog", phy, why),
+                on_health=lambda h: metadata.record_health(CHANGELOG, h),
+                on_skip=lambda phy, why: metadata.record_skip(CHANGELOG, phy, why),
             )
-        self.handler = CompactionHandler(compaction_settings(conf), ctx.kv, metadata, on_batch=self.report,
+        self.handler = CompactionHandler(compaction_settings(ctx.settings), ctx.kv, metadata, on_batch=self.report,
                                       changelog=changelog, key_property=conf.commitlog.key_property)
         self.lock = self.handler.lock
         self._kafka_counts = {"sent": 0, "retries": 0}  # the changelog's, as last counted
 
     def stream(self, spark):
         return compaction_stream(spark, {**self.ctx.source_options,
-                                         "topics": cfg.topic_filters(self.ctx.conf)["compaction"].to_json()})
+                                         "topics": self.ctx.settings.filters["compaction"].to_json()})
 
     def start(self, committed_end: int | None) -> None:
         self.handler.catch_up(committed_end)

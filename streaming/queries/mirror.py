@@ -1,15 +1,16 @@
 """The mirror query as the runner sees it: commitlog -> one Kafka record per message
-(``streaming.replication``)."""
+(``streaming.mirror``)."""
 
 from __future__ import annotations
 
 import json
 import logging
 
+from connectors.sinks import MIRROR
 from streaming import config as cfg
 from streaming.checkpoints import Batch
 from streaming.queries.base import Query, RunContext
-from streaming.replication import MirrorHandler, MirrorReport
+from streaming.mirror import MirrorHandler, MirrorReport
 from streaming.tiering import refs_stream
 
 log = logging.getLogger("tierlog.service")
@@ -24,7 +25,7 @@ class MirrorQuery(Query):
 
     @classmethod
     def sinks(cls, conf: cfg.Config) -> list[str]:
-        return ["mirror"]
+        return [MIRROR]
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
@@ -32,7 +33,7 @@ class MirrorQuery(Query):
         self.handler = MirrorHandler(
             ctx.kafka, conf.commitlog.dir, ctx.metadata, key_property=conf.commitlog.key_property,
             check_crc=conf.commitlog.check_crc, on_corrupt=conf.commitlog.on_corrupt, tasks=conf.kafka.mirror_tasks,
-            should_stop=ctx.should_stop, on_batch=self.report, topics=cfg.topic_filters(conf)["mirror"],
+            should_stop=ctx.should_stop, on_batch=self.report, topics=ctx.settings.filters["mirror"],
         )
         self.lock = self.handler.lock
 

@@ -8,6 +8,7 @@ import os
 import time
 
 from connectors.commitlog.reader import CommitLogReader
+from connectors.sinks import TIER
 from connectors.errors import TierlogError
 from streaming import config as cfg
 from streaming.queries.base import Batch, Query, RunContext
@@ -16,34 +17,12 @@ from streaming.tiering import BatchReport, TieringSettings, TieringHandler, refs
 log = logging.getLogger("tierlog.service")
 
 
-def tiering_settings(conf: cfg.Config) -> TieringSettings:
-    """The tiering query's settings; raises ``ConfigError`` on a bad retention setting."""
-    t = conf.tier
-    return TieringSettings(
-        location=t.location,
-        broker=conf.broker.name,
-        commitlog_dir=conf.commitlog.dir,
-        key_property=conf.commitlog.key_property,
-        check_crc=conf.commitlog.check_crc,
-        on_corrupt=conf.commitlog.on_corrupt,
-        segment_bytes=t.segment_bytes,
-        segment_messages=t.segment_messages,
-        segment_age_s=t.segment_age_s,
-        retention_s=cfg.parse_retention(t.retention),
-        retention_bytes=cfg.parse_topic_limits(t.retention_bytes, "tier.retention_bytes", size=True),
-        retention_messages=cfg.parse_topic_limits(t.retention_messages, "tier.retention_messages"),
-        checkpoint_every=max(1, t.checkpoint_every),
-        filters=cfg.topic_filters(conf),
-        delete_grace_s=t.delete_grace_s,
-    )
-
-
 class TieringQuery(Query):
     name = "tiering"
 
     @classmethod
     def sinks(cls, conf: cfg.Config) -> list[str]:
-        return ["tier"]
+        return [TIER]
 
     @classmethod
     def guarded_settings(cls, conf: cfg.Config, spark) -> dict[str, str]:
@@ -53,7 +32,8 @@ class TieringQuery(Query):
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
-        self.handler = TieringHandler(tiering_settings(ctx.conf), ctx.metadata, on_batch=self.report)
+        s = ctx.settings
+        self.handler = TieringHandler(TieringSettings(s.stage, s.writer), ctx.metadata, on_batch=self.report)
         self.lock = self.handler.lock
         self.batches = self.rows = self.bytes = 0
         self._log_reader: CommitLogReader | None = None  # kept open: it remembers the frontier
@@ -69,6 +49,7 @@ class TieringQuery(Query):
         log.info("stopped: %d tiering batches, %d messages, %.1f MB", self.batches, self.rows, self.bytes / 1e6)
 
     def close(self) -> None:
+        self.handler.close()
         if self._log_reader is not None:
             self._log_reader.close()
 
@@ -108,7 +89,7 @@ class TieringQuery(Query):
         """The commitlog's end, for the lag in the batch line; 0 when it cannot be read."""
         conf = self.ctx.conf
         if self._log_reader is None:
-            self._log_reader = CommitLogReader(conf.commitlog.dir, on_corrupt=conf.commitlog.on_corrupt)
+            self._log_reader = self.ctx.settings.reader.open(check_crc=False)
         try:
             return self._log_reader.end_offset(hint)
         except TierlogError:

@@ -234,7 +234,7 @@ class ChaosRun:
             commitlog={"local_retention": "0s"},
             source={"max_bytes_per_trigger": 4 << 20},
             tier={"location": tier, "segment_messages": 20000, "segment_age_s": 20, "delete_grace_s": 5,
-                  "checkpoint_every": 50},
+                  "fold_every": 50},
             compaction={"snapshot_interval_s": 30},
             **({"state": {"rocksdb_memory_mb": self.plan.rocksdb_memory_mb}} if self.plan.rocksdb_memory_mb else {}),
             kafka={"bootstrap": f"127.0.0.1:{self.kafka_proxy.port}", "partitions": 4, "linger_ms": 5, "delivery_timeout_s": 10},

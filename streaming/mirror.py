@@ -48,10 +48,9 @@ from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.sink import Health, backoff
 from streaming.checkpoints import Batch
 from connectors.faults import crash_point
+from connectors.sinks import MIRROR
 
-log = logging.getLogger("tierlog.replication")
-
-MIRROR_SINK = "mirror"
+log = logging.getLogger("tierlog.mirror")
 
 OUTCOME_DDL = ("slot int, sent bigint, skipped bigint, bytes bigint, partitions string, positions string, "
                "too_large string, error string, retriable boolean")
@@ -148,8 +147,8 @@ class MirrorHandler:
         self.should_stop = should_stop
         self.on_batch = on_batch
         self.lock = threading.RLock()  # held while a batch is sent; a graceful stop waits on it
-        self.health = Health(MIRROR_SINK, None if metadata is None else
-                             lambda h: metadata.record_health(MIRROR_SINK, h))
+        self.health = Health(MIRROR, None if metadata is None else
+                             lambda h: metadata.record_health(MIRROR, h))
         # What the last batch's tasks reached: the next batch's tasks start from it.
         self._partitions: dict[str, int] = {}
         self._positions: dict[str, int] = {}
@@ -165,7 +164,7 @@ class MirrorHandler:
                 self._send(df.sparkSession, start, end, report)
             crash_point("mirrored")
             if self.metadata is not None:
-                self.metadata.record_sink(MIRROR_SINK, end)
+                self.metadata.record_sink(MIRROR, end)
             self.sent += report.sent
             report.seconds = time.monotonic() - started
             if self.on_batch:
@@ -209,7 +208,7 @@ class MirrorHandler:
             for phy, why in json.loads(o["too_large"]):
                 log.warning("mirror: skipped the message at physical offset %d: too large for Kafka (%s)", phy, why)
                 if self.metadata is not None:
-                    self.metadata.record_skip(MIRROR_SINK, phy, why)
+                    self.metadata.record_skip(MIRROR, phy, why)
             self._partitions.update(json.loads(o["partitions"]))
             if o["error"] is None:
                 self._positions.update(json.loads(o["positions"]))

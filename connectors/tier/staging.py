@@ -1,0 +1,174 @@
+"""Staging: one byte range of the commitlog -> one staging object in the tier, and its summary.
+
+The stager runs where the bytes are (a Spark executor under ``tierlog run``, or any process): it
+reads its range with the Arrow fast path, drops what the tier's topic filter leaves out, sorts the
+rows by (topic, queue, queue offset) and uploads one object, named by the range's first physical
+offset so a repeated upload overwrites itself.  Its :class:`StagedPart` carries everything the
+commit needs: the queues' offsets, the corrupt ranges it skipped, and the fingerprint of the last
+record it read.  So the process that commits never opens the commitlog for bytes a stager read;
+it reads only the gaps *between* parts (:class:`CommitLogGaps`), which hold blank markers, corrupt
+records or, when something went wrong, messages that would be skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.brokers import DEFAULT_BROKER
+from connectors.errors import TierlogError
+from connectors.faults import crash_point
+from connectors.tier import layout
+from connectors.tier.backend import open_backend
+from connectors.tier.manifest import StagingObject
+from connectors.tier.records import LastRecord
+
+
+@dataclass(frozen=True)
+class StageSettings:
+    """What a stager needs: where to read, how, what the tier keeps, where to upload."""
+
+    location: str
+    commitlog_dir: str
+    broker: str = DEFAULT_BROKER
+    key_property: str = "KEYS"
+    check_crc: bool = True
+    on_corrupt: str = "fail"
+    filters: dict | None = None  # sink -> TopicFilter; the tier keeps what filters["tier"] accepts; all are counted
+
+
+@dataclass
+class StagedPart:
+    """The summary of one staged range ``[first_phy, end_phy)``.  ``name`` is empty when the
+    filter left nothing to stage: the range still counts as tiered."""
+
+    first_phy: int
+    end_phy: int
+    last_record: LastRecord
+    name: str = ""
+    size: int = 0
+    rows: int = 0
+    bytes: int = 0
+    queues: list = field(default_factory=list)  # [topic, queue, first, last, rows, bytes, min_ts, max_ts]
+    upload_s: float = 0.0
+    filtered: dict = field(default_factory=dict)  # sink -> topic class -> messages its filter left out
+    quarantined: list = field(default_factory=list)  # corrupt ranges inside the part, skipped
+
+    def staging_object(self, time_ms: int) -> StagingObject:
+        queues = {(t, q): {"first": lo, "last": hi, "rows": n, "bytes": b, "min_ts": tmin, "max_ts": tmax}
+                  for t, q, lo, hi, n, b, tmin, tmax in self.queues}
+        return StagingObject(self.name, self.size, self.first_phy, queues, time_ms)
+
+    # The row a Spark task yields: nested values travel as JSON strings.
+    SCHEMA = pa.schema(
+        [("first_phy", pa.int64()), ("end_phy", pa.int64()), ("last_record", pa.string()), ("name", pa.string()),
+         ("size", pa.int64()), ("rows", pa.int64()), ("bytes", pa.int64()), ("queues", pa.string()),
+         ("upload_s", pa.float64()), ("filtered", pa.string()), ("quarantined", pa.string())]
+    )
+    DDL = ("first_phy bigint, end_phy bigint, last_record string, name string, size bigint, rows bigint, "
+           "bytes bigint, queues string, upload_s double, filtered string, quarantined string")
+    _JSON = ("last_record", "queues", "filtered", "quarantined")
+
+    def to_row(self) -> dict:
+        row = dict(vars(self))
+        for key in self._JSON:
+            row[key] = json.dumps(row[key])
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict) -> "StagedPart":
+        return cls(**{k: json.loads(v) if k in cls._JSON else v for k, v in row.items()})
+
+
+def queue_stats(table: pa.Table) -> list[list]:
+    """Per queue: [topic, queue, first, last, rows, bytes, min_ts, max_ts] (store times in ms)."""
+    if table.num_rows == 0:
+        return []
+    grouped = table.group_by(["topic", "queue_id"]).aggregate(
+        [("queue_offset", "min"), ("queue_offset", "max"), ("queue_offset", "count"), ("size", "sum"),
+         ("store_ts", "min"), ("store_ts", "max")]
+    )
+    cols = [grouped[c].to_pylist() for c in (
+        "topic", "queue_id", "queue_offset_min", "queue_offset_max", "queue_offset_count", "size_sum",
+        "store_ts_min", "store_ts_max")]
+    out = []
+    for t, q, lo, hi, n, nbytes, tmin, tmax in zip(*cols):
+        out.append([t, q, lo, hi, n, nbytes, int(tmin.timestamp() * 1000), int(tmax.timestamp() * 1000)])
+    return out
+
+
+def stage(settings: StageSettings, first_phy: int, end_phy: int, last_phy: int) -> StagedPart:
+    """Stage the records in ``[first_phy, end_phy)``, the last of which starts at ``last_phy``."""
+    from connectors.commitlog.arrow import dispatched_only
+    from connectors.commitlog.reader import CommitLogReader
+    from connectors.commitlog.topics import filtered_counts
+
+    with CommitLogReader(settings.commitlog_dir, check_crc=settings.check_crc, on_corrupt=settings.on_corrupt,
+                         broker=settings.broker) as reader:
+        batches = list(reader.record_batches(first_phy, end_phy, key_property=settings.key_property))
+        last = reader.read_bytes(last_phy, end_phy - last_phy)
+        quarantined = [q.to_json() for q in reader.quarantined]
+    if last is None:
+        raise TierlogError(f"the commitlog {settings.commitlog_dir} no longer holds physical offsets "
+                                f"{last_phy}-{end_phy}, which this stager just read: was it replaced?")
+    table = dispatched_only(pa.Table.from_batches(batches, schema=batches[0].schema if batches else None))
+    filters = settings.filters
+    # Every sink's filter is counted here, where each message passes exactly once.
+    filtered = filtered_counts(table["topic"], filters) if filters and table.num_rows else {}
+    if filters and "tier" in filtered:
+        table = table.filter(filters["tier"].mask(table["topic"]))
+    part = StagedPart(first_phy, end_phy, {"phy": last_phy, "size": end_phy - last_phy, "crc32": zlib.crc32(last)},
+                      filtered=filtered, quarantined=quarantined)
+    if table.num_rows:
+        table = layout.sort_rows(table)
+        data = layout.to_staging_parquet(table)
+        part.name = layout.Names(settings.broker).staging(first_phy)
+        backend = open_backend(settings.location)
+        started = time.monotonic()
+        try:
+            backend.put(part.name, data)
+        finally:
+            backend.close()
+        part.upload_s = time.monotonic() - started
+        part.size, part.rows = len(data), table.num_rows
+        part.bytes = int(pc.sum(table["size"]).as_py() or 0)
+        part.queues = queue_stats(table)
+        crash_point("staged")
+    return part
+
+
+@dataclass(frozen=True)
+class Gap:
+    """What lies in a commitlog range no part covered: ``skipped`` says what would be lost (None when
+    only blank markers, or corrupt records quarantined, lie there)."""
+
+    skipped: str | None
+    quarantined: list
+
+
+class CommitLogGaps:
+    """Reads the ranges between staged parts: the only commitlog reads of the committing process.
+    A body whose CRC is wrong is always inside a part (the references name it); a gap holds what the
+    header walk skips, which ``scan`` finds and, under quarantine, records."""
+
+    def __init__(self, commitlog_dir: str, *, on_corrupt: str = "fail"):
+        self.commitlog_dir, self.on_corrupt = commitlog_dir, on_corrupt
+
+    def between(self, start: int, end: int) -> Gap:
+        from connectors.commitlog.errors import CommitLogError
+        from connectors.commitlog.reader import CommitLogReader
+
+        if end < start:
+            return Gap(f"{start - end} bytes (overlap)", [])
+        try:
+            with CommitLogReader(self.commitlog_dir, on_corrupt=self.on_corrupt) as reader:
+                found = reader.scan(start, end).records
+                quarantined = [q.to_json() for q in reader.quarantined]
+        except CommitLogError as exc:
+            return Gap(f"an unreadable range ({exc})", [])
+        return Gap(f"{found} message(s)" if found else None, quarantined)

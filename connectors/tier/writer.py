@@ -1,0 +1,335 @@
+"""``TierWriter``: the tier's write protocol (commit, seal, expire, retire, fold), with no Spark in it.
+
+One writer per broker and tier owns that broker's commit log (``TierLog``), its working set
+(``TierHead``) and a backend.  It is driven by whatever stages the data: ``tierlog run``'s tiering
+query, a benchmark, a test.  The order of writes is the protocol, and the crash tests pin it down:
+
+1. **commit** a batch: record each queue's dispatch offset in the index, write one commit record
+   naming the batch's staging objects (visible from that moment, atomically), then update the
+   index in one synced write;
+2. **seal** queues due by size, count or age into segments and their key indexes, then a seal
+   record that also retires the staging objects no queue needs any more;
+3. **expire** segments past retention with an expire record;
+4. **delete** retired objects once their grace has passed (readers may still be on them);
+5. **fold** the records since the last root into manifests now and then (``TierLog.fold``).
+
+Exactly once: the tier remembers the physical offset its last commit reached (``source_end``).
+Stagers drop rows below it, so a replayed batch commits nothing twice; a batch starting *above*
+it would leave a hole and is refused (``SkippedMessagesError``).
+
+Maintenance is bounded per call: at most ``delete_batch`` deletions and ``sweep_batch`` queues
+looked at for retention, so the backlog a previous process left (a tier of 20,000 queues, say)
+is spread over batches instead of holding up the first one.
+
+The index (``TierIndex``) is the local metadata store: a fast copy of the log, brought up to it
+at open (``reconcile``), never the source of truth.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.brokers import DEFAULT_BROKER
+from connectors.errors import TierlogError
+from connectors.faults import crash_point
+from connectors.tier import layout
+from connectors.tier.backend import Backend, open_backend
+from connectors.tier.log import TierHead, TierLog
+from connectors.tier.manifest import Segment, add_counts, record_keys
+from connectors.tier.records import batch_record, expire_record, seal_record
+from connectors.tier.retention import Retention
+from connectors.tier.staging import Gap, StagedPart
+from connectors.tier.view import TierView
+
+log = logging.getLogger("tierlog.tier")
+
+
+class SkippedMessagesError(TierlogError):
+    """A batch starts above what the tier has committed: tiering it would leave a hole."""
+
+
+class TierIndex(Protocol):
+    """What the writer keeps in step with the log (``state.metadata.MetadataStore`` implements it)."""
+
+    path: str
+
+    def last_seq(self) -> int: ...
+    def rebuild(self, view: TierView) -> None: ...
+    def record_dispatch(self, offsets: dict[tuple[str, int], int]) -> None: ...
+    def record_commit(self, head: TierHead, *, queues, segments=(), removed_segments=(), deletes=(),
+                      filtered=None) -> None: ...
+    def record_quarantine(self, ranges: list[dict]) -> None: ...
+    def oldest_segments(self, topic: str, queue_id: int) -> Iterator[Segment]: ...
+    def schedule_deletes(self, deletes: dict[str, float]) -> None: ...
+    def pending_deletes(self) -> dict[str, float]: ...
+    def forget_deletes(self, names: list[str]) -> None: ...
+
+
+@dataclass(frozen=True)
+class WriterSettings:
+    location: str
+    broker: str = DEFAULT_BROKER  # whose commitlog this is: the tier keeps its queues, metadata and rows apart
+    segment_bytes: int = 128 << 20
+    segment_messages: int = 1_000_000
+    segment_age_s: float = 600.0
+    retention: Retention = field(default_factory=Retention)
+    fold_every: int = 200  # commit records between folds
+    fold_bytes: int = 8 << 20  # or this many bytes of records, whichever comes first
+    delete_grace_s: float = 60.0  # retired objects stay readable this long
+    delete_batch: int = 500  # retired objects deleted per maintenance call, at most
+    sweep_batch: int = 2000  # queues looked at for retention per maintenance call, at most
+
+
+@dataclass
+class Committed:
+    """What one batch commit made visible."""
+
+    rows: int = 0
+    bytes: int = 0
+    objects: int = 0
+    source_end: int | None = None
+    max_store_ts: int | None = None
+
+
+class TierWriter:
+    """Commits, seals, expires, retires and folds one broker's part of a tier.  Not thread-safe:
+    the caller serializes calls (the tiering query holds its lock around each batch)."""
+
+    def __init__(self, settings: WriterSettings, index: TierIndex, backend: Backend | None = None):
+        self.settings = settings
+        self.backend = backend or open_backend(settings.location)
+        self.log = TierLog(self.backend, settings.broker)
+        self.index = index
+        self.head = self.log.open_head()
+        self.uploads: list[tuple[str, float]] = []  # (kind, seconds) per object written, until taken
+        self._sweep: list[tuple[str, int]] = []  # queues the current retention sweep has yet to look at
+        self._swept_at = float("-inf")  # when the current sweep began
+        self.reconcile()
+
+    @property
+    def source_end(self) -> int | None:
+        return self.head.source_end
+
+    def reconcile(self) -> None:
+        """Bring the index up to the tier's commit log (a crash can leave it one record behind)."""
+        meta_seq, head = self.index.last_seq(), self.head
+        if meta_seq > head.seq:
+            raise TierlogError(
+                f"the metadata store ({self.index.path}) has commit record {meta_seq} but the tier "
+                f"{self.settings.location} ends at {head.seq}: was the tier replaced? Run "
+                "`tierlog tier rebuild-metadata` to rebuild the metadata from the tier"
+            )
+        if meta_seq == head.seq:
+            return
+        behind = [r for r in head.tail if r["seq"] > meta_seq]
+        if not behind or behind[0]["seq"] != meta_seq + 1:  # the records it missed were folded
+            log.warning("metadata store is at commit record %d, the tier's last root past it: rebuilding it from "
+                        "the tier", meta_seq)
+            self.index.rebuild(self.log.view())
+            return
+        log.info("metadata store is at commit record %d, tier at %d: catching up", meta_seq, head.seq)
+        now = time.time()
+        for record in behind:
+            sealed = [Segment.from_json(d) for d in record["segments"]] if record["type"] == "seal" else []
+            expired = [Segment.from_json(d) for d in record["segments"]] if record["type"] == "expire" else []
+            deletes = {n: now for n in record.get("retire", ())} | {n: now for s in expired for n in (s.name, s.keys) if n}
+            self.index.record_commit(head, queues=record_keys(record), segments=sealed, removed_segments=expired,
+                                     deletes=deletes, filtered=record.get("filtered"))
+
+    # ------------------------------------------------------------ commit
+
+    def commit(self, batch_id: int, parts: list[StagedPart], gaps: Callable[[int, int], Gap] | None = None,
+               lap: Callable[[str], None] = lambda phase: None) -> Committed | None:
+        """Make ``parts`` (every staged range of one batch) visible with one commit record.
+
+        ``gaps(start, end)`` says what lies between two parts, or between the tier's end and the
+        first part; without it any gap is refused.  Returns None for a batch with nothing new (a
+        replay).  ``lap(phase)`` is called after ``dispatch`` and ``commit``, for the batch's timing.
+        """
+        if not parts:
+            return None
+        parts = sorted(parts, key=lambda p: p.first_phy)
+        gap_quarantined = self._check_contiguous(parts, batch_id, gaps)
+        filtered: dict = {}
+        for p in parts:
+            add_counts(filtered, p.filtered)
+        quarantined = gap_quarantined + [q for p in parts for q in p.quarantined]
+        for q in quarantined:
+            log.error("quarantined commitlog bytes %d-%d of %s: %s. They are skipped by every sink and listed by "
+                      "`tierlog status`; restore them from a replica if they matter", q["start_phy"], q["end_phy"],
+                      q["file"], q["reason"])
+        crash_point("uploaded")
+        self.uploads.extend(("staging", p.upload_s) for p in parts if p.name)
+        now_ms = int(time.time() * 1000)
+        objects = [p.staging_object(now_ms) for p in parts if p.name]
+        touched = {k for o in objects for k in o.queues}
+        self.index.record_dispatch(
+            {k: max(o.queues[k]["last"] + 1 for o in objects if k in o.queues) for k in touched}
+        )
+        lap("dispatch")
+        crash_point("dispatched")
+        record = batch_record(batch_id, parts[0].first_phy, parts[-1].end_phy, [o.to_json() for o in objects],
+                              parts[-1].last_record, quarantined, filtered)
+        self.log.append(self.head, record)
+        crash_point("logged")
+        self.index.record_commit(self.head, queues=touched, filtered=filtered)
+        if quarantined:
+            self.index.record_quarantine(quarantined)
+        lap("commit")
+        crash_point("committed")
+        return Committed(rows=sum(p.rows for p in parts), bytes=sum(p.bytes for p in parts), objects=len(objects),
+                         source_end=self.head.source_end,
+                         max_store_ts=max((s["max_ts"] for o in objects for s in o.queues.values()), default=None))
+
+    def _check_contiguous(self, parts: list[StagedPart], batch_id: int, gaps) -> list[dict]:
+        """Each part must start where the tier (or the previous part) ended, blank markers and
+        quarantined records aside; returns the corrupt ranges found in the gaps."""
+        expected, quarantined = self.head.source_end, []
+        for part in parts:
+            if expected is not None and part.first_phy != expected:
+                gap = gaps(expected, part.first_phy) if gaps else Gap("an unread range", [])
+                if gap.skipped:
+                    raise SkippedMessagesError(
+                        f"batch {batch_id} would tier commitlog bytes from physical offset {part.first_phy}, "
+                        f"but the tier {self.settings.location} has committed up to {expected}: {gap.skipped} "
+                        "in between would be skipped. Was the commitlog truncated, or startingOffset moved? "
+                        "Restore the missing commitlog files, or start a new tier location."
+                    )
+                quarantined.extend(gap.quarantined)
+            expected = part.end_phy
+        return quarantined
+
+    # ------------------------------------------------------------ maintenance
+
+    def maintain(self, now_ms: int | None = None) -> int:
+        """Seal due queues, expire old segments, delete retired objects, fold the log; returns the
+        segments sealed.  Each step is bounded (see the module's docstring)."""
+        now_ms = now_ms or int(time.time() * 1000)
+        due = self.due_for_sealing(now_ms)
+        seals = self.seal(due)
+        self.expire(now_ms, due)
+        self.delete_retired(now_ms)
+        if len(self.head.tail) >= self.settings.fold_every or self.head.tail_bytes >= self.settings.fold_bytes:
+            self.fold()
+        return seals
+
+    def fold(self) -> None:
+        """Fold the records since the last root into manifests; what it replaced is deleted after the grace."""
+        if not self.head.tail:
+            return
+        garbage = self.log.fold(self.head, before_root=lambda: crash_point("fold_written"))
+        crash_point("folded")
+        if garbage:
+            self.index.schedule_deletes({n: time.time() for n in garbage})
+
+    def due_for_sealing(self, now_ms: int) -> list[tuple[str, int]]:
+        s = self.settings
+        due = []
+        for key, objs in self.head.unsealed().items():
+            rows = sum(o.queues[key]["rows"] for o in objs)
+            nbytes = sum(o.queues[key]["bytes"] for o in objs)
+            oldest = min(o.time_ms for o in objs)
+            if rows >= s.segment_messages or nbytes >= s.segment_bytes or now_ms - oldest >= s.segment_age_s * 1000:
+                due.append(key)
+        return sorted(due)
+
+    def seal(self, keys: list[tuple[str, int]]) -> int:
+        """Write one segment per queue in ``keys`` from its committed staging rows, then commit."""
+        if not keys:
+            return 0
+        wanted = set(keys)
+        parts: dict[tuple[str, int], list[pa.Table]] = {k: [] for k in keys}
+        holding = sorted({o.name: o for k in keys for o in self.head.staging_for(k)}.values(), key=lambda o: o.first_phy)
+        for obj in holding:
+            table = layout.from_parquet(self.backend.read(obj.name))
+            for key, piece in layout.split_by_queue(table).items():
+                if key in wanted:
+                    sealed = self.head.queues[key].sealed
+                    parts[key].append(piece.filter(pc.greater_equal(piece["queue_offset"], sealed)))
+        segments = [seg for key, pieces in parts.items() if (seg := self._write_segment(key, pieces))]
+        sealed_after = {(s.topic, s.queue_id): s.end + 1 for s in segments}
+        retire = [
+            o.name for o in holding
+            if all(st["last"] < sealed_after.get(k, self.head.queues[k].sealed) for k, st in o.queues.items())
+        ]
+        self.log.append(self.head, seal_record([s.to_json() for s in segments], retire))
+        crash_point("sealed")
+        now = time.time()
+        self.index.record_commit(
+            self.head, queues=list(sealed_after), segments=segments, deletes={n: now for n in retire}
+        )
+        return len(segments)
+
+    def _write_segment(self, key: tuple[str, int], pieces: list[pa.Table]) -> Segment | None:
+        table = pa.concat_tables(pieces).sort_by("queue_offset")
+        if table.num_rows == 0:
+            return None
+        topic, q = key
+        base, end = table["queue_offset"][0].as_py(), table["queue_offset"][-1].as_py()
+        data = layout.to_parquet(table)
+        name = self.log.names.segment(topic, q, base)
+        self._timed_put("segment", name, data)
+        keys = self.log.names.key_index(topic, q, base)
+        self._timed_put("key_index", keys, layout.key_index(table))
+        crash_point("seal_uploaded")
+        ts = table["store_ts"]
+        return Segment(name, topic, q, base, end, table.num_rows, len(data), _ms(pc.min(ts)), _ms(pc.max(ts)), keys)
+
+    def _timed_put(self, kind: str, name: str, data: bytes) -> None:
+        started = time.monotonic()
+        self.backend.put(name, data)
+        self.uploads.append((kind, time.monotonic() - started))
+
+    def expire(self, now_ms: int, sealed: list[tuple[str, int]] = ()) -> None:
+        """Retention: drop each queue's oldest segments past its topic's limits.  The queues just
+        sealed are checked every time; every queue once per ``retention.check_s``, at most
+        ``sweep_batch`` of them per call."""
+        retention = self.settings.retention
+        if not retention:
+            return
+        keys = set(sealed)
+        if not self._sweep and time.monotonic() - self._swept_at >= retention.check_s:
+            self._sweep = sorted(self.head.queues, reverse=True)  # popped from the end: name order
+            self._swept_at = time.monotonic()
+        for _ in range(min(len(self._sweep), self.settings.sweep_batch)):
+            keys.add(self._sweep.pop())
+        expired = []
+        for key in sorted(keys):
+            if key in self.head.queues:
+                expired.extend(retention.expired(key[0], self.head.queues[key], self.index.oldest_segments(*key),
+                                                 now_ms))
+        if not expired:
+            return
+        self.log.append(self.head, expire_record([seg.to_json() for seg in expired]))
+        now = time.time()
+        self.index.record_commit(
+            self.head, queues={seg.key for seg in expired}, removed_segments=expired,
+            deletes={n: now for seg in expired for n in (seg.name, seg.keys) if n},
+        )
+
+    def delete_retired(self, now_ms: int) -> None:
+        """Delete objects retired more than ``delete_grace_s`` ago (readers still on them had time),
+        at most ``delete_batch`` of them."""
+        due = []
+        for name, when in self.index.pending_deletes().items():
+            if now_ms / 1000 - when >= self.settings.delete_grace_s:
+                due.append(name)
+                if len(due) >= self.settings.delete_batch:
+                    break
+        for name in due:
+            self.backend.delete(name)
+        if due:
+            self.index.forget_deletes(due)
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def _ms(scalar) -> int:
+    return int(scalar.as_py().timestamp() * 1000)

@@ -1,0 +1,106 @@
+"""The typed settings every part of tierlog receives, parsed from ``Config`` in this one place.
+
+``Config`` (``streaming.config``) holds what the user wrote: strings like ``*=7d,orders=30d``.
+``derive(conf)`` turns them into what the code uses: topic filters per sink, TTLs, retention
+limits, the commitlog reader's options, the tier writer's and stager's settings.  Every error
+names the setting, so ``tierlog config check`` and ``tierlog run`` fail at start on a bad value,
+before Spark starts.  Nothing else parses a setting's text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from connectors.commitlog.reader import ReaderOptions
+from connectors.commitlog.topics import CLASSES, TopicFilter
+from connectors.errors import ConfigError
+from connectors.sinks import FILTERED_SINKS
+from connectors.tier.retention import Retention
+from connectors.tier.staging import StageSettings
+from connectors.tier.writer import WriterSettings
+from streaming import config as cfg
+
+
+@dataclass(frozen=True)
+class Settings:
+    conf: cfg.Config
+    filters: dict[str, TopicFilter]  # sink (tier, compaction, mirror) -> its topic filter
+    ttl: dict[str, float] | None  # compaction.ttl: topic -> seconds; None: keys never expire
+    retention: Retention  # tier.retention, retention_bytes, retention_messages
+    local_retention_s: float  # commitlog.local_retention
+    reader: ReaderOptions  # how every commitlog reader of this broker reads
+    stage: StageSettings  # the tiering query's stagers
+    writer: WriterSettings  # the tier writer
+
+
+def derive(conf: cfg.Config) -> Settings:
+    """Every typed setting of ``conf``; raises ``ConfigError`` naming the first bad one."""
+    t, c = conf.tier, conf.commitlog
+    filters, kept = topic_filters(conf), retention(conf)
+    return Settings(
+        conf=conf,
+        filters=filters,
+        ttl=ttl(conf),
+        retention=kept,
+        local_retention_s=local_retention_s(conf),
+        reader=ReaderOptions(c.dir, check_crc=c.check_crc, on_corrupt=c.on_corrupt, broker=conf.broker.name,
+                             key_property=c.key_property),
+        stage=StageSettings(location=t.location, commitlog_dir=c.dir, broker=conf.broker.name,
+                            key_property=c.key_property, check_crc=c.check_crc, on_corrupt=c.on_corrupt,
+                            filters=filters),
+        writer=WriterSettings(location=t.location, broker=conf.broker.name, segment_bytes=t.segment_bytes,
+                              segment_messages=t.segment_messages, segment_age_s=t.segment_age_s,
+                              retention=kept, fold_every=max(1, t.fold_every), delete_grace_s=t.delete_grace_s),
+    )
+
+
+def retention(conf: cfg.Config) -> Retention:
+    t = conf.tier
+    return Retention(
+        seconds=cfg.parse_topic_durations(t.retention, "tier.retention"),
+        bytes=cfg.parse_topic_limits(t.retention_bytes, "tier.retention_bytes", size=True),
+        messages=cfg.parse_topic_limits(t.retention_messages, "tier.retention_messages"),
+    )
+
+
+def ttl(conf: cfg.Config) -> dict[str, float] | None:
+    return cfg.parse_topic_durations(conf.compaction.ttl, "compaction.ttl")
+
+
+def local_retention_s(conf: cfg.Config) -> float:
+    return cfg.parse_duration(conf.commitlog.local_retention, "commitlog.local_retention")
+
+
+def compaction_settings(settings: Settings):
+    """The compaction query's handler settings (``streaming.compaction.CompactionSettings``)."""
+    from streaming.compaction import CompactionSettings
+
+    conf, c = settings.conf, settings.conf.compaction
+    return CompactionSettings(commitlog_dir=conf.commitlog.dir, tier_location=conf.tier.location,
+                              broker=conf.broker.name, ttl=settings.ttl, snapshot_interval_s=c.snapshot_interval_s,
+                              snapshot_keep=max(1, c.snapshot_keep), on_corrupt=conf.commitlog.on_corrupt,
+                              topics=settings.filters["compaction"])
+
+
+def _globs(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def topic_filters(conf: cfg.Config) -> dict[str, TopicFilter]:
+    """Each sink's ``TopicFilter`` from ``[topics]``."""
+    t = conf.topics
+    out = {}
+    for sink in FILTERED_SINKS:
+        classes = _globs(getattr(t, sink))
+        unknown = [c for c in classes if c not in CLASSES]
+        if unknown:
+            raise ConfigError(f"setting topics.{sink}: {', '.join(map(repr, unknown))} is not a topic class; "
+                              f"use any of {', '.join(CLASSES)}")
+        out[sink] = TopicFilter(frozenset(classes), _globs(t.include) or ("*",),
+                                _globs(t.exclude) + _globs(getattr(t, f"{sink}_exclude")),
+                                _globs(getattr(t, f"{sink}_include")))
+    return out
+
+
+# Each part on its own, so `tierlog config check` can list every bad setting, not only the first.
+PARTS = (topic_filters, retention, ttl, local_retention_s)

@@ -1,0 +1,227 @@
+"""The tier's write protocol without Spark: ``TierWriter`` driven by the real stager over a real
+commitlog, in random sequences of commits, seals, expirations, folds and restarts, and with a crash
+before every write it makes; each run compared with the writers' ledger (``tests.ledger``).
+
+A crash is an exception raised in place of the n-th write (a backend put or delete, or a write
+of the metadata store), after which nothing of the process is kept but what it wrote: the store
+is closed and opened again, a new writer opens the tier, and the batch in flight is staged again
+from where the tier ended, as Spark runs a batch again after a crash.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from connectors.commitlog.workload import Workload
+from connectors.commitlog.writer import CommitLogWriter
+from connectors.tier.backend import open_backend
+from connectors.tier.reader import TierReader
+from connectors.tier.retention import Retention
+from connectors.tier.staging import CommitLogGaps, StageSettings, stage
+from connectors.tier.writer import SkippedMessagesError, TierWriter, WriterSettings
+from state.metadata import MetadataStore
+from tests import ledger
+from tests.oracle import entered_a_queue, message_row, normalize_arrow_row
+
+
+class Crash(Exception):
+    """The process died at this write."""
+
+
+class Faults:
+    """Counts the writer's writes; the ``at``-th raises ``Crash`` instead of happening."""
+
+    def __init__(self, at: int | None = None):
+        self.at, self.count, self.fired = at, 0, None
+
+    def write(self, what: str) -> None:
+        self.count += 1
+        if self.count == self.at:
+            self.fired = what
+            raise Crash(what)
+
+
+class FaultyBackend:
+    def __init__(self, backend, faults: Faults):
+        self._backend, self._faults = backend, faults
+
+    def put(self, name, data):
+        self._faults.write(f"put {name.split('/')[0]}")
+        return self._backend.put(name, data)
+
+    def delete(self, name):
+        self._faults.write(f"delete {name.split('/')[0]}")
+        return self._backend.delete(name)
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+
+class FaultyIndex:
+    WRITES = ("record_dispatch", "record_commit", "record_quarantine", "schedule_deletes", "forget_deletes", "rebuild")
+
+    def __init__(self, store: MetadataStore, faults: Faults):
+        self._store, self._faults, self.path = store, faults, store.path
+
+    def __getattr__(self, name):
+        attr = getattr(self._store, name)
+        if name not in self.WRITES:
+            return attr
+
+        def write(*args, **kwargs):
+            self._faults.write(f"index {name}")
+            return attr(*args, **kwargs)
+        return write
+
+
+class Run:
+    """One tier, one commitlog, one metadata store; the writer opened (and reopened) over them."""
+
+    def __init__(self, root, *, messages: int, seed: int, faults: Faults):
+        self.root, self.faults = root, faults
+        self.log_dir, self.location = str(root / "commitlog"), str(root / "tier")
+        with CommitLogWriter(self.log_dir, file_size=64 * 1024, fsync="never") as w:  # files roll often
+            ledger.append(w, Workload(messages=messages, topics=2, queues=3, keys=40, body_size=150,
+                                      delete_ratio=0.1, seed=seed).generate())
+        self.written = ledger.stored(self.log_dir)
+        self.stage_settings = StageSettings(location=self.location, commitlog_dir=self.log_dir)
+        self.settings = WriterSettings(location=self.location, segment_messages=15, segment_age_s=1e9,
+                                       retention=Retention(messages={"topic-1": 20}, check_s=0),
+                                       fold_every=6, delete_grace_s=0)
+        self.gaps = CommitLogGaps(self.log_dir)
+        self.store = self.writer = None
+        self.open()
+
+    def open(self) -> None:
+        self.store = MetadataStore(str(self.root / "metadata"))
+        backend = FaultyBackend(open_backend(self.location), self.faults)
+        self.writer = TierWriter(self.settings, FaultyIndex(self.store, self.faults), backend)
+
+    def restart(self) -> None:
+        self.writer.close()
+        self.store.close()
+        self.open()
+
+    def parts(self, first: int, last: int, pieces: int, rng: random.Random):
+        """Stage messages ``first .. last - 1`` of the log, from where the tier ended, in ``pieces``
+        ranges cut at random record boundaries, as Spark's partitions would."""
+        floor = self.writer.source_end or 0
+        batch = [m for m in self.written[first:last] if m.phy_offset >= floor]
+        if not batch:
+            return []
+        cuts = sorted(rng.sample(range(1, len(batch)), min(pieces - 1, len(batch) - 1))) if len(batch) > 1 else []
+        out = []
+        for a, b in zip([0, *cuts], [*cuts, len(batch)]):
+            lo, end = batch[a].phy_offset, batch[b - 1].phy_offset + batch[b - 1].size
+            out.append(stage(self.stage_settings, lo, end, batch[b - 1].phy_offset))
+        return out
+
+    def close(self) -> None:
+        self.writer.close()
+        self.store.close()
+
+
+def drive(root, seed: int, crash_at: int | None = None, messages: int = 240) -> tuple[Run, dict]:
+    """A random sequence of batches, each followed by random maintenance, folds and restarts."""
+    rng = random.Random(seed)
+    run = Run(root, messages=messages, seed=seed, faults=Faults(crash_at))
+    did = {"batches": 0, "maintain": 0, "fold": 0, "restart": 0, "crash": 0}
+    first, batch_id = 0, 0
+    while first < len(run.written):
+        last = min(len(run.written), first + rng.randint(1, 40))
+        pieces = rng.randint(1, 3)
+        ops = rng.sample(["maintain", "fold", "restart", "maintain"], rng.randint(0, 3))
+
+
+        def batch():
+            run.writer.commit(batch_id, run.parts(first, last, pieces, rng), run.gaps.between)
+            for op in ops:
+                run.restart() if op == "restart" else getattr(run.writer, op)()
+                did[op] += 1
+        surviving(run, batch, did)
+        did["batches"] += 1
+        first, batch_id = last, batch_id + 1
+    surviving(run, lambda: run.writer.maintain(), did)  # the writer of the moment, after any restart
+    return run, did
+
+
+def surviving(run: Run, step, did: dict) -> None:
+    """``step()``; after a crash, restart and run it again (a batch from where the tier ended)."""
+    while True:
+        try:
+            return step()
+        except Crash:
+            did["crash"] += 1
+            run.restart()
+
+
+def assert_tier_equals_ledger(run: Run) -> dict:
+    """Every queue holds exactly the ledger's messages from its lowest retained offset to its
+    commit offset, which is the queue's end; the metadata store says the same.  Returns the queues."""
+    reader = TierReader(run.location)
+    states = reader.state().queue_states()
+    expected = [message_row(m) for m in run.written if entered_a_queue(message_row(m))]
+    ends: dict[tuple[str, int], int] = {}
+    for row in expected:
+        key = (row["topic"], row["queue_id"])
+        ends[key] = max(ends.get(key, 0), row["queue_offset"] + 1)
+    assert {k: s.commit for k, s in states.items()} == ends
+    kept = [r for r in expected if r["queue_offset"] >= states[(r["topic"], r["queue_id"])].low]
+    got = sorted((normalize_arrow_row(r) for r in reader.read_all().to_pylist()), key=lambda r: r["phy_offset"])
+    assert [r["phy_offset"] for r in got] == [r["phy_offset"] for r in kept]
+    assert got == kept
+    indexed = {(q.topic, q.queue_id): (q.commit, q.sealed, q.low) for q in run.store.queues()}
+    assert indexed == {k: (s.commit, s.sealed, s.low) for k, s in states.items()}
+    view = reader.state()
+    for key in states:
+        assert [s.base for s in run.store.segments(*key)] == [s.base for s in view.segments_for(key)]
+    return states
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_sequences_of_commits_seals_expirations_folds_and_restarts_equal_the_ledger(tmp_path, seed):
+    run, did = drive(tmp_path, seed)
+    try:
+        states = assert_tier_equals_ledger(run)
+        assert did["batches"] > 5 and did["maintain"] and did["fold"] and did["restart"], did
+        assert any(s.sealed > 0 for s in states.values()), "nothing was sealed"
+        assert any(s.low > 0 for k, s in states.items() if k[0] == "topic-1"), "retention expired nothing"
+        assert all(s.low == 0 for k, s in states.items() if k[0] == "topic-0"), "retention is topic-1's only"
+    finally:
+        run.close()
+
+
+def test_a_crash_before_any_write_of_the_protocol_loses_and_duplicates_nothing(tmp_path):
+    clean, _ = drive(tmp_path / "clean", seed=11, messages=120)
+    writes = clean.faults.count
+    clean.close()
+    assert writes > 50, writes
+    kinds = set()
+    for at in range(1, writes + 1):
+        run, did = drive(tmp_path / f"crash-{at}", seed=11, crash_at=at, messages=120)
+        try:
+            assert did["crash"] == 1, (at, did)
+            kinds.add(run.faults.fired)
+            assert_tier_equals_ledger(run)
+        finally:
+            run.close()
+    # every kind of write the protocol makes was crashed at, at least once
+    assert {"put _log", "put topic=test", "put _keys", "put _meta", "delete _log", "delete _staging",
+            "index record_dispatch", "index record_commit", "index forget_deletes"} <= {
+        k.replace("topic=topic-0", "topic=test").replace("topic=topic-1", "topic=test") for k in kinds}, kinds
+
+
+def test_a_batch_above_the_tiers_end_is_refused_and_nothing_is_written(tmp_path):
+    run = Run(tmp_path, messages=60, seed=3, faults=Faults())
+    try:
+        rng = random.Random(0)
+        run.writer.commit(0, run.parts(0, 20, 1, rng), run.gaps.between)
+        seq, writes = run.writer.head.seq, run.faults.count
+        skipping = run.parts(25, 40, 2, rng)
+        with pytest.raises(SkippedMessagesError, match=r"5 message\(s\) in between would be skipped"):
+            run.writer.commit(1, skipping, run.gaps.between)
+        assert (run.writer.head.seq, run.faults.count) == (seq, writes)
+    finally:
+        run.close()
