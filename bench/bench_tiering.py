@@ -17,7 +17,10 @@ freshness  `tierlog produce --rate R` appends while `tierlog run` tiers; per
            message, the time from its store timestamp to the commit record
            that made it visible.  p50/p99 of the steady run, after a warm-up
            batch (Spark's first batches start workers and compile plans).
-           Target: p99 <= 3 s.
+           Every message stored after the warm-up counts: the run waits until
+           the tier has committed the whole log (--drain), then kills the
+           service (a clean stop folds the commit records away); messages still
+           not committed are reported.  Target: p99 <= 1 s.
 objects    Objects written per batch (staging objects + the commit record) with
            N active queues, against 10 queues in the same run.  Target: O(1).
 """
@@ -40,6 +43,7 @@ from connectors.commitlog.workload import Workload, append_in_chunks
 from connectors.commitlog.writer import CommitLogWriter
 from connectors.tier import layout
 from connectors.tier.backend import open_backend
+from connectors.tier.reader import TierReader
 from streaming import config as cfg
 
 
@@ -165,8 +169,16 @@ def freshness(args) -> dict:
         [sys.executable, "-m", "streaming.cli", "produce", "--config", config_path, "--messages",
          str(int(args.rate * args.seconds)), "--rate", str(args.rate), "--queues", "64", "--body-size", "1024",
          "--format", "json"], env=env, capture_output=True, text=True, check=True)
-    time.sleep(5)
-    service.terminate()
+    # Every message counts: wait until the tier has committed the whole log (or give up after
+    # --drain seconds, and count what it had not), then kill the service, so no clean stop folds the
+    # commit records this reads (a fold deletes them).
+    with CommitLogReader(conf.commitlog.dir) as reader:
+        log_end = reader.end_offset()
+    reader_ = TierReader(conf.tier.location)
+    deadline = time.monotonic() + args.drain
+    while (reader_.view().source_end or 0) < log_end and time.monotonic() < deadline:
+        time.sleep(0.2)
+    service.kill()
     service.wait(120)
     service_log.close()
     produced = json.loads(producer.stdout)
@@ -184,6 +196,8 @@ def freshness(args) -> dict:
             ts = layout.from_parquet(backend.read(staging["name"])).column("store_ts").to_pylist()
             latencies += [(record["time_ms"] - int(t.timestamp() * 1000), int(t.timestamp() * 1000)) for t in ts]
     values = sorted(lat for lat, stored in latencies if stored >= steady_from_ms)
+    steady = sum(1 for t in _store_times(conf.commitlog.dir) if t >= steady_from_ms)
+    uncommitted = steady - len(values)
     q = statistics.quantiles(values, n=100)
     if os.environ.get("BENCH_KEEP"):
         print(f"kept {root}", file=sys.stderr)
@@ -191,12 +205,19 @@ def freshness(args) -> dict:
         shutil.rmtree(root, ignore_errors=True)
     return {
         "benchmark": "tiering-freshness", "target_rate": args.rate, "achieved_rate": produced["msgs_per_s"],
-        "messages": len(latencies), "measured": len(values), "trigger_interval_s": args.trigger,
+        "messages": len(latencies), "measured": len(values), "steady_messages": steady,
+        "not_committed_within_drain": uncommitted, "trigger_interval_s": args.trigger,
         "append_to_committed_ms": {"p50": round(q[49]), "p99": round(q[98]), "max": max(values)},
         "batch_seconds": {"count": len(batch_seconds), "p50": batch_seconds[len(batch_seconds) // 2],
                           "max": batch_seconds[-1]},
-        "target_p99_ms": 3000,
+        "target_p99_ms": 1000,
     }
+
+
+def _store_times(directory: str) -> list[int]:
+    """Every message's store time (ms) in the log: the messages the run should have made visible."""
+    with CommitLogReader(directory) as reader:
+        return [m.store_ts for m in reader.messages()]
 
 
 def objects(args) -> dict:
@@ -236,6 +257,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--warmup", type=float, default=30, help="seconds for the service to start and warm up")
     p.add_argument("--trigger", type=float, default=0.5, help="trigger interval in seconds")
+    p.add_argument("--drain", type=float, default=120, help="seconds to wait for the tier to commit the whole log")
     p = sub.add_parser("objects")
     p.add_argument("--queues", type=int, default=10000)
     p.add_argument("--messages", type=int, default=200_000)

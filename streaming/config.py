@@ -184,6 +184,9 @@ class SparkConfig:
     master: str = setting("local[2]", "Spark master URL: local[N] or spark://host:port.")
     shuffle_partitions: int = setting(4, "spark.sql.shuffle.partitions; fixed once a stateful checkpoint exists.")
     trigger_interval_s: float = setting(1.0, "Seconds between micro-batches of `tierlog run`.")
+    late_start_s: float = setting(
+        300.0, "Seconds a query is started again, with backoff, while Spark's Python worker keeps connecting back "
+               "too late for Spark's fixed 10 s (a busy host), before the run gives up.")
     jars: str = setting("", "Comma-separated local jar files Spark loads (spark.jars): hadoop-aws and the AWS SDK "
                             "v2 bundle for s3a:// checkpoints, say. tierlog never downloads them.")
 

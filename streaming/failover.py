@@ -75,7 +75,10 @@ def check_commitlog(commitlog_dir: str, broker: str, last_record: dict | None, c
                 start = phy
         if needed:
             target = max(needed.values())
-            end = reader.scan(start, target).end if start is not None else reader.end_offset()
+            # Walked as a live log, not as a range known to be complete: a replica still catching up
+            # ends in zeros (RocketMQ pre-allocates its files) before the target, which is "behind",
+            # not corruption; the byte limit keeps the walk from reading past the target.
+            end = reader.scan(start, max_bytes=target - start).end if start is not None else reader.end_offset()
             behind = {q: e for q, e in needed.items() if e > end}
             if behind:
                 query, at = max(behind.items(), key=lambda kv: kv[1])

@@ -39,6 +39,9 @@ class Metrics:
                                         ["kind"], buckets=_LATENCY_BUCKETS, registry=r)
         self.objects = Counter("tierlog_objects_written", "Objects written to the tier.", ["kind"], registry=r)
         self.seals = Counter("tierlog_seals", "Segments sealed.", registry=r)
+        self.late_starts = Counter("tierlog_query_late_starts",
+                                   "Starts of a query that failed because Spark's Python worker connected back late "
+                                   "(a busy host); each is started again after a backoff.", ["query"], registry=r)
         self.kafka_sent = Counter("tierlog_kafka_records_sent", "Records a Kafka sink sent and had acknowledged.",
                                   ["sink"], registry=r)
         self.kafka_rate = Gauge("tierlog_kafka_send_rate", "Records per second a Kafka sink sent in its last batch.",

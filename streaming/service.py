@@ -9,7 +9,7 @@ application.  It knows a query only through ``streaming.queries.base.Query``.
 It stops gracefully on SIGTERM or SIGINT: the batches in flight finish and
 are committed, and no new one starts.  When one query fails, the others stop
 the same way and the failure is raised; except that a query Spark could not start
-because its Python worker was late is started again (``LATE_WORKER``).
+because its Python worker was late is started again, with backoff (``streaming.late_start``).
 """
 
 from __future__ import annotations
@@ -32,16 +32,10 @@ from streaming import plan
 from streaming.checkpoints import Checkpoint, check_or_record, foreach_batch
 from streaming.metrics import Metrics
 from streaming.queries.base import Query, RunContext
+from streaming.late_start import LateStarts
 from streaming.settings import derive
 
 log = logging.getLogger("tierlog.service")
-
-# Spark gives the Python process that runs a Python streaming source (or plans a read) a fixed 10 s
-# to start and connect back (PythonWorkerFactory; no setting changes it).  On a busy host it can be
-# late, and the query then fails before its first batch, having changed nothing: starting it again
-# is safe.
-LATE_WORKER = re.compile(r"Python worker failed to connect back|waiting for the Python worker to connect back")
-LATE_WORKER_STARTS = 5  # starts of one query, in all, before a late worker is the query's failure
 
 
 def _state_memory(query) -> int | None:
@@ -62,8 +56,8 @@ class Service:
         self.batches: dict[str, int] = {}  # name -> batches processed
         self._metadata = None  # set while run() runs
         self._seen_progress: dict[str, str] = {}  # query -> timestamp of the progress last counted
-        self._starts: dict[str, int] = {}  # query -> how many times it was started in this run
         self._entered: set[str] = set()  # queries whose batch function has run, in this run
+        self.late = LateStarts(conf.spark.late_start_s, self._late_start)
 
     # ------------------------------------------------------------ running
 
@@ -151,7 +145,9 @@ class Service:
         checkpoint = plan.checkpoint_path(conf, query.name)
 
         def process(batch):
-            self._entered.add(query.name)
+            if query.name not in self._entered:
+                self._entered.add(query.name)
+                self.late.ran(query.name)
             with self._admitted(query):
                 query.process(batch)
                 self.batches[query.name] = self.batches.get(query.name, 0) + 1
@@ -190,21 +186,25 @@ class Service:
         self._install_signals()
         log.info("%s: %s -> %s (%s)", " + ".join(streams), conf.commitlog.dir, conf.tier.location,
                  "until caught up" if until_caught_up else "until stopped")
-        next_tick = time.monotonic()
+        next_tick, waiting = time.monotonic(), set()
         while not self.stopping.is_set():
-            active = [s for s in streams.values() if s.isActive]
-            if not active or any(s.exception() is not None for s in streams.values()):
-                if self._restart_late_starts(spark, streams, until_caught_up):
-                    continue
+            for name in self.late.due():
+                streams[name] = self._start(spark, self.queries[name], until_caught_up)
+            waiting = self.late.waiting()
+            failed = [n for n, s in streams.items() if n not in waiting and s.exception() is not None
+                      and not self.late.failed(n, str(s.exception()), n in self._entered)]
+            waiting = self.late.waiting()
+            active = [s for n, s in streams.items() if s.isActive and n not in waiting]
+            if failed or not (active or waiting):
                 break
             try:
-                active[0].awaitTermination(0.5)
+                active[0].awaitTermination(0.5) if active else time.sleep(0.5)
             except Exception:  # noqa: BLE001 - a query failed: started again if it was late, else it ends the run
                 continue
             if time.monotonic() >= next_tick:
                 self._tick(streams)
                 next_tick = time.monotonic() + max(1.0, conf.spark.trigger_interval_s)
-        if any(s.exception() is not None for s in streams.values() if not s.isActive):
+        if any(s.exception() is not None for n, s in streams.items() if not s.isActive and n not in waiting):
             self.stopping.set()  # the other queries stop too: no new batch, Kafka waits end
         if self.stopping.is_set() and any(s.isActive for s in streams.values()):
             locks = [q.lock for q in self.queries.values()]
@@ -229,29 +229,16 @@ class Service:
         return 0
 
     def _start(self, spark, query: Query, until_caught_up: bool):
-        self._starts[query.name] = self._starts.get(query.name, 0) + 1
         return self._writer(spark, query, until_caught_up).start()
 
-    def _restart_late_starts(self, spark, streams: dict, until_caught_up: bool) -> bool:
-        """Start again each query that failed before its first batch because Spark's Python worker
-        did not connect back in time (``LATE_WORKER``), at most ``LATE_WORKER_STARTS`` starts in all;
-        whether any was.
-
-        Its batch function never ran, so its sinks saw nothing of it; a batch Spark had already
-        planned in the checkpoint is run again from there, as after any restart."""
-        restarted = False
-        for name, stream in list(streams.items()):
-            exc = stream.exception()
-            if exc is None or name in self._entered:
-                continue
-            if not LATE_WORKER.search(str(exc)) or self._starts[name] >= LATE_WORKER_STARTS:
-                continue
-            log.warning("the %s query could not start: Spark's Python worker did not connect back within Spark's "
-                        "10 s (a busy host); starting it again (start %d of at most %d)",
-                        name, self._starts[name] + 1, LATE_WORKER_STARTS)
-            streams[name] = self._start(spark, self.queries[name], until_caught_up)
-            restarted = True
-        return restarted
+    def _late_start(self, name: str, text: str | None) -> None:
+        """A query waits to be started again (``text`` says why), or it ran a batch (None): its
+        sinks' health in the metadata store (``status``), and the metric."""
+        if text is not None:
+            self.metrics.late_starts.labels(name).inc()
+        for sink in self.queries[name].sinks(self.conf):
+            self._metadata.record_health(sink, None if text is None else
+                                         {"state": "starting", "since": time.time(), "error": text})
 
     def _tick(self, streams: dict, work: bool = True) -> None:
         """Each query's ``tick`` (unless ``work`` is off) and ``poll_metrics``, then what no batch
@@ -280,9 +267,11 @@ class Service:
     def _failure(self, streams: dict) -> TierlogError | None:
         """The first query's failure, as tierlog's own error; None when none failed (a stop the
         service asked for is no failure)."""
+        for name, why in self.late.gave_up.items():
+            return TierlogError(why)
         for name, stream in streams.items():
             exc = stream.exception()
-            if exc is None:
+            if exc is None or name in self.late.waiting():
                 continue
             text = str(exc)
             if "StopRequested" in text and self.stopping.is_set():

@@ -43,8 +43,7 @@ def derive(conf: cfg.Config) -> Settings:
         ttl=ttl(conf),
         retention=kept,
         local_retention_s=local_retention_s(conf),
-        reader=ReaderOptions(c.dir, check_crc=c.check_crc, on_corrupt=c.on_corrupt, broker=conf.broker.name,
-                             key_property=c.key_property),
+        reader=reader_options(conf),
         stage=StageSettings(location=t.location, commitlog_dir=c.dir, broker=conf.broker.name,
                             key_property=c.key_property, check_crc=c.check_crc, on_corrupt=c.on_corrupt,
                             filters=filters),
@@ -52,6 +51,12 @@ def derive(conf: cfg.Config) -> Settings:
                               segment_messages=t.segment_messages, segment_age_s=t.segment_age_s,
                               retention=kept, fold_every=max(1, t.fold_every), delete_grace_s=t.delete_grace_s),
     )
+
+
+def reader_options(conf: cfg.Config) -> ReaderOptions:
+    c = conf.commitlog
+    return ReaderOptions(c.dir, check_crc=c.check_crc, on_corrupt=c.on_corrupt, broker=conf.broker.name,
+                         key_property=c.key_property)
 
 
 def retention(conf: cfg.Config) -> Retention:

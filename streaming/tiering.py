@@ -7,7 +7,8 @@ Per micro-batch (``TieringHandler.process``):
    and yields one ``StagedPart`` row.  Only (physical offset, size) references travel through
    Spark, as in RocketMQ's dispatcher, which hands the uploader references, never bodies.
 2. **commit**, then **maintain** (driver): ``connectors.tier.writer.TierWriter`` does both; this
-   module adds only what needs Spark, the batch's timing and its report.
+   module adds only what needs Spark, the batch's timing and its report, and runs the maintenance
+   beside the next batch's stage.
 
 Rows below the tier's ``source_end`` are dropped before staging, so a replayed batch, or a new
 checkpoint that starts over, stages and commits nothing twice.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -63,61 +65,91 @@ class BatchReport:
     rows: int = 0
     bytes: int = 0
     objects: int = 0
-    seals: int = 0
+    seals: int = 0  # by the last batch's maintenance
     source_end: int | None = None
     max_store_ts: int | None = None
     seconds: float = 0.0
     replay: bool = False
-    phases: dict | None = None  # seconds per step: stage (Spark job + uploads), dispatch, commit, maintain
+    phases: dict | None = None  # seconds per step: stage (Spark job + uploads), wait (for the last batch's
+    # maintenance), dispatch, commit; and maintain, the last batch's maintenance (it ran beside this one)
     uploads: list | None = None  # (kind, seconds) per object written: staging, segment, key_index
 
 
 class TieringHandler:
-    """The foreachBatch of the tiering query.  One instance per running query, on the driver."""
+    """The foreachBatch of the tiering query.  One instance per running query, on the driver.
+
+    A batch's maintenance (seals, retention, deletes, folds) runs on a thread of its own after the
+    batch committed, so the next batch's stage (a Spark job on the executors) overlaps it and only
+    its commit waits for it (``writer_lock``): a message is visible as soon as its batch commits,
+    never after a seal of other queues.  Its seals and seconds are in the next batch's report.
+    """
 
     def __init__(self, settings: TieringSettings, metadata, on_batch=None):
         self.settings = settings
         self.writer = TierWriter(settings.writer, metadata)
         self.gaps = CommitLogGaps(settings.stage.commitlog_dir, on_corrupt=settings.stage.on_corrupt)
         self.lock = threading.RLock()  # held while a batch is processed; graceful stop waits on it
+        self.writer_lock = threading.Lock()  # the writer is not thread-safe: a commit or a maintenance
         self.on_batch = on_batch
+        self._maintenance = ThreadPoolExecutor(1, thread_name_prefix="tierlog-maintain")
+        self._maintained: Future | None = None  # the last batch's maintenance: (seals, seconds)
 
     def process(self, df, batch_id: int) -> None:
         with self.lock:
             started = time.monotonic()
-            try:
-                report = self._process(df, batch_id)
-            finally:
-                report_uploads, self.writer.uploads = self.writer.uploads, []
-            report.uploads = report_uploads
+            report = self._process(df, batch_id)
             report.seconds = time.monotonic() - started
             if self.on_batch:
                 self.on_batch(report)
 
     def _process(self, df, batch_id: int) -> BatchReport:
+        self._check_maintenance()
         report = BatchReport(batch_id, phases={})
         clock = _Clock(report.phases)
-        floor = self.writer.source_end if self.writer.source_end is not None else 0
+        floor = self.writer.source_end if self.writer.source_end is not None else 0  # only commits move it
         rows = df.mapInArrow(make_stager(self.settings.stage, floor), StagedPart.DDL).toArrow().to_pylist()
         clock.lap("stage")
-        committed = self.writer.commit(batch_id, [StagedPart.from_row(r) for r in rows], self.gaps.between,
-                                       clock.lap)
+        with self.writer_lock:
+            clock.lap("wait")  # for the last batch's maintenance
+            report.seals, report.phases["maintain"] = self._maintenance_done()
+            try:
+                committed = self.writer.commit(batch_id, [StagedPart.from_row(r) for r in rows], self.gaps.between,
+                                               clock.lap)
+            finally:
+                report.uploads, self.writer.uploads = self.writer.uploads, []
         if committed is None:
             report.replay = True
             return report
         report.rows, report.bytes, report.objects = committed.rows, committed.bytes, committed.objects
         report.source_end, report.max_store_ts = committed.source_end, committed.max_store_ts
-        report.seals = self.writer.maintain()
-        clock.lap("maintain")
+        self._maintained = self._maintenance.submit(self._maintain)
         return report
 
+    def _maintain(self) -> tuple[int, float]:
+        started = time.monotonic()
+        with self.writer_lock:
+            seals = self.writer.maintain()
+        return seals, round(time.monotonic() - started, 3)
+
+    def _maintenance_done(self) -> tuple[int, float]:
+        """The last maintenance's seals and seconds (it has finished: the caller holds the writer lock)."""
+        done, self._maintained = self._maintained, None
+        return done.result() if done is not None else (0, 0.0)
+
+    def _check_maintenance(self) -> None:
+        """A maintenance that failed fails the batch after it, as it would have failed its own."""
+        if self._maintained is not None and self._maintained.done() and self._maintained.exception() is not None:
+            self._maintained.result()
+
     def flush(self) -> None:
-        """On a clean stop: fold the records since the last root, so readers and the next start
-        read a root and nothing after it."""
-        with self.lock:
+        """On a clean stop: finish the last maintenance, then fold the records since the last root,
+        so readers and the next start read a root and nothing after it."""
+        with self.lock, self.writer_lock:
+            self._maintenance_done()
             self.writer.fold()
 
     def close(self) -> None:
+        self._maintenance.shutdown(wait=True)
         self.writer.close()
 
 

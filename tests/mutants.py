@@ -116,6 +116,47 @@ MUTANTS = (
         ("tests/test_tiering.py::test_the_tier_holds_committed_transactions_only",),
     ),
     Mutant(
+        "retention_by_messages_keeps_one_segment_too_many",
+        "retention by messages drops a segment only while more than the limit stays (not at the limit)",
+        "connectors/tier/retention.py",
+        """            too_many = max_messages is not None and state.commit - (seg.end + 1) >= max_messages""",
+        """            too_many = max_messages is not None and state.commit - (seg.end + 1) > max_messages""",
+        ("tests/test_retention_limits.py",),
+    ),
+    Mutant(
+        "retention_by_bytes_counts_the_segment_it_drops",
+        "retention by bytes compares what the queue holds before the drop, not what stays after it",
+        "connectors/tier/retention.py",
+        """            too_big = max_bytes is not None and kept_bytes - seg.size >= max_bytes""",
+        """            too_big = max_bytes is not None and kept_bytes >= max_bytes""",
+        ("tests/test_retention_limits.py",),
+    ),
+    Mutant(
+        "light_queues_are_business_topics",
+        "%LMQ% topics (RocketMQ's light queues, copies of other topics' messages) are not system topics",
+        "connectors/commitlog/topics.py",
+        """SYSTEM_PREFIXES = ("rmq_sys_", "%LMQ%")""",
+        """SYSTEM_PREFIXES = ("rmq_sys_",)""",
+        ("tests/test_topic_filters.py",),
+    ),
+    Mutant(
+        "sink_exclude_ignored",
+        "a sink's own exclude list (topics.<sink>_exclude) is not applied",
+        "streaming/settings.py",
+        """                                _globs(t.exclude) + _globs(getattr(t, f"{sink}_exclude")),""",
+        """                                _globs(t.exclude),""",
+        ("tests/test_topic_filters.py",),
+    ),
+    Mutant(
+        "replica_behind_read_as_a_complete_range",
+        "the start check walks a replica to a query's checkpoint as a range known to be complete, so the "
+        "zeros of a replica still catching up read as corruption",
+        "streaming/failover.py",
+        """            end = reader.scan(start, max_bytes=target - start).end if start is not None else reader.end_offset()""",
+        """            end = reader.scan(start, target).end if start is not None else reader.end_offset()""",
+        ("tests/test_failover.py",),
+    ),
+    Mutant(
         "reader_trusts_a_corrupt_totalsize",
         "the commitlog reader never checks a record's TOTALSIZE against the record's own fields (so a "
         "wrong size is reported where it led the walk, a quarantining reader skips the good records it "

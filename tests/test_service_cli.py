@@ -39,7 +39,7 @@ def test_run_status_rebuild_and_gc(tmp_path):
         assert note not in r.stderr, note
     assert_tier_equals_commitlog(conf)
 
-    state = TierReader(conf.tier.location).state()
+    state = TierReader(conf.tier.location).view()
     r = tierlog("status", "--config", str(config), "--format", "json")
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines()]
@@ -77,7 +77,7 @@ def test_sigterm_finishes_the_batch_and_exits_zero(tmp_path):
                             stderr=subprocess.PIPE, text=True)
     try:
         def tiered_to() -> int:
-            state = TierReader(conf.tier.location).state() if os.path.exists(conf.tier.location) else None
+            state = TierReader(conf.tier.location).view() if os.path.exists(conf.tier.location) else None
             return (state.source_end or 0) if state else 0
 
         deadline = time.time() + 120
@@ -103,27 +103,53 @@ def test_sigterm_finishes_the_batch_and_exits_zero(tmp_path):
     assert_tier_equals_commitlog(conf)
 
 
-def test_a_query_spark_could_not_start_in_time_is_started_again(tmp_path):
-    """Spark gives the Python process that runs a Python streaming source a fixed 10 s to start and
-    connect back; on a busy host it can be late, and the query fails before its first batch.  The
-    fault: a Python whose first streaming-source runner starts 12 s late (once: ``mkdir`` is atomic)."""
-    config = write_config(tmp_path)
-    conf = cfg.load(str(config), env={})
-    produce(conf, 800)
+def late_python(tmp_path, starts: int):
+    """A Python whose first ``starts`` streaming-source runners start 12 s late, past Spark's fixed
+    10 s (each once: ``mkdir`` is atomic)."""
     late = tmp_path / "late-python"
     late.write_text(f"""#!/bin/sh
-if [ "$2" = pyspark.sql.streaming.python_streaming_source_runner ] && mkdir "{tmp_path}/was-late" 2>/dev/null; then
-  sleep 12
+if [ "$2" = pyspark.sql.streaming.python_streaming_source_runner ]; then
+  for i in $(seq 1 {starts}); do
+    if mkdir "{tmp_path}/late-$i" 2>/dev/null; then sleep 12; break; fi
+  done
 fi
 exec {sys.executable} "$@"
 """)
     late.chmod(0o755)
+    return late
+
+
+def test_a_query_spark_could_not_start_in_time_is_started_again_with_backoff(tmp_path):
+    """Spark gives the Python process that runs a Python streaming source a fixed 10 s to start and
+    connect back; on a busy host it can be late, and the query fails before its first batch.  The
+    fault: six late runners in a row, one more than the five quick starts of earlier releases, all
+    for the tiering query (the only one: compaction is off)."""
+    config = shared_config(tmp_path, source={"max_bytes_per_trigger": 100000}, compaction={"enabled": False},
+                           tier={"segment_messages": 100, "delete_grace_s": 0}, spark={"trigger_interval_s": 0.3})
+    conf = cfg.load(str(config), env={})
+    produce(conf, 800)
+    late = late_python(tmp_path, 6)
     r = tierlog("run", "--until-caught-up", "--config", str(config), env={"PYSPARK_PYTHON": str(late)})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert (tmp_path / "was-late").exists(), "the late start never happened"
-    restarts = [x for x in r.stderr.splitlines() if "could not start: Spark's Python worker did not connect back" in x]
-    assert len(restarts) == 1 and "start 2 of at most 5" in restarts[0], r.stderr[-3000:]
+    assert all((tmp_path / f"late-{i}").exists() for i in range(1, 7)), "the late starts never happened"
+    waits = [x for x in r.stderr.splitlines() if "could not start: Spark's Python worker did not connect back" in x]
+    assert [w.split("; start ")[1].split(",")[0] for w in waits] == [
+        "2 in 1 s", "3 in 2 s", "4 in 4 s", "5 in 8 s", "6 in 16 s", "7 in 30 s"], r.stderr[-3000:]
+    assert all("the tiering query could not start" in w for w in waits)
     assert_tier_equals_commitlog(conf)
+
+
+def test_a_query_that_cannot_start_within_its_budget_ends_the_run_saying_why(tmp_path):
+    config = write_config(tmp_path)
+    conf = cfg.load(str(config), env={})
+    produce(conf, 100)
+    late = late_python(tmp_path, 1)
+    r = tierlog("run", "--until-caught-up", "--config", str(config),
+                env={"PYSPARK_PYTHON": str(late), "TIERLOG_SPARK_LATE_START_S": "0"})
+    assert r.returncode != 0
+    assert "query could not start for 0 s: in 1 starts, Spark's Python worker never connected back" in r.stderr
+    assert "spark.late_start_s (now 0)" in r.stderr.splitlines()[-1], r.stderr[-2000:]
+    assert TierReader(conf.tier.location).view().seq == -1  # nothing was committed
 
 
 def test_second_service_on_the_same_state_is_refused(tmp_path):

@@ -127,7 +127,7 @@ class ReadAheadCache:
         now = time.monotonic()
         q = self._state.state_of((topic, queue_id)) if self._state else None
         if self._state is None or now - self._state_at > self.refresh_s or q is None or offset >= q.commit:
-            self._state, self._state_at = self.reader.state(), now
+            self._state, self._state_at = self.reader.view(), now
         return self._state
 
     def _find(self, topic: str, queue_id: int, start: int, end: int) -> _Window | None:

@@ -1,7 +1,7 @@
 """Reading what a tier holds, from its location alone.
 
-``TierReader`` trusts only the commit log: it reads the committed state, then
-the segments and staging objects that state names.  An object being written,
+``TierReader`` trusts only the commit log: it reads the committed view, then
+the segments and staging objects that view names.  An object being written,
 or written but never committed, is never read; rows past a queue's commit
 offset are never returned.
 
@@ -58,7 +58,7 @@ class GetResult:
 
 
 class AmbiguousBrokerError(TierError):
-    """Several brokers could answer (a queue of the same topic and id, a whole state): the question
+    """Several brokers could answer (a queue of the same topic and id, a whole view): the question
     must name one."""
 
 
@@ -75,8 +75,8 @@ class QueueInfo:
 
 
 class TierReader:
-    """Reads a tier given only its location.  Every method reads the committed state afresh
-    unless given one (``state()``), so results never pass a commit the reader has not seen.
+    """Reads a tier given only its location.  Every method reads the committed view afresh
+    unless given one (``view()``), so results never pass a commit the reader has not seen.
 
     A question about one queue reads the tier's root, the records after it, that queue's bucket
     and manifest, and the pages its offsets fall in: its cost does not grow with the tier.
@@ -104,8 +104,8 @@ class TierReader:
             self._logs[broker] = TierLog(self.backend, broker)
         return self._logs[broker]
 
-    def state(self, broker: str | None = None) -> TierView:
-        """The committed state of one broker's part of the tier: ``broker``, the reader's own, or
+    def view(self, broker: str | None = None) -> TierView:
+        """The committed view of one broker's part of the tier: ``broker``, the reader's own, or
         the only broker the tier holds (an empty tier reads as an empty broker-a)."""
         broker = broker or self.broker
         if broker is None:
@@ -116,15 +116,22 @@ class TierReader:
             broker = brokers[0] if brokers else DEFAULT_BROKER
         return self._log(broker).view()
 
+    # The names of older releases, for scripts written against them.
+    def state(self, broker: str | None = None) -> TierView:
+        return self.view(broker)
+
     def states(self) -> list[TierView]:
-        """The committed state of each broker this reader covers, by broker name."""
+        return self.views()
+
+    def views(self) -> list[TierView]:
+        """The committed view of each broker this reader covers, by broker name."""
         return [self._log(b).view() for b in self.brokers()]
 
-    def _fresh(self, question: Callable[[TierView], object], state: TierView | None):
-        """``question(state)``; on a fresh view, asked again if a fold deleted what the view named."""
-        if state is not None:
-            return question(state)
-        return self._retry(lambda: question(self.state()))
+    def _fresh(self, question: Callable[[TierView], object], view: TierView | None):
+        """``question(view)``; on a fresh view, asked again if a fold deleted what the view named."""
+        if view is not None:
+            return question(view)
+        return self._retry(lambda: question(self.view()))
 
     @staticmethod
     def _retry(call):
@@ -136,19 +143,19 @@ class TierReader:
                     raise
         raise AssertionError("unreachable")
 
-    def _each(self, question: Callable[[TierView], list], state: TierView | None) -> list:
-        """``question`` of ``state``, else of every broker's fresh state, in broker order."""
-        if state is not None:
-            return [question(state)]
+    def _each(self, question: Callable[[TierView], list], view: TierView | None) -> list:
+        """``question`` of ``view``, else of every broker's fresh view, in broker order."""
+        if view is not None:
+            return [question(view)]
         return [self._retry(lambda b=b: question(self._log(b).view())) for b in self.brokers()]
 
-    def state_for_queue(self, topic: str, queue_id: int, state: TierView | None = None) -> TierView:
-        """The state of the one broker holding queue ``topic``/``queue_id`` (``state`` when given)."""
-        if state is not None:
-            return state
+    def view_for_queue(self, topic: str, queue_id: int, view: TierView | None = None) -> TierView:
+        """The view of the one broker holding queue ``topic``/``queue_id`` (``view`` when given)."""
+        if view is not None:
+            return view
         if self.broker is not None:
-            return self.state()
-        views = self.states()
+            return self.view()
+        views = self.views()
         holding = [v for v in views if v.state_of((topic, queue_id)) is not None]
         if len(holding) > 1:
             raise AmbiguousBrokerError(
@@ -157,22 +164,22 @@ class TierReader:
             )
         if holding:
             return holding[0]
-        return views[0] if views else self.state()
+        return views[0] if views else self.view()
 
-    def queues(self, state: TierView | None = None, topic: str | None = None) -> list[QueueKey]:
-        """The queues of one broker (``state``, or the reader's only broker)."""
-        return self._fresh(lambda st: st.queue_keys(topic), state)
+    def queues(self, view: TierView | None = None, topic: str | None = None) -> list[QueueKey]:
+        """The queues of one broker (``view``, or the reader's only broker)."""
+        return self._fresh(lambda st: st.queue_keys(topic), view)
 
-    def read_queue(self, topic: str, queue_id: int, state: TierView | None = None) -> pa.Table:
+    def read_queue(self, topic: str, queue_id: int, view: TierView | None = None) -> pa.Table:
         """Every committed message of one queue, in queue-offset order."""
         def question(st: TierView) -> pa.Table:
             q = st.state_of((topic, queue_id))
             if q is None:
                 return MESSAGE_SCHEMA.empty_table()
             return self._range(topic, queue_id, q.low, q.commit, st)
-        return self._retry(lambda: question(self.state_for_queue(topic, queue_id, state)))
+        return self._retry(lambda: question(self.view_for_queue(topic, queue_id, view)))
 
-    def read_all(self, state: TierView | None = None) -> pa.Table:
+    def read_all(self, view: TierView | None = None) -> pa.Table:
         """Every committed message, broker by broker and queue by queue (a staging object's row
         groups are cut at queue boundaries, so reading it once per queue decodes each row once)."""
         def question(st: TierView) -> pa.Table:
@@ -180,13 +187,13 @@ class TierReader:
             st.prefetch(keys)
             tables = [self.read_queue(t, q, st) for t, q in keys]
             return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
-        tables = self._each(question, state)
+        tables = self._each(question, view)
         return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
 
     # ------------------------------------------------------------ queries
 
     def get(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
-            state: TierView | None = None) -> GetResult:
+            view: TierView | None = None) -> GetResult:
         """Up to ``max_messages`` committed messages of one queue from queue offset ``offset``."""
         def question(st: TierView) -> GetResult:
             q = st.state_of((topic, queue_id))
@@ -201,20 +208,20 @@ class TierReader:
             end = min(q.commit, offset + max(1, max_messages))
             table = self._range(topic, queue_id, offset, end, st)
             return GetResult(GetStatus.FOUND, table, end, q.low, q.commit)
-        return self._retry(lambda: question(self.state_for_queue(topic, queue_id, state)))
+        return self._retry(lambda: question(self.view_for_queue(topic, queue_id, view)))
 
-    def _range(self, topic: str, queue_id: int, start: int, end: int, state: TierView,
+    def _range(self, topic: str, queue_id: int, start: int, end: int, view: TierView,
                columns: list[str] | None = None) -> pa.Table:
         """Committed rows of one queue with ``start <= queue_offset < end``, in offset order."""
         key = (topic, queue_id)
-        q = state.queue(key)
+        q = view.queue(key)
         start, end = max(start, q.low), min(end, q.commit)
-        reads = [partial(self._segment_range, seg, start, end, columns) for seg in state.segments_for(key, start, end)]
+        reads = [partial(self._segment_range, seg, start, end, columns) for seg in view.segments_for(key, start, end)]
         # Staging rows below the sealed offset are also in a segment: read them from there only.
         unsealed_from = max(start, q.sealed)
         filters = [("topic", "=", topic), ("queue_id", "=", queue_id), ("queue_offset", ">=", unsealed_from),
                    ("queue_offset", "<", end)]
-        for part in state.staging_for(key):
+        for part in view.staging_for(key):
             if part.first < end and part.last >= unsealed_from:
                 reads.append(partial(layout.read_object_rows, self.backend, part.name, filters, columns,
                                      size=part.size))
@@ -245,18 +252,18 @@ class TierReader:
         return layout.read_object_rows(self.backend, seg.name, [("queue_offset", ">=", start), ("queue_offset", "<", end)],
                                        columns, size=seg.size)
 
-    def decoded_end(self, topic: str, queue_id: int, offset: int, state: TierView) -> int:
+    def decoded_end(self, topic: str, queue_id: int, offset: int, view: TierView) -> int:
         """One past the last offset of the Parquet row group holding ``offset`` when that is in a
         sealed segment: a read of ``offset`` decodes the whole group anyway.  Else ``offset + 1``.
         A hint for how much to keep (segments written with another group size are read right)."""
-        for seg in state.segments_for((topic, queue_id), offset, offset + 1):
+        for seg in view.segments_for((topic, queue_id), offset, offset + 1):
             if seg.base <= offset <= seg.end and seg.dense:
                 group = (offset - seg.base) // layout.ROW_GROUP_ROWS + 1
                 return min(seg.end + 1, seg.base + group * layout.ROW_GROUP_ROWS)
         return offset + 1
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower",
-                        state: TierView | None = None) -> int:
+                        view: TierView | None = None) -> int:
         """Like RocketMQ's searchOffset, over what the tier retains of one queue.
 
         ``lower``: the smallest offset whose store time is at or after ``timestamp_ms``
@@ -268,17 +275,17 @@ class TierReader:
         if boundary not in ("lower", "upper"):
             raise ValueError(f"boundary must be lower or upper, not {boundary!r}")
         return self._retry(lambda: self._offset_for_time(topic, queue_id, timestamp_ms, boundary,
-                                                         self.state_for_queue(topic, queue_id, state)))
+                                                         self.view_for_queue(topic, queue_id, view)))
 
-    def _offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str, state: TierView) -> int:
-        q = state.state_of((topic, queue_id))
+    def _offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str, view: TierView) -> int:
+        q = view.state_of((topic, queue_id))
         if q is None or q.commit <= q.low:
             return 0 if q is None else q.commit
         lower = boundary == "lower"
-        for first, last, min_ts, max_ts in self._time_pieces(topic, queue_id, state, lower, timestamp_ms):
+        for first, last, min_ts, max_ts in self._time_pieces(topic, queue_id, view, lower, timestamp_ms):
             if (max_ts < timestamp_ms) if lower else (min_ts > timestamp_ms):
                 continue
-            rows = self._range(topic, queue_id, first, last + 1, state, ["queue_offset", "store_ts"])
+            rows = self._range(topic, queue_id, first, last + 1, view, ["queue_offset", "store_ts"])
             ts = epoch_ms_array(rows["store_ts"])
             hit = pc.greater_equal(ts, timestamp_ms) if lower else pc.less_equal(ts, timestamp_ms)
             offsets = rows["queue_offset"].filter(hit)
@@ -286,20 +293,20 @@ class TierReader:
                 return (pc.min if lower else pc.max)(offsets).as_py()
         return q.commit if lower else q.low
 
-    def _time_pieces(self, topic: str, queue_id: int, state: TierView, lower: bool, timestamp_ms: int):
+    def _time_pieces(self, topic: str, queue_id: int, view: TierView, lower: bool, timestamp_ms: int):
         """(first offset, last offset, min store time, max store time) of each object that may hold
         the answer, walking from the low end (``lower``) or the high end.  Pages of segments are read
         only as the walk reaches them, so a search that ends early reads few."""
         key = (topic, queue_id)
-        q = state.queue(key)
+        q = view.queue(key)
         bounds = {"min_ts": timestamp_ms} if lower else {"max_ts": timestamp_ms}
-        segments = ((s.base, s.end, s.min_ts, s.max_ts) for s in state.segments_in_order(key, reverse=not lower, **bounds))
-        staged = sorted((max(p.first, q.sealed), p.last, p.min_ts, p.max_ts) for p in state.staging_for(key))
+        segments = ((s.base, s.end, s.min_ts, s.max_ts) for s in view.segments_in_order(key, reverse=not lower, **bounds))
+        staged = sorted((max(p.first, q.sealed), p.last, p.min_ts, p.max_ts) for p in view.staging_for(key))
         pieces = itertools.chain(segments, staged) if lower else itertools.chain(reversed(staged), segments)
         return (p for p in pieces if p[1] >= q.low and p[0] < q.commit)
 
     def by_key(self, topic: str, key: str, begin_ms: int | None = None, end_ms: int | None = None,
-               state: TierView | None = None) -> pa.Table:
+               view: TierView | None = None) -> pa.Table:
         """Every committed message of ``topic`` whose key is ``key``, stored in ``[begin_ms, end_ms]``
         (either end open when None), broker by broker, each in physical order.
 
@@ -307,20 +314,20 @@ class TierReader:
         index (written at seal time, sorted by key) lists the key; then only the row
         groups holding those offsets are read.  Staging objects are filtered by key.
         """
-        tables = self._each(lambda st: self._by_key(topic, key, begin_ms, end_ms, st), state)
+        tables = self._each(lambda st: self._by_key(topic, key, begin_ms, end_ms, st), view)
         return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
 
-    def _by_key(self, topic: str, key: str, begin_ms: int | None, end_ms: int | None, state: TierView) -> pa.Table:
+    def _by_key(self, topic: str, key: str, begin_ms: int | None, end_ms: int | None, view: TierView) -> pa.Table:
         lo = -(2**62) if begin_ms is None else begin_ms
         hi = 2**62 if end_ms is None else end_ms
         parts, staged = [], {}
-        keys = state.queue_keys(topic)
-        state.prefetch(keys)
+        keys = view.queue_keys(topic)
+        view.prefetch(keys)
         for queue_key in keys:
-            q = state.queue(queue_key)
-            for seg in state.segments_for(queue_key, min_ts=lo, max_ts=hi):
+            q = view.queue(queue_key)
+            for seg in view.segments_for(queue_key, min_ts=lo, max_ts=hi):
                 parts.append(partial(self._segment_rows_for_key, seg, key))
-            for part in state.staging_for(queue_key):
+            for part in view.staging_for(queue_key):
                 if part.last >= q.sealed and part.max_ts >= lo and part.min_ts <= hi:
                     staged.setdefault(part.name, (part, {}))[1][queue_key[1]] = q.sealed
         for part, sealed in staged.values():  # each staging object read once, for all its queues
@@ -330,7 +337,7 @@ class TierReader:
         ts = epoch_ms_array(table["store_ts"])
         keep = pc.and_(pc.equal(table["key"], key), pc.and_(pc.greater_equal(ts, lo), pc.less_equal(ts, hi)))
         table = table.filter(keep)
-        return table.filter(self._committed(table, state)).sort_by("phy_offset")
+        return table.filter(self._committed(table, view)).sort_by("phy_offset")
 
     def _segment_rows_for_key(self, seg, key: str) -> pa.Table:
         if seg.keys is None:  # sealed before key indexes existed: filter the segment itself
@@ -358,16 +365,16 @@ class TierReader:
         return rows.filter(pa.array(keep, pa.bool_()))
 
     @staticmethod
-    def _committed(table: pa.Table, state: TierView) -> pa.Array:
+    def _committed(table: pa.Table, view: TierView) -> pa.Array:
         """Rows within their queue's retained, committed range."""
         states = {}
         keep = []
         for t, q, o in zip(table["topic"].to_pylist(), table["queue_id"].to_pylist(), table["queue_offset"].to_pylist()):
-            s = states.get((t, q)) or states.setdefault((t, q), state.state_of((t, q)))
+            s = states.get((t, q)) or states.setdefault((t, q), view.state_of((t, q)))
             keep.append(s.low <= o < s.commit)
         return pa.array(keep, pa.bool_())
 
-    def queue_infos(self, state: TierView | None = None, topic: str | None = None) -> list[QueueInfo]:
+    def queue_infos(self, view: TierView | None = None, topic: str | None = None) -> list[QueueInfo]:
         """Every queue (of ``topic``) of every broker with its retained range, sealed offset, segments
         and bytes.  Reads the buckets only, and the manifests of queues with unsealed rows (for their
         bytes)."""
@@ -378,4 +385,4 @@ class TierReader:
                 out.append(QueueInfo(st.log.broker, key[0], key[1], q.low, q.commit, q.sealed, q.segments,
                                      q.bytes + staged))
             return out
-        return [info for infos in self._each(question, state) for info in infos]
+        return [info for infos in self._each(question, view) for info in infos]

@@ -17,11 +17,11 @@ INSPECT_COLUMNS = ["phy_offset", "topic", "queue_id", "queue_offset", "key", "ta
 
 
 def cmd_inspect(args, conf: cfg.Config) -> int:
-    from connectors.commitlog.reader import CommitLogReader
+    from streaming.settings import reader_options
 
     if args.from_queue_offset is not None and (args.topic is None or args.queue is None):
         raise ConfigError("inspect --from-queue-offset needs --topic and --queue")
-    with CommitLogReader(conf.commitlog.dir, check_crc=conf.commitlog.check_crc) as reader:
+    with reader_options(conf).open(on_corrupt="fail") as reader:
         if not reader.files():
             raise ConfigError(f"commitlog.dir {conf.commitlog.dir!r} holds no commitlog files")
         if args.summary:

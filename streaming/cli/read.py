@@ -95,7 +95,7 @@ def cmd_offset_for_time(args, conf: cfg.Config) -> int:
 
     ts = _parse_time(args.timestamp)
     reader = TierReader(conf.tier.location, broker=args.read_broker)
-    state = reader.state_for_queue(args.topic, args.queue)
+    state = reader.view_for_queue(args.topic, args.queue)
     if state.state_of((args.topic, args.queue)) is None:
         raise TierlogError(f"the tier at {conf.tier.location} has no queue {args.topic}/{args.queue}")
     offset = reader.offset_for_time(args.topic, args.queue, ts, args.boundary, state)

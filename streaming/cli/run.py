@@ -61,7 +61,7 @@ def cmd_demo(args, conf: cfg.Config) -> int:
     try:
         service = Service(conf)
         service.run(until_caught_up=True)
-        state = TierReader(conf.tier.location).state()
+        state = TierReader(conf.tier.location).view()
         kafka_line = _kafka_summary(service)
     finally:
         if broker is not None:

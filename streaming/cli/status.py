@@ -18,10 +18,10 @@ STATUS_COLUMNS = ["topic", "queue", "dispatch", "commit", "sealed", "low", "lag"
 
 def queue_lag(conf: cfg.Config, source_end: int | None, cap_bytes: int = 256 << 20) -> tuple[dict, int, bool]:
     """Per-queue messages not yet tiered, from the commitlog past ``source_end``; and the frontier."""
-    from connectors.commitlog.reader import CommitLogReader
+    from streaming.settings import reader_options
 
     lag: dict = {}
-    with CommitLogReader(conf.commitlog.dir, on_corrupt=conf.commitlog.on_corrupt) as reader:
+    with reader_options(conf).open(check_crc=False) as reader:
         start = source_end if source_end is not None else reader.first_offset()
         frontier = reader.end_offset(start)
         end = reader.scan(start, max_bytes=cap_bytes).end

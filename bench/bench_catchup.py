@@ -1,0 +1,144 @@
+"""Whole-service catch-up against a copy of the same bytes, in the same run.
+
+    ./dev bench catchup [--shape small|wide|both] [--rounds 3] [--tiering-only]
+
+Each round runs, in alternating order, for a small and a large commitlog of the same shape:
+``tierlog run --until-caught-up`` as a new process (tiering and compaction, Kafka off, a posix
+tier; start-up included), and ``cp -r`` of the log's files followed by ``sync``.  The figure is
+the marginal throughput, (bytes of the large log - bytes of the small) / (time of the large run -
+time of the small), so what every run pays once (Spark's start, the first batch's warm-up, the
+last fold) cancels out and nothing the service does per byte is left out.  The copy's figure is
+marginal the same way.  Shapes (the issue's and the README's):
+
+small   64 queues, 100,000 keys, bodies of ~2,000 bytes; 60,000 and 300,000 messages
+wide    1,024 queues, 100,000 keys, 1 KiB bodies; 100,000 and 500,000 messages
+
+Target: the whole service at >= 0.25 of the copy; ``--tiering-only`` (compaction off) >= 0.5.
+The log files are in the page cache for both (they were just written), as a broker's tail is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench.common import report
+from connectors.commitlog.workload import Workload, append_in_chunks
+from connectors.commitlog.writer import CommitLogWriter
+from streaming import config as cfg
+
+SHAPES = {
+    "small": {"queues": 64, "keys": 100_000, "body": 2000, "messages": (60_000, 300_000)},
+    "wide": {"queues": 1024, "keys": 100_000, "body": 1024, "messages": (100_000, 500_000)},
+}
+
+
+def write_log(directory: str, messages: int, shape: dict) -> int:
+    w = Workload(messages=messages, topics=4, queues=shape["queues"] // 4, keys=shape["keys"],
+                 body_size=shape["body"], delete_ratio=0.05, seed=7)
+    with CommitLogWriter(directory, file_size=256 << 20, fsync="never") as writer:
+        append_in_chunks(writer, w.generate())
+    return sum(e.stat().st_size for e in os.scandir(directory) if e.name.isdigit())
+
+
+def commitlog_bytes(directory: str) -> int:
+    """The bytes the service reads: up to the end of the last record (a file's zero tail is not data)."""
+    from connectors.commitlog.reader import CommitLogReader
+
+    with CommitLogReader(directory) as reader:
+        return reader.end_offset() - reader.first_offset()
+
+
+def run_service(root: str, log_dir: str, tiering_only: bool) -> float:
+    """Seconds of one ``tierlog run --until-caught-up`` on a fresh tier, state and checkpoints."""
+    work = tempfile.mkdtemp(dir=root, prefix="run-")
+    conf = cfg.Config(
+        commitlog=cfg.CommitlogConfig(dir=log_dir),
+        tier=cfg.TierConfig(location=os.path.join(work, "tier")),
+        state=cfg.StateConfig(dir=os.path.join(work, "state")),
+        checkpoint=cfg.CheckpointConfig(dir=os.path.join(work, "checkpoints")),
+        compaction=cfg.CompactionConfig(enabled=not tiering_only),
+        metrics=cfg.MetricsConfig(port=0),
+    )
+    path = os.path.join(work, "tierlog.toml")
+    with open(path, "w") as fh:
+        fh.write(cfg.to_toml(conf, with_docs=False))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "streaming.cli", "run", "--until-caught-up", "--config", path],
+                            env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        raise SystemExit(f"tierlog run failed:\n{result.stderr[-3000:]}")
+    shutil.rmtree(work, ignore_errors=True)
+    return seconds
+
+
+def copy(root: str, log_dir: str) -> float:
+    """Seconds of ``cp -r`` of the log's directory and ``sync``."""
+    target = os.path.join(root, "copy")
+    started = time.perf_counter()
+    subprocess.run(["cp", "-r", log_dir, target], check=True)
+    subprocess.run(["sync"], check=True)
+    seconds = time.perf_counter() - started
+    shutil.rmtree(target)
+    return seconds
+
+
+def measure(shape_name: str, rounds: int, tiering_only: bool) -> dict:
+    shape = SHAPES[shape_name]
+    root = tempfile.mkdtemp(prefix=f"tierlog-catchup-{shape_name}-")
+    logs = {}
+    for n in shape["messages"]:
+        logs[n] = os.path.join(root, f"log-{n}")
+        write_log(logs[n], n, shape)
+    sizes = {n: commitlog_bytes(d) for n, d in logs.items()}
+    small, large = shape["messages"]
+    times: dict[tuple[str, int], list[float]] = {(k, n): [] for k in ("service", "copy") for n in (small, large)}
+    for r in range(rounds):
+        order = [("service", small), ("copy", small), ("service", large), ("copy", large)]
+        for kind, n in (order if r % 2 == 0 else order[::-1]):
+            fn = run_service if kind == "service" else copy
+            args = (root, logs[n], tiering_only) if kind == "service" else (root, logs[n])
+            times[(kind, n)].append(fn(*args))
+            print(f"catchup {shape_name} round {r + 1}/{rounds}: {kind} {n} messages "
+                  f"{times[(kind, n)][-1]:.1f} s", file=sys.stderr, flush=True)
+    shutil.rmtree(root, ignore_errors=True)
+    extra = sizes[large] - sizes[small]
+
+    def marginal(kind: str) -> list[float]:
+        return [extra / (tl - ts) / 1e6 for ts, tl in zip(times[(kind, small)], times[(kind, large)])]
+
+    service, baseline = marginal("service"), marginal("copy")
+    ratios = [s / c for s, c in zip(service, baseline)]
+    return {
+        "shape": shape_name, **{k: v for k, v in shape.items() if k != "messages"}, "messages": shape["messages"],
+        "log_bytes": [sizes[small], sizes[large]], "rounds": rounds,
+        "what": "tiering only" if tiering_only else "tiering + compaction",
+        "seconds": {f"{k}_{n}": [round(t, 2) for t in v] for (k, n), v in times.items()},
+        "service_marginal_MBps": [round(x, 1) for x in service],
+        "copy_marginal_MBps": [round(x, 1) for x in baseline],
+        "ratio_per_round": [round(x, 3) for x in ratios],
+        "ratio_median": round(statistics.median(ratios), 3),
+        "target_ratio": 0.5 if tiering_only else 0.25,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=[*SHAPES, "both"], default="small")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tiering-only", action="store_true", help="compaction off: the tiering query alone")
+    args = ap.parse_args()
+    shapes = list(SHAPES) if args.shape == "both" else [args.shape]
+    report({"benchmark": "catchup", "results": [measure(s, args.rounds, args.tiering_only) for s in shapes]})
+
+
+if __name__ == "__main__":
+    main()

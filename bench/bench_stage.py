@@ -1,0 +1,125 @@
+"""The stager alone (``connectors.tier.staging.stage``, what each Spark task of the tiering query
+runs), against a copy of the same byte ranges into the same tier directory, in one process.
+
+    ./dev bench stage [--mb 256] [--part-mb 32] [--queues 64] [--body 2000] [--rounds 3]
+
+Each round stages the whole log in ``--part-mb`` ranges (as the source's partitions cut it) and
+copies the same ranges (read, write, no fsync: the stager does not fsync either), in alternating
+order.  A pass with the phases timed apart (decode with the body CRC, sort, Parquet encode,
+upload) says where a stager's time goes.  No Spark: this is the floor of what one task can do,
+and the tiering query's catch-up cannot beat its ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import pyarrow as pa
+
+from bench.common import report
+from connectors.commitlog.arrow import dispatched_only
+from connectors.commitlog.reader import CommitLogReader
+from connectors.commitlog.workload import Workload, append_in_chunks
+from connectors.commitlog.writer import CommitLogWriter
+from connectors.tier import layout
+from connectors.tier.backend import open_backend
+from connectors.tier.staging import StageSettings, stage
+
+
+def ranges(directory: str, part_bytes: int) -> list[tuple[int, int, int]]:
+    """(first, end, last record) of each part, cut at record boundaries and file ends."""
+    out = []
+    with CommitLogReader(directory) as reader:
+        start = reader.first_offset()
+        for span in reader.spans(start):
+            i = 0
+            while i < len(span.starts):
+                first, size = span.starts[i], 0
+                j = i
+                while j < len(span.starts) and size < part_bytes:
+                    size += span.sizes[j]
+                    j += 1
+                base = span.file.base
+                out.append((base + first, base + span.starts[j - 1] + span.sizes[j - 1], base + span.starts[j - 1]))
+                i = j
+    return out
+
+
+def copy_ranges(directory: str, target: str, parts) -> None:
+    os.makedirs(target, exist_ok=True)
+    with CommitLogReader(directory) as reader:
+        for first, end, _ in parts:
+            data = reader.read_bytes(first, end - first)
+            with open(os.path.join(target, f"{first:020d}"), "wb") as fh:
+                fh.write(data)
+
+
+def phases(directory: str, location: str, parts) -> dict:
+    """Seconds per phase of staging every part, timed apart."""
+    out = {"decode": 0.0, "sort": 0.0, "encode": 0.0, "put": 0.0}
+    backend = open_backend(location)
+    with CommitLogReader(directory, check_crc=True) as reader:
+        for first, end, _ in parts:
+            t0 = time.perf_counter()
+            batches = list(reader.record_batches(first, end))
+            table = dispatched_only(pa.Table.from_batches(batches))
+            t1 = time.perf_counter()
+            table = layout.sort_rows(table)
+            t2 = time.perf_counter()
+            data = layout.to_staging_parquet(table)
+            t3 = time.perf_counter()
+            backend.put(f"_phases/{first:020d}.parquet", data)
+            t4 = time.perf_counter()
+            for k, a, b in (("decode", t0, t1), ("sort", t1, t2), ("encode", t2, t3), ("put", t3, t4)):
+                out[k] += b - a
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", type=int, default=256)
+    ap.add_argument("--part-mb", type=int, default=32)
+    ap.add_argument("--queues", type=int, default=64)
+    ap.add_argument("--body", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="tierlog-stage-")
+    log_dir = os.path.join(root, "log")
+    w = Workload(messages=args.mb * (1 << 20) // (args.body + 200), topics=4, queues=args.queues // 4,
+                 keys=100_000, body_size=args.body, delete_ratio=0.05, seed=7)
+    with CommitLogWriter(log_dir, file_size=256 << 20, fsync="never") as writer:
+        append_in_chunks(writer, w.generate())
+    parts = ranges(log_dir, args.part_mb << 20)
+    nbytes = sum(end - first for first, end, _ in parts)
+    settings = StageSettings(location=os.path.join(root, "tier"), commitlog_dir=log_dir)
+    stage_s, copy_s = [], []
+    for r in range(args.rounds):
+        for kind in (("stage", "copy") if r % 2 == 0 else ("copy", "stage")):
+            started = time.perf_counter()
+            if kind == "stage":
+                for first, end, last in parts:
+                    stage(settings, first, end, last)
+                stage_s.append(time.perf_counter() - started)
+            else:
+                copy_ranges(log_dir, os.path.join(root, "tier", "_copy"), parts)
+                copy_s.append(time.perf_counter() - started)
+    breakdown = phases(log_dir, settings.location, parts)
+    shutil.rmtree(root, ignore_errors=True)
+    ratios = [c / s for s, c in zip(stage_s, copy_s)]
+    report({
+        "benchmark": "stage", "bytes": nbytes, "parts": len(parts), "queues": args.queues, "body": args.body,
+        "rounds": args.rounds,
+        "stage_MBps": [round(nbytes / s / 1e6, 1) for s in stage_s],
+        "copy_MBps": [round(nbytes / s / 1e6, 1) for s in copy_s],
+        "ratio_per_round": [round(x, 3) for x in ratios], "ratio_median": round(statistics.median(ratios), 3),
+        "phases_s": breakdown,
+    })
+
+
+if __name__ == "__main__":
+    main()

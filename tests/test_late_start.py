@@ -1,0 +1,45 @@
+"""The backoff of queries whose Python worker was late (``streaming.late_start``), on a test clock."""
+
+from __future__ import annotations
+
+from streaming.late_start import LateStarts
+
+LATE = "org.apache.spark.SparkException: Python worker failed to connect back."
+
+
+def test_a_late_query_is_started_again_after_growing_delays_until_its_budget_runs_out():
+    now = [100.0]
+    heard = []
+    late = LateStarts(120.0, on_wait=lambda name, text: heard.append((name, text)), clock=lambda: now[0])
+    delays = []
+    while late.failed("tiering", LATE, ran_a_batch=False):
+        assert late.waiting() == {"tiering"} and late.due() == []
+        delay = late.pending["tiering"].start_at - now[0]
+        delays.append(delay)
+        now[0] += delay
+        assert late.due() == ["tiering"] and late.waiting() == set()
+        now[0] += 10  # the next start is late again: Spark waited its 10 s
+    assert delays == [1, 2, 4, 8, 16, 30]  # the seventh failure comes 121 s after the first: past 120 s
+    assert "could not start for 121 s: in 7 starts" in late.gave_up["tiering"]
+    assert "spark.late_start_s (now 120)" in late.gave_up["tiering"]
+    assert len(heard) == 6 and all(name == "tiering" and "start" in text for name, text in heard)
+
+
+def test_only_a_late_worker_before_the_first_batch_is_ridden_out():
+    late = LateStarts(300.0)
+    assert not late.failed("tiering", "TierlogError: the commitlog is corrupt", ran_a_batch=False)
+    assert not late.failed("tiering", LATE, ran_a_batch=True)  # it ran: a late worker now is a real failure
+    assert late.pending == {} and late.gave_up == {}
+
+
+def test_a_query_that_ran_a_batch_starts_its_budget_afresh():
+    now = [0.0]
+    heard = []
+    late = LateStarts(10.0, on_wait=lambda name, text: heard.append(text), clock=lambda: now[0])
+    assert late.failed("mirror", LATE, ran_a_batch=False)
+    now[0] = 5
+    assert late.due() == ["mirror"]
+    late.ran("mirror")
+    assert heard[-1] is None and late.pending == {}
+    now[0] = 50
+    assert late.failed("mirror", LATE, ran_a_batch=False)  # a new wait, not 50 s into the old one
