@@ -4,8 +4,8 @@ runs), against a copy of the same byte ranges into the same tier directory, in o
     ./dev bench stage [--mb 256] [--part-mb 32] [--queues 64] [--body 2000] [--rounds 3]
 
 Each round stages the whole log in ``--part-mb`` ranges (as the source's partitions cut it) and
-copies the same ranges (read, write, no fsync: the stager does not fsync either), in alternating
-order.  A pass with the phases timed apart (decode with the body CRC, sort, Parquet encode,
+copies the same ranges (read, write, fsync: a staging object is durable before its batch commits),
+in alternating order.  A pass with the phases timed apart (decode with the body CRC, sort, Parquet encode,
 upload) says where a stager's time goes.  No Spark: this is the floor of what one task can do,
 and the tiering query's catch-up cannot beat its ratio.
 """
@@ -57,6 +57,8 @@ def copy_ranges(directory: str, target: str, parts) -> None:
             data = reader.read_bytes(first, end - first)
             with open(os.path.join(target, f"{first:020d}"), "wb") as fh:
                 fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())  # as durable as a staging object must be before its commit
 
 
 def phases(directory: str, location: str, parts) -> dict:

@@ -171,7 +171,11 @@ def plan_partitions(reader: CommitLogReader, start: int, end: int, split_bytes: 
     """Cut ``[start, end)`` at every file boundary and about every ``split_bytes``."""
     if end <= start:
         return []
-    cuts = [start, *reader.scan(start, end, split_bytes=split_bytes).splits, end]
+    return to_partitions(start, reader.scan(start, end, split_bytes=split_bytes).splits, end)
+
+
+def to_partitions(start: int, splits: tuple[int, ...], end: int) -> list[CommitLogPartition]:
+    cuts = [start, *splits, end]
     return [CommitLogPartition(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
@@ -204,6 +208,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.opts = opts
         self._target: int | None = None  # availableNow: never read past this
         self._reader: CommitLogReader | None = None
+        self._planned: tuple[int, int, tuple[int, ...]] | None = None  # the last latestOffset's walk: start, end, cuts
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -247,7 +252,9 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.opts.max_bytes
         if self._target is not None and begin >= self._target:
             return {"phy_offset": begin}
-        result = self.reader.scan(begin, self._target, max_records=max_records, max_bytes=max_bytes)
+        result = self.reader.scan(begin, self._target, max_records=max_records, max_bytes=max_bytes,
+                                  split_bytes=self.opts.partition_bytes)
+        self._planned = (begin, result.end, result.splits)  # partitions() of this range needs no second walk
         return {"phy_offset": result.end}
 
     def reportLatestOffset(self) -> dict:
@@ -257,7 +264,10 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._target = self.reader.end_offset()
 
     def partitions(self, start: dict, end: dict) -> list[CommitLogPartition]:
-        return plan_partitions(self.reader, int(start["phy_offset"]), int(end["phy_offset"]), self.opts.partition_bytes)
+        begin, stop = int(start["phy_offset"]), int(end["phy_offset"])
+        if self._planned is not None and self._planned[:2] == (begin, stop):
+            return to_partitions(begin, self._planned[2], stop)
+        return plan_partitions(self.reader, begin, stop, self.opts.partition_bytes)
 
     def read(self, partition: CommitLogPartition):
         return read_partition(self.opts, partition)
