@@ -157,6 +157,24 @@ MUTANTS = (
         ("tests/test_failover.py",),
     ),
     Mutant(
+        "new_queue_id_left_out_of_the_fold",
+        "a topic's new highest queue id does not mark its home bucket changed, so a fold whose window "
+        "only added that queue writes the topic's old queue count",
+        "connectors/tier/log.py",
+        """            self.topics_by_home.setdefault(home, set()).add(topic)
+            self.changed_buckets.add(home)""",
+        """            self.topics_by_home.setdefault(home, set()).add(topic)""",
+        ("tests/test_tier_queues_added.py",),
+    ),
+    Mutant(
+        "stager_ignores_on_corrupt",
+        "the stager's settings keep the default on_corrupt = fail whatever tierlog.toml says",
+        "streaming/settings.py",
+        """                            key_property=c.key_property, check_crc=c.check_crc, on_corrupt=c.on_corrupt,""",
+        """                            key_property=c.key_property, check_crc=c.check_crc,""",
+        ("tests/test_settings.py",),
+    ),
+    Mutant(
         "reader_trusts_a_corrupt_totalsize",
         "the commitlog reader never checks a record's TOTALSIZE against the record's own fields (so a "
         "wrong size is reported where it led the walk, a quarantining reader skips the good records it "
