@@ -12,7 +12,7 @@ from kafka import KafkaConsumer, TopicPartition
 from connectors.kafka.records import key_partition
 from connectors.kafka.sink import position_of
 from streaming import config as cfg
-from tests.oracle import latest_per_key, replay
+from tests.oracle import latest_per_key, written_rows
 
 
 def kafka_conf(conf: cfg.Config, bootstrap: str, prefix: str, **kafka) -> cfg.Config:
@@ -72,7 +72,7 @@ def mirrored_bodies(conf: cfg.Config, topics) -> dict[int, bytes]:
 def mirror_oracle(conf: cfg.Config) -> dict[tuple[str, int], list[tuple]]:
     """What the mirror topics must hold: per (Kafka topic, partition), (key, value, headers) in order."""
     out: dict[tuple[str, int], list[tuple]] = {}
-    for m in replay(conf.commitlog.dir):
+    for m in written_rows(conf.commitlog.dir):
         if m["sysflag"] & 0xC in (0x4, 0xC):  # PREPARED and ROLLBACK never enter a queue
             continue
         out.setdefault(mirror_place(conf.kafka, m), []).append(mirror_record(m))

@@ -90,6 +90,11 @@ def written_messages(directory: str) -> list[Message]:
     return _CHECKED[seen]
 
 
+def written_rows(directory: str, broker: str = DEFAULT_BROKER) -> list[dict]:
+    """``written_messages`` as message rows of ``broker``: the oracle a test compares with."""
+    return [message_row(m, broker=broker) for m in written_messages(directory)]
+
+
 def _written_messages(directory: str) -> list[Message]:
     from tests import ledger
 

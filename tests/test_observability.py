@@ -19,7 +19,7 @@ from streaming.plan import metadata_path
 from tests.cli_runner import cli_command, cli_env, tierlog, write_config
 from tests.kafka_helpers import changelog_records
 from tests.kv_helpers import append, kv_messages
-from tests.oracle import replay
+from tests.oracle import written_rows
 
 MESSAGES = 3000
 
@@ -61,7 +61,7 @@ def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafk
     proc = subprocess.Popen(cli_command("run", "--config", str(config)), env=cli_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        rows = replay(conf.commitlog.dir)
+        rows = written_rows(conf.commitlog.dir)
         keyed = {(r["topic"], r["key"]) for r in rows if r["key"] is not None}
         end = rows[-1]["phy_offset"] + rows[-1]["size"]
 
@@ -85,7 +85,7 @@ def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafk
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
 
-    # Rows and bytes in equal the replay; nothing is left behind.
+    # Rows and bytes in equal the ledger; nothing is left behind.
     assert value(s, "tierlog_rows_in_total", query="tiering") == MESSAGES
     assert value(s, "tierlog_bytes_in_total", query="tiering") == sum(r["size"] for r in rows)
     assert value(s, "tierlog_rows_in_total", query="compaction") == MESSAGES

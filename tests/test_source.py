@@ -11,7 +11,8 @@ from connectors.commitlog import CommitLogReader, CommitLogWriter, Message
 from connectors.commitlog.arrow import MESSAGE_SCHEMA
 from connectors.errors import ConfigError
 from streaming.source import SourceOptions, plan_partitions
-from tests.oracle import normalize_arrow_row, replay
+from tests import ledger
+from tests.oracle import normalize_arrow_row, written_rows
 
 FILE = 64 * 1024
 
@@ -19,7 +20,8 @@ FILE = 64 * 1024
 def produce(directory: str, n: int, start: int = 0, pause_every: int = 0, pause_s: float = 0.0) -> None:
     with CommitLogWriter(directory, file_size=FILE, fsync="never") as w:
         for i in range(start, start + n):
-            w.append(Message(topic=f"t{i % 2}", queue_id=i % 3, body=b"%d" % i * 20, properties={"KEYS": f"k{i % 50}"}))
+            ledger.append(w, [Message(topic=f"t{i % 2}", queue_id=i % 3, body=b"%d" % i * 20,
+                                      properties={"KEYS": f"k{i % 50}"})])
             if pause_every and i % pause_every == 0:
                 time.sleep(pause_s)
 
@@ -47,7 +49,7 @@ def test_batch_read_equals_the_oracle(spark, log_dir):
     df = spark.read.format("commitlog").option("partitionBytes", 8192).load(log_dir)
     assert df.rdd.getNumPartitions() > 10  # split at files and by size
     got = sorted((normalize_arrow_row(r) for r in df.toArrow().to_pylist()), key=lambda r: r["phy_offset"])
-    assert got == replay(log_dir)
+    assert got == written_rows(log_dir)
 
 
 def test_memory_sink_reads_a_concurrent_writer_in_order(spark, log_dir, tmp_path):
@@ -64,7 +66,7 @@ def test_memory_sink_reads_a_concurrent_writer_in_order(spark, log_dir, tmp_path
     q.stop()
     batches = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert len(batches) > 3 and max(batches) <= 300, "the query must have read while the writer appended"
-    assert table_rows(spark, "tail_run") == replay(log_dir)
+    assert table_rows(spark, "tail_run") == written_rows(log_dir)
 
 
 def test_restarts_on_one_checkpoint_read_nothing_twice(spark, log_dir, tmp_path):
@@ -108,7 +110,7 @@ def test_restarts_on_one_checkpoint_read_nothing_twice(spark, log_dir, tmp_path)
         assert by_id.setdefault(batch_id, rows) == rows, f"batch {batch_id} was replayed with other rows"
     assert list(by_id) == sorted(by_id)
     got = [row for rows in by_id.values() for row in rows]
-    oracle = replay(log_dir)
+    oracle = written_rows(log_dir)
     assert len(oracle) == 3510
     assert [r["phy_offset"] for r in got] == [r["phy_offset"] for r in oracle]  # in order, none twice
     assert got == oracle
@@ -123,7 +125,7 @@ def test_max_bytes_per_trigger(spark, log_dir, tmp_path):
     )
     q.awaitTermination(120)
     rows = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
-    size = replay(log_dir)[0]["size"]
+    size = written_rows(log_dir)[0]["size"]
     assert sum(rows) == 300 and max(rows) <= 5000 // size and len(rows) >= 300 * size // 5000
 
 

@@ -1,4 +1,4 @@
-"""TierReader queries (get, offset_for_time, queue listing) against a plain replay, on posix and S3."""
+"""TierReader queries (get, offset_for_time, queue listing) against the writers' ledger, on posix and S3."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from connectors.tier.log import TierLog
 from connectors.tier.reader import GetStatus, TierReader
 from streaming.service import Service
 from tests.kv_helpers import append
-from tests.oracle import normalize_arrow_row, replay
+from tests.oracle import normalize_arrow_row, written_rows
 from tests.tiering_helpers import make_conf
 
 BASE_TS = 1_700_000_000_000
@@ -54,8 +54,9 @@ def tier(spark, tmp_path_factory, s3_endpoint):
 
 def oracle_queues(conf) -> dict:
     queues: dict = {}
-    for row in replay(conf.commitlog.dir):
+    for row in written_rows(conf.commitlog.dir):
         queues.setdefault((row["topic"], row["queue_id"]), []).append(row)
+    assert len(queues) > 1 and sum(map(len, queues.values())) > 100, "the tests below need a log to compare with"
     return queues
 
 
@@ -156,13 +157,13 @@ class CountingBackend:
 
 
 @pytest.mark.parametrize("backend", ["posix", "s3"])
-def test_by_key_matches_the_replay_and_opens_only_segments_holding_the_key(tier, backend):
+def test_by_key_matches_the_ledger_and_opens_only_segments_holding_the_key(tier, backend):
     from connectors.tier.backend import open_backend
 
     conf = tier[backend]
     reader = TierReader(conf.tier.location)
     state = reader.view()
-    rows = replay(conf.commitlog.dir)
+    rows = written_rows(conf.commitlog.dir)
     rng = random.Random(4)
     for topic, key in [("t0", "k0"), ("t1", "k1"), ("t0", "k48"), ("t1", "k49")]:
         mine = [r for r in rows if r["topic"] == topic and r["key"] == key]
@@ -188,7 +189,7 @@ def test_key_from_the_command_line(tier):
     from tests.cli_runner import tierlog
 
     conf = tier["posix"]
-    expected = [r for r in replay(conf.commitlog.dir) if r["topic"] == "t1" and r["key"] == "k7"]
+    expected = [r for r in written_rows(conf.commitlog.dir) if r["topic"] == "t1" and r["key"] == "k7"]
     since = expected[3]["store_ts"]
     r = tierlog("key", "t1", "k7", "--since", str(since), "--format", "json", "--tier", conf.tier.location)
     assert r.returncode == 0, r.stderr
@@ -206,7 +207,7 @@ def test_spark_tier_source_duckdb_and_tier_reader_agree(spark, tier, backend):
     location = conf.tier.location
     reader = TierReader(location)
     state = reader.view()
-    expected = replay(conf.commitlog.dir)
+    expected = written_rows(conf.commitlog.dir)
     from_spark = _rows(spark.read.format("tier").load(location).toArrow())
     assert from_spark == _rows(reader.read_all(state)) == expected
     sealed = [r for r in expected if r["queue_offset"] < state.queues[(r["topic"], r["queue_id"])].sealed]
@@ -256,7 +257,7 @@ def test_spark_tier_source_prunes_by_topic_queue_offset_and_time(spark, tier):
     since = rows[200]["store_ts"]
     late = df.where(f"topic = 't1' and queue_id in (2) and store_ts >= timestamp_millis({since})")
     assert _rows(late.toArrow()) == [r for r in rows if r["store_ts"] >= since]
-    everything = replay(conf.commitlog.dir)
+    everything = written_rows(conf.commitlog.dir)
     assert _rows(df.where("queue_id in (0, 1)").toArrow()) == [r for r in everything if r["queue_id"] in (0, 1)]
     assert df.where("topic = 'nope'").count() == 0
 
@@ -301,7 +302,7 @@ def test_read_ahead_cache_drops_what_no_group_will_reach_in_time(tier):
 
 def test_every_query_equals_the_oracle_while_batches_commit_and_seals_run(spark, tmp_path, tier_location, monkeypatch):
     """get, offset_for_time, by_key and a cached consumer, called over and over while the service
-    commits small batches and seals segments, each compared with the replay as of the state it read.
+    commits small batches and seals segments, each compared with the ledger as of the state it read.
 
     After each commit and seal record the service writes, it waits until the reader has read the
     state that record made: so the reads cover every state the tier went through, however the two
@@ -405,7 +406,7 @@ def test_readme_tier_examples_run_against_a_real_tier(spark, tmp_path):
                           properties={"KEYS": f"order-{i % 97}"}, store_ts=base + i) for i in range(7000)))
     assert Service(conf).run(until_caught_up=True, spark=spark) == 0
     state = TierReader(location).view()
-    rows = replay(conf.commitlog.dir)
+    rows = written_rows(conf.commitlog.dir)
     sealed = [r for r in rows if r["queue_offset"] < state.queues[(r["topic"], r["queue_id"])].sealed]
     assert state.staging and len(sealed) > 3000  # both kinds of object
 
