@@ -22,6 +22,7 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as BotoConnectionError
+from botocore.exceptions import FlexibleChecksumError, HTTPClientError, IncompleteReadError
 
 from connectors.tier.backend import RETRY_DEADLINE_S, Backend, ObjectInfo, check_name, retry_transient
 from connectors.tier.errors import AccessDenied, BucketNotFound, ObjectNotFound, TierError, TransientTierError
@@ -103,6 +104,11 @@ class S3Backend(Backend):
             return TierError(f"S3 {what} {where} failed: {code} {exc.response.get('Error', {}).get('Message', '')}")
         if isinstance(exc, (BotoConnectionError,)) or "timeout" in type(exc).__name__.lower():
             return TransientTierError(f"S3 {what} {where}: endpoint unreachable ({type(exc).__name__})")
+        # A connection closed mid-answer, or a body that arrived short or damaged (its checksum does
+        # not match, as when a proxy cuts it): the object is fine, reading it again is the remedy.
+        if isinstance(exc, (HTTPClientError, IncompleteReadError, FlexibleChecksumError)):
+            return TransientTierError(f"S3 {what} {where}: the answer was cut or damaged in transit "
+                                      f"({type(exc).__name__}: {exc})")
         return TierError(f"S3 {what} {where} failed: {exc}")
 
     # ------------------------------------------------------------ operations
@@ -127,8 +133,9 @@ class S3Backend(Backend):
             if length == 0:
                 return b""
             kwargs["Range"] = f"bytes={start}-{end}"
-        resp = self._call("get", name, self.client.get_object, Bucket=self.bucket, Key=self._key(name), **kwargs)
-        return self._call("get", name, resp["Body"].read)
+        key = self._key(name)
+        # The GET and its body in one retried call: a body cut in transit is read again with a new GET.
+        return self._call("get", name, lambda: self.client.get_object(Bucket=self.bucket, Key=key, **kwargs)["Body"].read())
 
     def size(self, name: str) -> int:
         resp = self._call("head", name, self.client.head_object, Bucket=self.bucket, Key=self._key(name))
