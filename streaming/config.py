@@ -192,6 +192,25 @@ class SparkConfig:
 
 
 @dataclass(frozen=True)
+class TablesConfig:
+    enabled: bool = setting(False, "Register the tier's sealed segments in Apache Iceberg tables, one per topic, so "
+                                   "Spark, Trino, DuckDB and polars read exactly what is committed.")
+    catalog_uri: str = setting("", "The Iceberg catalog: a SQLAlchemy URL (sqlite:///path, postgresql://...) for a SQL "
+                                   "catalog, or an http(s):// REST catalog. Empty: SQLite at state.dir/tables.db.")
+    catalog_properties: str = setting("", "More catalog properties, `token=...,credential=...,s3.endpoint=...`.",
+                                      secret=True)
+    warehouse: str = setting("", "Where table metadata is written: a directory or s3://bucket/prefix. Empty: "
+                                 "_tables/ in the tier.")
+    namespace: str = setting("tierlog", "The catalog namespace of the tables.")
+    name: str = setting("rmq_{topic}", "Table name; {topic} is the topic, characters other than letters, digits "
+                                       "and _ made _.")
+    commit_interval_s: float = setting(0.0, "At most one commit per table this often (0: one per seal or expiry); "
+                                            "expired segments are deleted only once their table has let them go.")
+    snapshots_kept: int = setting(100, "Snapshots kept per table (time travel this far back); older ones expire "
+                                       "and the manifests only they referenced are deleted, so commits stay fast.")
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     port: int = setting(9464, "Port of the Prometheus endpoint (/metrics) of `tierlog run`; 0 turns it off.")
     host: str = setting("127.0.0.1", "Address the metrics endpoint listens on (0.0.0.0 to be scraped from outside).")
@@ -227,6 +246,7 @@ class Config:
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    tables: TablesConfig = field(default_factory=TablesConfig)
 
 
 def sections() -> dict[str, type]:

@@ -15,6 +15,7 @@ from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.topics import CLASSES, TopicFilter
 from connectors.errors import ConfigError
 from connectors.sinks import FILTERED_SINKS
+from connectors.tables.catalog import TableSettings, default_settings
 from connectors.tier.retention import Retention
 from connectors.tier.staging import StageSettings
 from connectors.tier.writer import WriterSettings
@@ -31,6 +32,7 @@ class Settings:
     reader: ReaderOptions  # how every commitlog reader of this broker reads
     stage: StageSettings  # the tiering query's stagers
     writer: WriterSettings  # the tier writer
+    tables: TableSettings | None  # the Iceberg message tables; None: tables.enabled is off
 
 
 def derive(conf: cfg.Config) -> Settings:
@@ -50,6 +52,7 @@ def derive(conf: cfg.Config) -> Settings:
         writer=WriterSettings(location=t.location, broker=conf.broker.name, segment_bytes=t.segment_bytes,
                               segment_messages=t.segment_messages, segment_age_s=t.segment_age_s,
                               retention=kept, fold_every=max(1, t.fold_every), delete_grace_s=t.delete_grace_s),
+        tables=tables(conf),
     )
 
 
@@ -74,6 +77,23 @@ def ttl(conf: cfg.Config) -> dict[str, float] | None:
 
 def local_retention_s(conf: cfg.Config) -> float:
     return cfg.parse_duration(conf.commitlog.local_retention, "commitlog.local_retention")
+
+
+def tables(conf: cfg.Config) -> TableSettings | None:
+    t = conf.tables
+    if "{topic}" not in t.name:
+        raise ConfigError(f"setting tables.name: {t.name!r} has no {{topic}}, so every topic would share one table")
+    if not conf.tables.enabled:
+        return None
+    props = {}
+    for part in _globs(t.catalog_properties):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"setting tables.catalog_properties: {part.split('=')[0]!r} is not key=value")
+        props[key.strip()] = value.strip()
+    return default_settings(conf.tier.location, conf.state.dir, catalog_uri=t.catalog_uri, warehouse=t.warehouse,
+                            namespace=t.namespace, name=t.name, properties=props,
+                            commit_interval_s=t.commit_interval_s, snapshots_kept=max(1, t.snapshots_kept))
 
 
 def compaction_settings(settings: Settings):
@@ -108,4 +128,4 @@ def topic_filters(conf: cfg.Config) -> dict[str, TopicFilter]:
 
 
 # Each part on its own, so `tierlog config check` can list every bad setting, not only the first.
-PARTS = (topic_filters, retention, ttl, local_retention_s)
+PARTS = (topic_filters, retention, ttl, local_retention_s, tables)

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from connectors.tier.staging import CommitLogGaps, StagedPart, StageSettings, stage
+from connectors.tables.catalog import TableSettings
 from connectors.tier.writer import TierWriter, WriterSettings
 
 
@@ -33,6 +34,15 @@ from connectors.tier.writer import TierWriter, WriterSettings
 class TieringSettings:
     stage: StageSettings
     writer: WriterSettings
+    tables: TableSettings | None = None
+
+
+def open_tables(settings: TieringSettings):
+    if settings.tables is None:
+        return None
+    from connectors.tables.messages import MessageTables  # pyiceberg loads only when tables are on
+
+    return MessageTables(settings.tables, settings.writer.location, settings.writer.broker)
 
 
 def make_stager(settings: StageSettings, floor: int):
@@ -86,7 +96,7 @@ class TieringHandler:
 
     def __init__(self, settings: TieringSettings, metadata, on_batch=None):
         self.settings = settings
-        self.writer = TierWriter(settings.writer, metadata)
+        self.writer = TierWriter(settings.writer, metadata, tables=open_tables(settings))
         self.gaps = CommitLogGaps(settings.stage.commitlog_dir, on_corrupt=settings.stage.on_corrupt)
         self.lock = threading.RLock()  # held while a batch is processed; graceful stop waits on it
         self.writer_lock = threading.Lock()  # the writer is not thread-safe: a commit or a maintenance

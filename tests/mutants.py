@@ -185,6 +185,46 @@ MUTANTS = (
         return None""",
         ("tests/test_commitlog_properties.py",),
     ),
+    Mutant(
+        "table_keeps_expired_segments",
+        "a table commit applies the seals since the last one but not the expirations",
+        "connectors/tables/messages.py",
+        """                change.remove.add(seg.name)""",
+        """                pass""",
+        ("tests/test_tables.py::test_tables_follow_random_commits_seals_expirations_folds_and_restarts",),
+    ),
+    Mutant(
+        "expired_objects_deleted_while_a_table_lists_them",
+        "the writer deletes expired segments' objects whether or not the tables have let them go",
+        "connectors/tier/writer.py",
+        """        if self._tables_in_step():""",
+        """        if self._tables_in_step() or True:""",
+        ("tests/test_tables.py::test_a_catalog_that_is_away_holds_the_deletes_not_the_tier",),
+    ),
+    Mutant(
+        "tables_never_diffed_against_the_tier",
+        "a new process applies only the tier records it sees, never diffing the tables against the tier",
+        "connectors/tables/messages.py",
+        """        if self.synced_seq is None or not _tail_covers(tail, self.synced_seq, seq):""",
+        """        if False:""",
+        ("tests/test_tables.py::test_a_tier_sealed_without_tables_is_registered_by_the_first_sync",),
+    ),
+    Mutant(
+        "table_sync_takes_other_brokers_files_for_its_own",
+        "a broker's table sync counts every broker's files as its own, so it removes the others'",
+        "connectors/tables/messages.py",
+        """                if path.startswith(prefix):""",
+        """                if path.startswith(data_location(self.tier_location, "")):""",
+        ("tests/test_tables.py::test_two_brokers_commit_into_one_table_at_once",),
+    ),
+    Mutant(
+        "table_sync_trusts_its_position_after_a_failure",
+        "a sync that fails after a commit landed keeps its position, so the next one adds those segments again",
+        "connectors/tables/messages.py",
+        """            self.synced_seq = None  # a commit may have landed before the failure: diff next time""",
+        """            pass""",
+        ("tests/test_tables.py::test_a_sync_that_fails_after_its_commit_landed_registers_nothing_twice",),
+    ),
 )
 
 

@@ -101,8 +101,9 @@ class TierWriter:
     """Commits, seals, expires, retires and folds one broker's part of a tier.  Not thread-safe:
     the caller serializes calls (the tiering query holds its lock around each batch)."""
 
-    def __init__(self, settings: WriterSettings, index: TierIndex, backend: Backend | None = None):
+    def __init__(self, settings: WriterSettings, index: TierIndex, backend: Backend | None = None, tables=None):
         self.settings = settings
+        self.tables = tables  # connectors.tables.MessageTables: kept in step by maintain(), if set
         self.backend = backend or open_backend(settings.location)
         self.log = TierLog(self.backend, settings.broker)
         self.index = index
@@ -214,10 +215,25 @@ class TierWriter:
         due = self.due_for_sealing(now_ms)
         seals = self.seal(due)
         self.expire(now_ms, due)
-        self.delete_retired(now_ms)
+        if self._tables_in_step():
+            self.delete_retired(now_ms)  # an expired segment's object goes only once no table lists it
         if len(self.head.tail) >= self.settings.fold_every or self.head.tail_bytes >= self.settings.fold_bytes:
             self.fold()
         return seals
+
+    def _tables_in_step(self) -> bool:
+        if self.tables is None:
+            return True
+        try:
+            return self.tables.sync(self.head.seq, self.head.tail, self._segments)
+        except Exception as exc:  # a catalog that is away must not stop tiering
+            log.warning("the Iceberg tables are behind tier record %d (%s: %s); the tier goes on and deletes "
+                        "wait until the tables catch up", self.head.seq, type(exc).__name__, exc)
+            return False
+
+    def _segments(self) -> Iterator[Segment]:
+        for key in sorted(self.head.queues):
+            yield from self.index.oldest_segments(*key)
 
     def fold(self) -> None:
         """Fold the records since the last root into manifests; what it replaced is deleted after the grace."""

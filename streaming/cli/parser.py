@@ -12,6 +12,7 @@ from streaming.cli.produce import cmd_produce
 from streaming.cli.read import cmd_get, cmd_key, cmd_offset_for_time, cmd_queues
 from streaming.cli.run import cmd_demo, cmd_run
 from streaming.cli.status import cmd_status
+from streaming.cli.tables import cmd_table
 
 
 EPILOG = """\
@@ -119,6 +120,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("tier_command", choices=["rebuild-metadata", "upgrade"])
     p.set_defaults(func=cmd_tier)
+
+    p = sub.add_parser(
+        "table", parents=[common, tier, printing], help="the Iceberg tables of the tier: info, rebuild",
+        description="info: one row per message table ([tables] enabled = true): its name, kind, the metadata "
+        "file any engine can read with no catalog (DuckDB's iceberg_scan), its snapshot, the tier commit "
+        "record it reflects for this broker (tier_seq) and the tier's last (tier_head_seq). rebuild: make "
+        "each table list exactly this broker's committed sealed segments, from the tier alone (after a "
+        "catalog was lost or restored from a backup); safe while `tierlog run` runs.",
+    )
+    p.add_argument("table_command", choices=["info", "rebuild"])
+    p.set_defaults(func=cmd_table)
 
     p = sub.add_parser(
         "commitlog", parents=[common, printing], help="local commitlog maintenance: gc",

@@ -33,7 +33,7 @@ class TieringQuery(Query):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         s = ctx.settings
-        self.handler = TieringHandler(TieringSettings(s.stage, s.writer), ctx.metadata, on_batch=self.report)
+        self.handler = TieringHandler(TieringSettings(s.stage, s.writer, s.tables), ctx.metadata, on_batch=self.report)
         self.lock = self.handler.lock
         self.batches = self.rows = self.bytes = 0
         self._log_reader: CommitLogReader | None = None  # kept open: it remembers the frontier

@@ -1,0 +1,85 @@
+"""Which catalog holds the tables, and what each table is called.
+
+By default a SQL catalog in a SQLite file beside the metadata store, and a warehouse in the tier
+under ``_tables/`` (so DuckDB or pyiceberg read a table from its metadata file wherever the tier is
+readable); a REST catalog when the URI is ``http(s)://``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+
+from connectors.errors import ConfigError
+
+log = logging.getLogger(__name__)
+WAREHOUSE_DIR = "_tables"  # in the tier root; the tier's readers glob ``topic=*`` and never see it
+_NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_]")
+_WARNED: set[str] = set()  # topics whose table name was sanitized: said once per process
+
+
+@dataclass(frozen=True)
+class TableSettings:
+    catalog_uri: str  # sqlite:///..., postgresql://... (SQL catalog) or http(s)://... (REST catalog)
+    warehouse: str  # a directory or s3://bucket/prefix where table metadata is written
+    namespace: str = "tierlog"
+    name: str = "rmq_{topic}"  # {topic}: the topic with characters other than [A-Za-z0-9_] made '_'
+    properties: dict[str, str] = field(default_factory=dict)  # catalog properties: token, credential, s3.*
+    commit_interval_s: float = 0.0  # at most one commit per table this often (0: one per seal or expiry)
+    snapshots_kept: int = 100  # older snapshots expire, with the manifests only they referenced
+
+
+def default_settings(tier_location: str, state_dir: str, **overrides) -> TableSettings:
+    """The embedded default: SQLite under ``state_dir``, metadata under the tier's ``_tables/``."""
+    warehouse = overrides.pop("warehouse", "") or data_location(tier_location, WAREHOUSE_DIR)
+    uri = overrides.pop("catalog_uri", "") or f"sqlite:///{os.path.abspath(os.path.join(state_dir, 'tables.db'))}"
+    return TableSettings(catalog_uri=uri, warehouse=warehouse, **overrides)
+
+
+def data_location(tier_location: str, name: str) -> str:
+    """The URI an engine opens for the tier object ``name``: ``s3://...`` or ``file:///...``."""
+    if tier_location.startswith("s3://"):
+        return f"{tier_location.rstrip('/')}/{name}"
+    return f"file://{os.path.abspath(tier_location)}/{name}"
+
+
+def table_name(template: str, topic: str) -> str:
+    """The table name for ``topic``; characters engines would need quoted become ``_``, with a warning."""
+    safe = _NOT_IN_NAME.sub("_", topic)
+    if safe != topic and topic not in _WARNED:
+        _WARNED.add(topic)
+        log.warning("topic %r is table %r: characters other than letters, digits and '_' became '_'",
+                    topic, template.format(topic=safe))
+    return template.format(topic=safe)
+
+
+def open_catalog(settings: TableSettings):
+    """The pyiceberg catalog the settings name; raises ``ConfigError`` naming the setting."""
+    from pyiceberg.catalog import load_catalog
+
+    props = {"warehouse": settings.warehouse, **settings.properties}
+    uri = settings.catalog_uri
+    if uri.startswith(("http://", "https://")):
+        props.update(type="rest", uri=uri)
+    elif "://" in uri:
+        if uri.startswith("sqlite:///"):
+            os.makedirs(os.path.dirname(uri[len("sqlite:///"):]) or ".", exist_ok=True)
+        props.update(type="sql", uri=uri)
+    else:
+        raise ConfigError(f"setting tables.catalog_uri: {uri!r} is neither a SQLAlchemy URL (sqlite:///path) "
+                          "nor a REST catalog's http(s):// URL")
+    if settings.warehouse.startswith("s3://"):
+        props.setdefault("s3.endpoint", os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "")
+        if not props["s3.endpoint"]:
+            del props["s3.endpoint"]
+        for key, env in (("s3.region", "AWS_REGION"), ("s3.access-key-id", "AWS_ACCESS_KEY_ID"),
+                         ("s3.secret-access-key", "AWS_SECRET_ACCESS_KEY")):
+            if os.environ.get(env):
+                props.setdefault(key, os.environ[env])
+    else:
+        os.makedirs(settings.warehouse.removeprefix("file://"), exist_ok=True)
+    catalog = load_catalog("tierlog", **props)
+    catalog.create_namespace_if_not_exists(settings.namespace)
+    return catalog

@@ -1,0 +1,390 @@
+"""The tier's sealed segments as Iceberg tables (``connectors.tables``), without Spark: the writer
+of ``test_tier_writer`` keeps the tables in step through random commits, seals, expirations, folds,
+restarts and crashes (at the tier's writes and inside a table commit); each table, read by
+pyiceberg and by DuckDB's ``iceberg_scan`` from its metadata file alone, holds exactly the ledger's
+messages of the queues' sealed and retained offsets, and never lists an object that is gone."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+
+from dataclasses import replace
+
+import duckdb
+import pytest
+
+from connectors.brokers import DEFAULT_BROKER
+from connectors.tier.backend import open_backend
+from state.metadata import MetadataStore
+from connectors.tables import messages as tables_module
+from connectors.tables.catalog import data_location, default_settings
+from connectors.tables.messages import MessageTables
+from connectors.tier.reader import TierReader
+from connectors.tier.writer import TierWriter
+from tests import test_tier_writer as tw
+from tests.oracle import entered_a_queue, message_row
+
+COLUMNS = ("topic", "queue_id", "queue_offset", "phy_offset", "key", "body", "broker")
+
+
+CURRENT: dict = {}  # the faults of the run whose writer is open
+
+
+class Killed(BaseException):
+    """A crash as a kill is: no ``except Exception`` of the code under test sees it."""
+
+
+class CheckedWriter(TierWriter):
+    """After each maintenance: no table lists an object the tier deleted, and tables in step with
+    the tier list exactly its committed segments."""
+
+    def maintain(self, now_ms=None):
+        seals = super().maintain(now_ms)
+        assert_tables_in_step(self)
+        return seals
+
+
+def listed_files(tables, topic: str) -> list[str]:
+    """The data files of the table's current snapshot as the catalog has it, as tier object names."""
+    table = tables.catalog.load_table(tables._identifier(topic))
+    snapshot, root = table.current_snapshot(), len(data_location(tables.tier_location, ""))
+    if snapshot is None:
+        return []
+    return [e.data_file.file_path[root:] for m in snapshot.manifests(table.io)
+            for e in m.fetch_manifest_entry(table.io, discard_deleted=True)]
+
+
+def assert_tables_in_step(writer) -> None:
+    tables = writer.tables
+    listed: list[str] = []
+    for topic in tables.topics():
+        listed += listed_files(tables, topic)
+    assert len(listed) == len(set(listed)), "a table lists a file twice"
+    for name in listed:
+        assert writer.backend.exists(name), f"a table lists {name}, which the tier deleted"
+    if tables.synced_seq == writer.head.seq:  # this broker's files: another's may be in the table too
+        mine = {n for n in listed if n.split("/", 1)[1].startswith(tables.names.level)}
+        assert mine == {s.name for s in writer._segments()}
+
+
+class TablesRun(tw.Run):
+    """``test_tier_writer``'s run with message tables; a restart opens them afresh, as a new process.
+    ``tier``, ``state`` and ``broker`` let several runs share one tier and one catalog."""
+
+    def __init__(self, root, *, tier=None, state=None, broker: str = DEFAULT_BROKER, **kw):
+        self.shared = (tier, state, broker)
+        super().__init__(root, **kw)
+
+    def open(self) -> None:
+        tier, state, broker = self.shared
+        if tier is not None:
+            self.location = str(tier)
+            self.stage_settings = replace(self.stage_settings, location=self.location, broker=broker)
+            self.settings = replace(self.settings, location=self.location, broker=broker)
+        self.store = MetadataStore(str(self.root / "metadata"))
+        backend = tw.FaultyBackend(open_backend(self.location), self.faults)
+        tables = MessageTables(default_settings(self.location, str(state or self.root / "state")), self.location,
+                               self.settings.broker)
+        self.writer = CheckedWriter(self.settings, tw.FaultyIndex(self.store, self.faults), backend, tables=tables)
+        CURRENT["faults"] = self.faults
+
+
+@pytest.fixture(autouse=True)
+def table_faults(monkeypatch):
+    """The table commit's crash points count as writes of the run, so a crash can land in one; a
+    crash is a ``BaseException``, so the writer's guard around the tables cannot take it for a
+    catalog that is away."""
+    def point(name):
+        if name.startswith("table_") and "faults" in CURRENT:
+            CURRENT["faults"].write(name)
+    monkeypatch.setattr(tables_module, "crash_point", point)
+    monkeypatch.setattr(tw, "Crash", Killed)
+    yield
+    CURRENT.clear()
+
+
+def drive(root, seed: int, crash_at: int | None = None, messages: int = 240):
+    original, tw.Run = tw.Run, TablesRun  # tw.drive builds its run through this name
+    try:
+        return tw.drive(root, seed, crash_at=crash_at, messages=messages)
+    finally:
+        tw.Run = original
+
+
+def expected_rows(run) -> dict[tuple[str, int], list[tuple]]:
+    """The ledger's messages at each queue's sealed and retained offsets (from the tier, itself
+    checked against the ledger by ``assert_tier_equals_ledger``)."""
+    states = TierReader(run.location).view().queue_states()
+    out: dict[tuple[str, int], list[tuple]] = {}
+    for m in run.written:
+        row = message_row(m)
+        key = (row["topic"], row["queue_id"])
+        if entered_a_queue(row) and states[key].low <= row["queue_offset"] < states[key].sealed:
+            out.setdefault(key, []).append(tuple(row[c] for c in COLUMNS))
+    return out
+
+
+def table_rows(rows: list[dict]) -> dict[tuple[str, int], list[tuple]]:
+    out: dict[tuple[str, int], list[tuple]] = {}
+    for r in sorted(rows, key=lambda r: (r["topic"], r["queue_id"], r["queue_offset"])):
+        out.setdefault((r["topic"], r["queue_id"]), []).append(tuple(r[c] for c in COLUMNS))
+    return out
+
+
+def duckdb_rows(metadata_location: str, s3: bool = False) -> list[dict]:
+    if s3:
+        from tests.test_tier_reader import duckdb_connection
+
+        con = duckdb_connection()  # httpfs and an S3 secret for the test's endpoint
+    else:
+        con = duckdb.connect(config={"extension_directory": extension_directory(),
+                                     "autoinstall_known_extensions": False})
+    con.execute("LOAD iceberg")
+    cur = con.execute(f"SELECT {', '.join(COLUMNS)} FROM iceberg_scan('{metadata_location}')")
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r)) for r in cur.fetchall()]
+
+
+def extension_directory() -> str:
+    """Where the ``duckdb-ext-iceberg`` and ``duckdb-ext-avro`` packages put the extensions."""
+    import importlib.util
+
+    return os.path.join(importlib.util.find_spec("duckdb_ext").submodule_search_locations[0], "extensions")
+
+
+def assert_tables_equal_ledger(run) -> int:
+    """Every topic's table, through pyiceberg and DuckDB, holds the ledger's sealed rows; returns rows."""
+    tables = run.writer.tables
+    want = expected_rows(run)
+    got: dict = {}
+    for topic in tables.topics():
+        table = tables.catalog.load_table(tables._identifier(topic))
+        pyice = table.scan(selected_fields=COLUMNS).to_arrow().to_pylist()
+        assert table_rows(duckdb_rows(table.metadata_location)) == table_rows(pyice), topic
+        got.update(table_rows(pyice))
+        for task in table.scan().plan_files():  # nothing listed that the tier deleted
+            assert os.path.exists(task.file.file_path.removeprefix("file://")), task.file.file_path
+    assert got == {k: v for k, v in want.items() if v}
+    return sum(len(v) for v in got.values())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tables_follow_random_commits_seals_expirations_folds_and_restarts(tmp_path, seed):
+    run, did = drive(tmp_path, seed)
+    try:
+        tw.assert_tier_equals_ledger(run)
+        rows = assert_tables_equal_ledger(run)
+        assert rows > 0 and did["restart"] and did["fold"], (rows, did)
+        removed = sum(1 for t in run.writer.tables.topics()
+                      for s in run.writer.tables.table(t).snapshots()
+                      if s.summary and s.summary.operation.value == "overwrite")
+        assert removed, "retention expired no segment from a table"
+    finally:
+        run.close()
+
+
+def test_a_crash_at_any_write_including_inside_a_table_commit_leaves_table_equal_tier(tmp_path):
+    clean, _ = drive(tmp_path / "clean", 5, messages=120)
+    writes = clean.faults.count
+    clean.close()
+    fired = set()
+    for at in range(1, writes + 1, 3):
+        run, did = drive(tmp_path / f"crash{at}", 5, crash_at=at, messages=120)
+        try:
+            fired.add(run.faults.fired)
+            run.writer.maintain()  # the process after the crash brings the tables in step
+            assert_tables_equal_ledger(run)
+        finally:
+            run.close()
+    assert {"table_committing", "table_committed"} <= fired, fired
+
+
+def test_a_tier_sealed_without_tables_is_registered_by_the_first_sync(tmp_path):
+    run = tw.Run(tmp_path, messages=120, seed=3, faults=tw.Faults())
+    rng = random.Random(3)
+    for batch_id, first in enumerate(range(0, 120, 30)):
+        run.writer.commit(batch_id, run.parts(first, first + 30, 2, rng), run.gaps.between)
+        run.writer.maintain()
+    run.writer.fold()
+    run.close()
+    again = TablesRun(tmp_path, messages=0, seed=3, faults=tw.Faults())
+    again.written = run.written
+    try:
+        assert again.writer.tables.topics() == []
+        again.writer.maintain()
+        assert assert_tables_equal_ledger(again) > 0
+    finally:
+        again.close()
+
+
+def test_two_brokers_commit_into_one_table_at_once(tmp_path):
+    """Two writers of one tier and one catalog, brokers a and b, seal into the same tables from two
+    threads; each table holds both brokers' sealed rows."""
+    runs = [TablesRun(tmp_path / b, tier=tmp_path / "tier", state=tmp_path / "state", broker=b, messages=200,
+                      seed=7, faults=tw.Faults()) for b in ("broker-a", "broker-b")]
+    done = {}
+
+    def work(run):
+        rng = random.Random(1)
+        for batch_id, first in enumerate(range(0, len(run.written), 20)):
+            run.writer.commit(batch_id, run.parts(first, first + 20, 1, rng), run.gaps.between)
+            run.writer.maintain()
+        done[run.settings.broker] = run.writer.tables.synced_seq
+    threads = [threading.Thread(target=work, args=(r,)) for r in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert set(done) == {"broker-a", "broker-b"} and all(done.values()), done
+        for run in runs:  # a new process diffs its tables against its tier, the other's files in them
+            run.restart()
+            run.writer.maintain()
+        tables = runs[0].writer.tables
+        assert tables.topics()
+        for topic in tables.topics():
+            table = tables.catalog.load_table(tables._identifier(topic))
+            rows = table.scan(selected_fields=("broker", "queue_id", "queue_offset")).to_arrow().to_pylist()
+            for run in runs:
+                states = TierReader(run.location, broker=run.settings.broker).view().queue_states()
+                low_sealed = {k[1]: (s.low, s.sealed) for k, s in states.items() if k[0] == topic}
+                mine = sorted((r["queue_id"], r["queue_offset"]) for r in rows if r["broker"] == run.settings.broker)
+                assert mine == sorted((q, o) for q, (lo, hi) in low_sealed.items() for o in range(lo, hi))
+                assert mine, f"{run.settings.broker} sealed nothing into {topic}"
+    finally:
+        for run in runs:
+            run.close()
+
+
+def test_a_catalog_that_is_away_holds_the_deletes_not_the_tier(tmp_path, monkeypatch):
+    """While every table commit fails, batches commit and seal, retention expires segments, and
+    their objects stay (the tables still list them); once the catalog is back the tables catch up
+    and the held deletes happen."""
+    away = {"on": False, "refused": 0, "held": 0}
+    real = MessageTables._commit_once
+
+    def commit_once(self, *args):
+        if away["on"]:
+            away["refused"] += 1
+            raise ConnectionError("the catalog is unreachable")
+        return real(self, *args)
+    monkeypatch.setattr(MessageTables, "_commit_once", commit_once)
+    run = TablesRun(tmp_path, messages=240, seed=2, faults=tw.Faults())
+    rng = random.Random(2)
+    try:
+        for batch_id, first in enumerate(range(0, 240, 20)):
+            away["on"] = 5 <= batch_id < 11
+            run.writer.commit(batch_id, run.parts(first, first + 20, 2, rng), run.gaps.between)
+            run.writer.maintain()  # CheckedWriter: nothing a table lists was deleted
+            if away["on"]:  # expired, still listed by a table, so not deleted
+                listed = {n for t in run.writer.tables.topics() for n in run.writer.tables._files(t)}
+                away["held"] = max(away["held"], len(listed & set(run.store.pending_deletes())))
+        assert away["refused"] and away["held"], away
+        run.writer.maintain()
+        assert run.writer.tables.synced_seq == run.writer.head.seq
+        assert not [n for n in run.store.pending_deletes() if n.startswith("topic=")]
+        tw.assert_tier_equals_ledger(run)
+        assert assert_tables_equal_ledger(run) > 0
+    finally:
+        run.close()
+
+
+def test_tierlog_run_keeps_tables_that_every_reader_sees_as_the_ledger(spark, tmp_path, tier_location):
+    """``tierlog run`` with ``[tables] enabled``: ``tierlog table info`` names each table's metadata
+    file; DuckDB's ``iceberg_scan`` on it (no catalog) and pyiceberg's scan return the ledger's
+    messages at every queue's sealed offsets, on posix and on S3; ``table rebuild`` changes nothing."""
+    import json
+
+    from streaming import config as cfg
+    from streaming.service import Service
+    from tests.cli_runner import tierlog
+    from tests.oracle import written_rows
+    from tests.tiering_helpers import make_conf, produce
+
+    conf = make_conf(tmp_path, tier_location, segment_messages=150)
+    conf = replace(conf, tables=cfg.TablesConfig(enabled=True))
+    produce(conf, 1500)
+    assert Service(conf).run(until_caught_up=True, spark=spark) == 0
+    states = TierReader(tier_location).view().queue_states()
+    want: dict = {}
+    for row in written_rows(conf.commitlog.dir):
+        key = (row["topic"], row["queue_id"])
+        if entered_a_queue(row) and row["queue_offset"] < states[key].sealed:
+            want.setdefault(key, []).append(tuple(row[c] for c in COLUMNS))
+    assert sum(map(len, want.values())) > 500, "too little was sealed to tell"
+
+    (tmp_path / "tierlog.toml").write_text(cfg.to_toml(conf, with_docs=False))
+    infos = []
+    for command in ("info", "rebuild"):
+        r = tierlog("table", command, "--format", "json", "--config", str(tmp_path / "tierlog.toml"))
+        assert r.returncode == 0, r.stderr[-2000:]
+        infos.append([json.loads(line) for line in r.stdout.splitlines()])
+    assert infos[0] == infos[1], "rebuild found something to change in tables equal to the tier"
+    assert {i["topic"] for i in infos[0]} == {k[0] for k in want}
+    got_duck, got_pyice = {}, {}
+    for info in infos[0]:
+        assert info["kind"] == "messages" and info["snapshot_id"] and info["tier_seq"] <= info["tier_head_seq"]
+        got_duck.update(table_rows(duckdb_rows(info["metadata_location"], s3=tier_location.startswith("s3://"))))
+        from pyiceberg.table import StaticTable
+
+        static = StaticTable.from_metadata(info["metadata_location"], properties=_s3_properties(tier_location))
+        got_pyice.update(table_rows(static.scan(selected_fields=COLUMNS).to_arrow().to_pylist()))
+    assert got_duck == want
+    assert got_pyice == want
+
+
+def _s3_properties(location: str) -> dict:
+    if not location.startswith("s3://"):
+        return {}
+    return {"s3.endpoint": os.environ["AWS_ENDPOINT_URL_S3"], "s3.access-key-id": os.environ["AWS_ACCESS_KEY_ID"],
+            "s3.secret-access-key": os.environ["AWS_SECRET_ACCESS_KEY"], "s3.region": os.environ["AWS_REGION"]}
+
+
+def test_readme_table_examples_run_against_a_real_tier(spark, tmp_path):
+    from collections import Counter
+
+    from streaming import config as cfg
+    from streaming.service import Service
+    from tests.oracle import written_rows
+    from tests.test_tier_reader import readme_python_blocks
+    from tests.tiering_helpers import make_conf, produce
+
+    conf = replace(make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=150),
+                   tables=cfg.TablesConfig(enabled=True))
+    produce(conf, 1200)
+    assert Service(conf).run(until_caught_up=True, spark=spark) == 0
+    sealed = TierReader(conf.tier.location).view().queue_states()
+    rows = [r for r in written_rows(conf.commitlog.dir)
+            if r["topic"] == "topic-0" and entered_a_queue(r) and r["queue_offset"] < sealed[("topic-0", r["queue_id"])].sealed]
+
+    [block] = readme_python_blocks("SqlCatalog", "iceberg_scan")
+    ns: dict = {}
+    exec(block.replace("data/state", conf.state.dir).replace("rmq_orders", "rmq_topic_0"), ns)
+    want = sorted((r["queue_offset"], r["body"]) for r in rows if r["queue_id"] == 1 and r["queue_offset"] >= 100)
+    assert want and sorted(zip(ns["recent"]["queue_offset"].to_pylist(), ns["recent"]["body"].to_pylist())) == want
+    assert ns["per_queue"] == sorted(Counter(r["queue_id"] for r in rows).items())
+
+
+def test_a_sync_that_fails_after_its_commit_landed_registers_nothing_twice(tmp_path, monkeypatch):
+    """The commit is in the catalog, then the step after it fails: the next sync must not add the
+    same segments again (CheckedWriter counts every file a table lists)."""
+    real, failed = MessageTables._expire_snapshots, []
+
+    def expire_once(self, topic):
+        if not failed:
+            failed.append(topic)
+            raise ConnectionError("the catalog went away after the commit")
+        return real(self, topic)
+    monkeypatch.setattr(MessageTables, "_expire_snapshots", expire_once)
+    run = TablesRun(tmp_path, messages=200, seed=4, faults=tw.Faults())
+    rng = random.Random(4)
+    try:
+        for batch_id, first in enumerate(range(0, 200, 20)):
+            run.writer.commit(batch_id, run.parts(first, first + 20, 2, rng), run.gaps.between)
+            run.writer.maintain()
+        assert failed, "no commit was followed by a failure"
+        assert assert_tables_equal_ledger(run) > 0
+    finally:
+        run.close()
