@@ -70,8 +70,11 @@ def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, kafka, kafka
     service = subprocess.Popen(cli_command("run", "--config", str(config)), env=cli_env(),
                                stdout=subprocess.DEVNULL, stderr=open(tmp_path / "service.log", "w"))
     try:
-        wait_for(lambda: (status(config) or {"sinks": {"mirror": {}}})["sinks"]["mirror"].get("applied_phy"), 120,
-                 "the mirror's first batch")
+        # On a busy host the queries may start late, with backoff, for up to spark.late_start_s: the
+        # service is up once its first batch is, and this waits as long as the service itself would.
+        wait_for(lambda: (status(config) or {"sinks": {"mirror": {}}})["sinks"]["mirror"].get("applied_phy"),
+                 conf.spark.late_start_s + 60, "the mirror's first batch",
+                 alive=lambda: service.poll() is None, log=tmp_path / "service.log")
         first = status(config)["sinks"]["mirror"]["applied_phy"]
         producer.start()
         # Kafka goes away while messages are flowing: once the mirror has sent some of the producer's.
@@ -122,8 +125,10 @@ def _tail(path, lines: int = 60) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(none)"
 
 
-def wait_for(condition, timeout_s: float, what: str) -> None:
+def wait_for(condition, timeout_s: float, what: str, alive=None, log=None) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        tail = f"; the service's log ends:\n{_tail(log)}" if log is not None else ""
+        assert alive is None or alive(), f"the service exited while waiting for {what}{tail}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}{tail}"
         time.sleep(1)
