@@ -139,19 +139,13 @@ def duckdb_rows(metadata_location: str, s3: bool = False) -> list[dict]:
 
         con = duckdb_connection()  # httpfs and an S3 secret for the test's endpoint
     else:
-        con = duckdb.connect(config={"extension_directory": extension_directory(),
-                                     "autoinstall_known_extensions": False})
+        from tests.test_tier_reader import duckdb_extensions
+
+        con = duckdb.connect(config={"extension_directory": duckdb_extensions(), "autoinstall_known_extensions": False})
     con.execute("LOAD iceberg")
     cur = con.execute(f"SELECT {', '.join(COLUMNS)} FROM iceberg_scan('{metadata_location}')")
     names = [d[0] for d in cur.description]
     return [dict(zip(names, r)) for r in cur.fetchall()]
-
-
-def extension_directory() -> str:
-    """Where the ``duckdb-ext-iceberg`` and ``duckdb-ext-avro`` packages put the extensions."""
-    import importlib.util
-
-    return os.path.join(importlib.util.find_spec("duckdb_ext").submodule_search_locations[0], "extensions")
 
 
 def assert_tables_equal_ledger(run) -> int:

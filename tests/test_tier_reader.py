@@ -219,16 +219,21 @@ def test_spark_tier_source_duckdb_and_tier_reader_agree(spark, tier, backend):
     assert _rows(segments) == sealed
 
 
+def duckdb_extensions() -> str:
+    """Where the ``duckdb-ext-*`` pip packages put DuckDB's extensions (nothing is downloaded)."""
+    import importlib.util
+
+    return os.path.join(importlib.util.find_spec("duckdb_ext").submodule_search_locations[0], "extensions")
+
+
 def duckdb_connection():
     """DuckDB as a user on S3 would set it up: the httpfs extension from its pip package
     (``duckdb-ext-httpfs``, nothing downloaded) and an S3 secret for the endpoint."""
-    import importlib.util
     from urllib.parse import urlparse
 
     import duckdb
 
-    extensions = os.path.join(importlib.util.find_spec("duckdb_ext").submodule_search_locations[0], "extensions")
-    con = duckdb.connect(config={"extension_directory": extensions, "autoinstall_known_extensions": False})
+    con = duckdb.connect(config={"extension_directory": duckdb_extensions(), "autoinstall_known_extensions": False})
     con.sql("LOAD httpfs")
     endpoint = urlparse(os.environ["AWS_ENDPOINT_URL_S3"])
     con.sql(f"""CREATE SECRET tier (TYPE s3, KEY_ID '{os.environ["AWS_ACCESS_KEY_ID"]}',

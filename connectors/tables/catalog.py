@@ -70,14 +70,13 @@ def open_catalog(settings: TableSettings):
     else:
         raise ConfigError(f"setting tables.catalog_uri: {uri!r} is neither a SQLAlchemy URL (sqlite:///path) "
                           "nor a REST catalog's http(s):// URL")
-    if settings.warehouse.startswith("s3://"):
-        props.setdefault("s3.endpoint", os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "")
-        if not props["s3.endpoint"]:
-            del props["s3.endpoint"]
-        for key, env in (("s3.region", "AWS_REGION"), ("s3.access-key-id", "AWS_ACCESS_KEY_ID"),
-                         ("s3.secret-access-key", "AWS_SECRET_ACCESS_KEY")):
-            if os.environ.get(env):
-                props.setdefault(key, os.environ[env])
+    if settings.warehouse.startswith("s3://"):  # the same AWS_* variables the tier's S3 backend reads
+        env = os.environ.get
+        for key, value in (("s3.endpoint", env("AWS_ENDPOINT_URL_S3") or env("AWS_ENDPOINT_URL")),
+                           ("s3.region", env("AWS_REGION")), ("s3.access-key-id", env("AWS_ACCESS_KEY_ID")),
+                           ("s3.secret-access-key", env("AWS_SECRET_ACCESS_KEY"))):
+            if value:
+                props.setdefault(key, value)
     else:
         os.makedirs(settings.warehouse.removeprefix("file://"), exist_ok=True)
     catalog = load_catalog("tierlog", **props)

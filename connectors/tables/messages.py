@@ -99,11 +99,13 @@ class MessageTables:
         by_topic: dict[str, dict[str, Segment]] = {}
         for seg in segments:
             by_topic.setdefault(seg.topic, {})[seg.name] = seg
-        for topic in self.topics():
+        listed = self._listed()
+        self._tables.update(listed)  # loaded once: _files and the commits below use these
+        for topic in listed:
             by_topic.setdefault(topic, {})
         changes = {}
         for topic, wanted in by_topic.items():
-            have = set(self._files(topic)) if self._exists(topic) else set()
+            have = set(self._files(topic)) if topic in listed else set()
             change = Change({n: s for n, s in wanted.items() if n not in have}, have - set(wanted))
             if change.add or change.remove:
                 changes[topic] = change
@@ -166,19 +168,18 @@ class MessageTables:
         in_use = {m.manifest_path for s in kept for m in s.manifests(table.io)}
         garbage = {s.manifest_list for s in expired}
         garbage |= {m.manifest_path for s in expired for m in s.manifests(table.io)} - in_use
+        # The commit brings ``table`` itself to the new metadata, as a transaction's does.
         table.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in expired]).commit()
         for path in sorted(garbage):  # after the commit: a crash before it leaves files, never a hole
             try:
                 table.io.delete(path)
             except FileNotFoundError:
                 pass
-        self._tables[topic] = self.catalog.load_table(self._identifier(topic))
 
     def info(self, tier_seq: int | None = None) -> list[dict]:
         """One row per message table: what ``tierlog table info`` prints."""
         rows = []
-        for topic in self.topics():
-            table = self.catalog.load_table(self._identifier(topic))
+        for topic, table in sorted(self._listed().items()):
             snapshot = table.current_snapshot()
             seq = table.properties.get(SEQ + self.broker)
             rows.append({"table": ".".join(self._identifier(topic)), "kind": "messages", "topic": topic,
@@ -191,12 +192,16 @@ class MessageTables:
 
     def topics(self) -> list[str]:
         """Topics with a message table in the namespace."""
-        out = []
+        return sorted(self._listed())
+
+    def _listed(self) -> dict[str, object]:
+        """Every message table in the namespace, by topic, each loaded once."""
+        out = {}
         for ident in self.catalog.list_tables(self.settings.namespace):
-            props = self.catalog.load_table(ident).properties
-            if props.get(KIND) == "messages" and TOPIC in props:
-                out.append(props[TOPIC])
-        return sorted(out)
+            table = self.catalog.load_table(ident)
+            if table.properties.get(KIND) == "messages" and TOPIC in table.properties:
+                out[table.properties[TOPIC]] = table
+        return out
 
     def table(self, topic: str):
         return self._table(topic)
@@ -206,9 +211,6 @@ class MessageTables:
 
     def _identifier(self, topic: str) -> tuple[str, str]:
         return self.settings.namespace, self._name(topic)
-
-    def _exists(self, topic: str) -> bool:
-        return topic in self._tables or self.catalog.table_exists(self._identifier(topic))
 
     def _table(self, topic: str):
         if topic not in self._tables:
