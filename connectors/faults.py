@@ -32,6 +32,7 @@ POINTS = (
     "sealed",  # driver: seal record written, metadata not yet updated
     "table_committing",  # driver: a table commit's manifests written, the catalog not yet updated
     "table_committed",  # driver: a table commit in the catalog, the writer's deletes not yet done
+    "latest_table_committing",  # apply thread: a latest-per-key table commit's manifests written, the catalog not yet
     "fold_written",  # driver: a fold's pages, manifests and buckets written, its root not yet
     "folded",  # driver: a new root written and the records it covers deleted; old versions not yet scheduled
     "collected",  # driver: a compaction batch's changes collected, the KV view not yet updated

@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 from connectors.brokers import DEFAULT_BROKER
 from connectors.changes import CHANGE_REF, CHANGE_ROW
 from connectors.commitlog.reader import CommitLogReader
-from connectors.errors import TierlogError
+from connectors.errors import ConfigError, TierlogError
 from connectors.sinks import CHANGELOG, KV
 from connectors.tier import snapshots
 from connectors.tier.backend import open_backend
@@ -61,6 +61,7 @@ class CompactionSettings:
     snapshot_keep: int = 2
     on_corrupt: str = "fail"
     topics: object = None  # the TopicFilter of [topics] compaction; None takes every topic
+    tables: object = None  # TableSettings: each snapshot is committed to the latest-per-key tables; None: off
 
 
 @dataclass
@@ -127,6 +128,7 @@ class CompactionHandler:
         self._apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-apply")
         self._pending: Future | None = None
         self._last_snapshot = self._last_snapshot_time()
+        self._tables = None  # LatestTables, opened at the first snapshot (pyiceberg loads only then)
 
     # ------------------------------------------------------------ driver thread
 
@@ -260,8 +262,11 @@ class CompactionHandler:
         interval = self.settings.snapshot_interval_s
         if interval <= 0 or time.time() - self._last_snapshot < interval:
             return None
+        if self.settings.tables is not None and self._tables is None:
+            self._tables = open_latest_tables(self.settings.tables, self.settings.tier_location,
+                                              self.settings.broker)
         rows = write_snapshot(self.kv, self.settings.tier_location, self.settings.broker, through_phy,
-                              self.settings.snapshot_keep)
+                              self.settings.snapshot_keep, self._tables)
         self._last_snapshot = time.time()
         return rows
 
@@ -271,8 +276,25 @@ def _snapshotted(topic: str, rows: int, through: int) -> None:
     crash_point("snapshotted")
 
 
-def write_snapshot(kv: KVView, tier_location: str, broker: str, through_phy: int | None = None, keep: int = 2) -> int:
-    """Write every topic's live keys from ``kv`` (``broker``'s) to the tier; returns the rows written."""
+def open_latest_tables(settings, tier_location: str, broker: str):
+    """The latest-per-key tables, or None when their catalog is away: this snapshot goes on
+    without them, and the next one tries again."""
+    from connectors.tables.latest import LatestTables
+
+    try:
+        return LatestTables(settings, tier_location, broker)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        log.warning("the latest-per-key tables missed a snapshot: their catalog %s could not be opened (%s: %s); "
+                    "the next snapshot tries again", settings.catalog_uri, type(exc).__name__, exc)
+        return None
+
+
+def write_snapshot(kv: KVView, tier_location: str, broker: str, through_phy: int | None = None, keep: int = 2,
+                   tables=None) -> int:
+    """Write every topic's live keys from ``kv`` (``broker``'s) to the tier, and commit them to
+    ``tables`` (``LatestTables``) if given; returns the rows written."""
     through = kv.applied_through() if through_phy is None else through_phy
     if through is None:
         raise TierlogError("the KV view has applied nothing yet: there is nothing to snapshot")
@@ -281,7 +303,7 @@ def write_snapshot(kv: KVView, tier_location: str, broker: str, through_phy: int
     try:
         written = snapshots.write_snapshots(
             backend, broker, kv.entries(), through, keep=keep,
-            on_topic=lambda topic, n: _snapshotted(topic, n, through),
+            on_topic=lambda topic, n: _snapshotted(topic, n, through), tables=tables,
         )
     finally:
         backend.close()

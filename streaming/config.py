@@ -204,6 +204,8 @@ class TablesConfig:
     namespace: str = setting("tierlog", "The catalog namespace of the tables.")
     name: str = setting("rmq_{topic}", "Table name; {topic} is the topic, characters other than letters, digits "
                                        "and _ made _.")
+    latest_name: str = setting("rmq_{topic}_latest", "Name of each topic's latest-per-key table, committed with "
+                                                     "each compacted snapshot (compaction.snapshot_interval_s).")
     commit_interval_s: float = setting(0.0, "At most one commit per table this often (0: one per seal or expiry); "
                                             "expired segments are deleted only once their table has let them go.")
     snapshots_kept: int = setting(100, "Snapshots kept per table (time travel this far back); older ones expire "

@@ -81,8 +81,14 @@ def local_retention_s(conf: cfg.Config) -> float:
 
 def tables(conf: cfg.Config) -> TableSettings | None:
     t = conf.tables
-    if "{topic}" not in t.name:
-        raise ConfigError(f"setting tables.name: {t.name!r} has no {{topic}}, so every topic would share one table")
+    for setting in ("name", "latest_name"):
+        template = getattr(t, setting)
+        if "{topic}" not in template:
+            raise ConfigError(f"setting tables.{setting}: {template!r} has no {{topic}}, so every topic would share "
+                              "one table")
+    if t.name == t.latest_name:
+        raise ConfigError(f"settings tables.name and tables.latest_name are both {t.name!r}: a topic's message "
+                          "table and its latest-per-key table need different names")
     if not conf.tables.enabled:
         return None
     props = {}
@@ -92,7 +98,7 @@ def tables(conf: cfg.Config) -> TableSettings | None:
             raise ConfigError(f"setting tables.catalog_properties: {part.split('=')[0]!r} is not key=value")
         props[key.strip()] = value.strip()
     return default_settings(conf.tier.location, conf.state.dir, catalog_uri=t.catalog_uri, warehouse=t.warehouse,
-                            namespace=t.namespace, name=t.name, properties=props,
+                            namespace=t.namespace, name=t.name, latest_name=t.latest_name, properties=props,
                             commit_interval_s=t.commit_interval_s, snapshots_kept=max(1, t.snapshots_kept))
 
 
@@ -104,7 +110,7 @@ def compaction_settings(settings: Settings):
     return CompactionSettings(commitlog_dir=conf.commitlog.dir, tier_location=conf.tier.location,
                               broker=conf.broker.name, ttl=settings.ttl, snapshot_interval_s=c.snapshot_interval_s,
                               snapshot_keep=max(1, c.snapshot_keep), on_corrupt=conf.commitlog.on_corrupt,
-                              topics=settings.filters["compaction"])
+                              topics=settings.filters["compaction"], tables=settings.tables)
 
 
 def _globs(text: str) -> tuple[str, ...]:

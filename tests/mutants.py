@@ -213,8 +213,8 @@ MUTANTS = (
         "table_sync_takes_other_brokers_files_for_its_own",
         "a broker's table sync counts every broker's files as its own, so it removes the others'",
         "connectors/tables/messages.py",
-        """                if path.startswith(prefix):""",
-        """                if path.startswith(data_location(self.tier_location, "")):""",
+        """        return self._files(topic, f"topic={escape_topic(topic)}/{self.names.level}")""",
+        """        return self._files(topic, f"topic={escape_topic(topic)}/")""",
         ("tests/test_tables.py::test_two_brokers_commit_into_one_table_at_once",),
     ),
     Mutant(
@@ -224,6 +224,31 @@ MUTANTS = (
         """            self.synced_seq = None  # a commit may have landed before the failure: diff next time""",
         """            pass""",
         ("tests/test_tables.py::test_a_sync_that_fails_after_its_commit_landed_registers_nothing_twice",),
+    ),
+    Mutant(
+        "table_interval_holds_records_that_change_no_table",
+        "tables.commit_interval_s holds the tables behind even when the records since change no table",
+        "connectors/tables/messages.py",
+        """        if not changes:  # records that change no table (commits, folds) need no commit and no wait""",
+        """        if not changes and False:""",
+        ("tests/test_tables.py::test_a_commit_interval_holds_table_commits_not_records_that_change_no_table",),
+    ),
+    Mutant(
+        "latest_table_keeps_snapshots_of_pruned_files",
+        "the latest-per-key tables let go of an older compacted snapshot without expiring the table snapshots "
+        "that list it, so time travel names a deleted file",
+        "connectors/tables/latest.py",
+        """            self._expire(topic, expired)""",
+        """            pass""",
+        ("tests/test_tables_latest.py::test_latest_tables_are_the_ledgers_latest_values_at_each_snapshot",),
+    ),
+    Mutant(
+        "latest_table_keeps_the_previous_snapshot_file",
+        "a latest-per-key table commit adds the new snapshot without removing the broker's previous one",
+        "connectors/tables/latest.py",
+        """                    overwrite.delete_data_file(have[old])""",
+        """                    pass""",
+        ("tests/test_tables_latest.py::test_latest_tables_are_the_ledgers_latest_values_at_each_snapshot",),
     ),
 )
 

@@ -133,7 +133,7 @@ def table_rows(rows: list[dict]) -> dict[tuple[str, int], list[tuple]]:
     return out
 
 
-def duckdb_rows(metadata_location: str, s3: bool = False) -> list[dict]:
+def duckdb_rows(metadata_location: str, s3: bool = False, columns=COLUMNS) -> list[dict]:
     if s3:
         from tests.test_tier_reader import duckdb_connection
 
@@ -143,7 +143,7 @@ def duckdb_rows(metadata_location: str, s3: bool = False) -> list[dict]:
 
         con = duckdb.connect(config={"extension_directory": duckdb_extensions(), "autoinstall_known_extensions": False})
     con.execute("LOAD iceberg")
-    cur = con.execute(f"SELECT {', '.join(COLUMNS)} FROM iceberg_scan('{metadata_location}')")
+    cur = con.execute(f"SELECT {', '.join(columns)} FROM iceberg_scan('{metadata_location}')")
     names = [d[0] for d in cur.description]
     return [dict(zip(names, r)) for r in cur.fetchall()]
 
@@ -273,10 +273,14 @@ def test_a_catalog_that_is_away_holds_the_deletes_not_the_tier(tmp_path, monkeyp
             run.writer.commit(batch_id, run.parts(first, first + 20, 2, rng), run.gaps.between)
             run.writer.maintain()  # CheckedWriter: nothing a table lists was deleted
             if away["on"]:  # expired, still listed by a table, so not deleted
-                listed = {n for t in run.writer.tables.topics() for n in run.writer.tables._files(t)}
+                listed = {n for t in run.writer.tables.topics() for n in run.writer.tables._own_files(t)}
                 away["held"] = max(away["held"], len(listed & set(run.store.pending_deletes())))
-        assert away["refused"] and away["held"], away
+                info = run.writer.tables.info(run.writer.head.seq, run.writer._segments())
+                away["lag"] = max(away.get("lag", 0), sum(i["lag_segments"] for i in info))
+        assert away["refused"] and away["held"] and away["lag"], away
         run.writer.maintain()
+        assert [i["lag_segments"] for i in run.writer.tables.info(0, run.writer._segments())] == \
+            [0] * len(run.writer.tables.topics())
         assert run.writer.tables.synced_seq == run.writer.head.seq
         assert not [n for n in run.store.pending_deletes() if n.startswith("topic=")]
         tw.assert_tier_equals_ledger(run)
@@ -297,16 +301,15 @@ def test_tierlog_run_keeps_tables_that_every_reader_sees_as_the_ledger(spark, tm
     from tests.oracle import written_rows
     from tests.tiering_helpers import make_conf, produce
 
-    conf = make_conf(tmp_path, tier_location, segment_messages=150)
+    conf = make_conf(tmp_path, tier_location, segment_messages=150,
+                     compaction=cfg.CompactionConfig(snapshot_interval_s=0.01))  # a snapshot per batch
     conf = replace(conf, tables=cfg.TablesConfig(enabled=True))
     produce(conf, 1500)
     assert Service(conf).run(until_caught_up=True, spark=spark) == 0
-    states = TierReader(tier_location).view().queue_states()
-    want: dict = {}
-    for row in written_rows(conf.commitlog.dir):
-        key = (row["topic"], row["queue_id"])
-        if entered_a_queue(row) and row["queue_offset"] < states[key].sealed:
-            want.setdefault(key, []).append(tuple(row[c] for c in COLUMNS))
+    from tests.test_tables_latest import assert_latest_tables_equal_ledger
+
+    assert assert_latest_tables_equal_ledger(conf) > 20
+    want = sealed_ledger_rows(conf)
     assert sum(map(len, want.values())) > 500, "too little was sealed to tell"
 
     (tmp_path / "tierlog.toml").write_text(cfg.to_toml(conf, with_docs=False))
@@ -316,9 +319,15 @@ def test_tierlog_run_keeps_tables_that_every_reader_sees_as_the_ledger(spark, tm
         assert r.returncode == 0, r.stderr[-2000:]
         infos.append([json.loads(line) for line in r.stdout.splitlines()])
     assert infos[0] == infos[1], "rebuild found something to change in tables equal to the tier"
-    assert {i["topic"] for i in infos[0]} == {k[0] for k in want}
+    r = tierlog("status", "--format", "json", "--config", str(tmp_path / "tierlog.toml"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    lag = {(t["table_kind"], t["topic"]): t for t in map(json.loads, r.stdout.splitlines()) if t["kind"] == "table"}
+    assert {k for k, _ in lag} == {"messages", "latest"}
+    assert all(t["lag_segments"] == 0 for (kind, _), t in lag.items() if kind == "messages"), lag
+    assert {i["topic"] for i in infos[0] if i["kind"] == "messages"} == {k[0] for k in want}
+    assert {i["kind"] for i in infos[0]} == {"messages", "latest"}
     got_duck, got_pyice = {}, {}
-    for info in infos[0]:
+    for info in (i for i in infos[0] if i["kind"] == "messages"):
         assert info["kind"] == "messages" and info["snapshot_id"] and info["tier_seq"] <= info["tier_head_seq"]
         got_duck.update(table_rows(duckdb_rows(info["metadata_location"], s3=tier_location.startswith("s3://"))))
         from pyiceberg.table import StaticTable
@@ -327,6 +336,37 @@ def test_tierlog_run_keeps_tables_that_every_reader_sees_as_the_ledger(spark, tm
         got_pyice.update(table_rows(static.scan(selected_fields=COLUMNS).to_arrow().to_pylist()))
     assert got_duck == want
     assert got_pyice == want
+
+
+def sealed_ledger_rows(conf) -> dict:
+    """(topic, queue) -> the ledger's rows below the queue's sealed offset in the tier, in order."""
+    from tests.oracle import written_rows
+
+    states = TierReader(conf.tier.location).view().queue_states()
+    want: dict = {}
+    for row in written_rows(conf.commitlog.dir):
+        key = (row["topic"], row["queue_id"])
+        if entered_a_queue(row) and key in states and row["queue_offset"] < states[key].sealed:
+            want.setdefault(key, []).append(tuple(row[c] for c in COLUMNS))
+    return want
+
+
+def assert_message_tables_equal_ledger(conf) -> int:
+    """After ``tierlog run``: each message table, through the catalog, read by pyiceberg and DuckDB,
+    holds exactly the ledger's sealed rows, each once; returns the rows."""
+    from streaming.settings import tables as table_settings
+
+    tables = MessageTables(table_settings(conf), conf.tier.location, conf.broker.name)
+    got: dict = {}
+    for topic in tables.topics():
+        table = tables.table(topic)
+        pyice = table_rows(table.scan(selected_fields=COLUMNS).to_arrow().to_pylist())
+        s3 = conf.tier.location.startswith("s3://")
+        assert table_rows(duckdb_rows(table.metadata_location, s3=s3)) == pyice, topic
+        got.update(pyice)
+    want = sealed_ledger_rows(conf)
+    assert got == want
+    return sum(map(len, want.values()))
 
 
 def _s3_properties(location: str) -> dict:
@@ -345,7 +385,8 @@ def test_readme_table_examples_run_against_a_real_tier(spark, tmp_path):
     from tests.test_tier_reader import readme_python_blocks
     from tests.tiering_helpers import make_conf, produce
 
-    conf = replace(make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=150),
+    conf = replace(make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=150,
+                             compaction=cfg.CompactionConfig(snapshot_interval_s=0.01)),
                    tables=cfg.TablesConfig(enabled=True))
     produce(conf, 1200)
     assert Service(conf).run(until_caught_up=True, spark=spark) == 0
@@ -359,6 +400,20 @@ def test_readme_table_examples_run_against_a_real_tier(spark, tmp_path):
     want = sorted((r["queue_offset"], r["body"]) for r in rows if r["queue_id"] == 1 and r["queue_offset"] >= 100)
     assert want and sorted(zip(ns["recent"]["queue_offset"].to_pylist(), ns["recent"]["body"].to_pylist())) == want
     assert ns["per_queue"] == sorted(Counter(r["queue_id"] for r in rows).items())
+
+    from tests.test_tables_latest import ledger_latest
+
+    [block] = readme_python_blocks("scan_iceberg", "_latest")
+    table = ns["catalog"].load_table("tierlog.rmq_topic_0_latest")
+    through = int(table.properties[f"tierlog.through-phy.{conf.broker.name}"])
+    want = {k: v for (t, k), v in ledger_latest(conf.commitlog.dir, through).items() if t == "topic-0"}
+    key = sorted(want)[0]
+    exec(block.replace("rmq_orders", "rmq_topic_0").replace("order-42", key), ns)
+    assert ns["value"]["body"].to_list() == [want[key][0]]
+    older = table.snapshots()[-2]  # what the README's `previous` read: the table one snapshot before
+    before = ledger_latest(conf.commitlog.dir, int(older.summary["tierlog.through-phy"]))
+    assert sorted(zip(ns["previous"]["key"].to_pylist(), ns["previous"]["phy_offset"].to_pylist())) == \
+        sorted((k, v[1]) for (t, k), v in before.items() if t == "topic-0")
 
 
 def test_a_sync_that_fails_after_its_commit_landed_registers_nothing_twice(tmp_path, monkeypatch):
@@ -380,5 +435,38 @@ def test_a_sync_that_fails_after_its_commit_landed_registers_nothing_twice(tmp_p
             run.writer.maintain()
         assert failed, "no commit was followed by a failure"
         assert assert_tables_equal_ledger(run) > 0
+    finally:
+        run.close()
+
+
+def test_a_commit_interval_holds_table_commits_not_records_that_change_no_table(tmp_path, monkeypatch):
+    """With ``commit_interval_s`` far off, the first seal commits and later ones wait; a tier record
+    that changes no table (a batch's commit, a fold) leaves the tables in step at once, so the
+    writer's deletes of retired staging objects do not wait for the interval."""
+    commits: list[str] = []
+    real = MessageTables._commit_once
+
+    def counted(self, topic, *args):
+        commits.append(topic)
+        return real(self, topic, *args)
+    monkeypatch.setattr(MessageTables, "_commit_once", counted)
+    run = TablesRun(tmp_path, messages=240, seed=3, faults=tw.Faults())
+    tables = run.writer.tables
+    tables.settings = replace(tables.settings, commit_interval_s=3600.0)
+    rng = random.Random(3)
+    in_step, held = 0, 0
+    try:
+        for batch_id, first in enumerate(range(0, 240, 20)):
+            run.writer.commit(batch_id, run.parts(first, first + 20, 2, rng), run.gaps.between)
+            run.writer.maintain()
+            lag = sum(i["lag_segments"] for i in tables.info(0, run.writer._segments()))
+            if tables.synced_seq == run.writer.head.seq:
+                assert lag == 0
+                in_step += 1
+            else:
+                assert lag and commits, "the tables fell behind records that change no table"
+                held += 1
+        assert in_step and held, (in_step, held)
+        assert len(commits) == len(set(commits)), f"a table committed twice within the interval: {commits}"
     finally:
         run.close()

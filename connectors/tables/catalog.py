@@ -26,6 +26,7 @@ class TableSettings:
     warehouse: str  # a directory or s3://bucket/prefix where table metadata is written
     namespace: str = "tierlog"
     name: str = "rmq_{topic}"  # {topic}: the topic with characters other than [A-Za-z0-9_] made '_'
+    latest_name: str = "rmq_{topic}_latest"  # the latest-per-key table of the topic
     properties: dict[str, str] = field(default_factory=dict)  # catalog properties: token, credential, s3.*
     commit_interval_s: float = 0.0  # at most one commit per table this often (0: one per seal or expiry)
     snapshots_kept: int = 100  # older snapshots expire, with the manifests only they referenced

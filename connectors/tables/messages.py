@@ -24,21 +24,12 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from connectors.faults import crash_point
-from connectors.tables.catalog import TableSettings, data_location, open_catalog, table_name
+from connectors.tables.base import TopicTables
 from connectors.tier.layout import Names, escape_topic
 from connectors.tier.manifest import Segment
 
 log = logging.getLogger(__name__)
-KIND = "tierlog.kind"
-TOPIC = "tierlog.topic"
 SEQ = "tierlog.tier-seq."  # + broker
-# pyiceberg leaves manifest merging off: each add_files commit adds a manifest and planning slows
-# with every one (30 ms after 10 commits, 640 ms after 300, measured here).
-TABLE_PROPERTIES = {"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "20",
-                    "commit.retry.num-retries": "10", "format-version": "2",
-                    # every commit writes a metadata file: keep the last few, as Iceberg's Java writers can
-                    "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "20"}
-COMMIT_ATTEMPTS = 5  # our own retries around pyiceberg's, each recomputing the change from the table
 
 
 @dataclass
@@ -49,36 +40,37 @@ class Change:
     remove: set[str]
 
 
-class MessageTables:
+class MessageTables(TopicTables):
     """Keeps one broker's sealed segments registered in the per-topic tables.  Not thread-safe."""
 
-    def __init__(self, settings: TableSettings, tier_location: str, broker: str, catalog=None):
-        self.settings = settings
-        self.tier_location = tier_location
-        self.broker = broker
+    kind = "messages"
+
+    def __init__(self, settings, tier_location: str, broker: str, catalog=None):
+        super().__init__(settings, tier_location, broker, catalog)
         self.names = Names(broker)
-        self.catalog = catalog or open_catalog(settings)
         self.synced_seq: int | None = None  # None: not synced by this process; the first sync diffs
         self._last_commit = float("-inf")
-        self._tables: dict[str, object] = {}
 
     # ------------------------------------------------------------ sync
 
     def sync(self, seq: int, tail: list[dict], all_segments: Callable[[], Iterable[Segment]]) -> bool:
         """Bring the tables to tier record ``seq``; ``tail`` holds the records after the last fold,
-        ``all_segments()`` every committed segment of this broker.  False: not due yet
-        (``commit_interval_s``), the tables stay where they were."""
+        ``all_segments()`` every committed segment of this broker.  False: a change is waiting for
+        ``commit_interval_s``, and the tables stay where they were."""
         if self.synced_seq == seq:
             return True
-        if time.monotonic() - self._last_commit < self.settings.commit_interval_s:
-            return False
         if self.synced_seq is None or not _tail_covers(tail, self.synced_seq, seq):
             changes = self._diff(all_segments())
         else:
             changes = _changes_in(tail, self.synced_seq)
+        if not changes:  # records that change no table (commits, folds) need no commit and no wait
+            self.synced_seq = seq
+            return True
+        if time.monotonic() - self._last_commit < self.settings.commit_interval_s:
+            return False
         try:
             for topic, change in sorted(changes.items()):
-                self._commit(topic, change, seq)
+                self._commit(topic, (change, seq))
         except BaseException:
             self.synced_seq = None  # a commit may have landed before the failure: diff next time
             self._tables.clear()
@@ -91,7 +83,7 @@ class MessageTables:
         """Make every table equal to ``segments`` (the tier alone); returns the tables committed."""
         changes = self._diff(segments)
         for topic, change in sorted(changes.items()):
-            self._commit(topic, change, seq)
+            self._commit(topic, (change, seq))
         self.synced_seq = seq
         return len(changes)
 
@@ -100,39 +92,25 @@ class MessageTables:
         for seg in segments:
             by_topic.setdefault(seg.topic, {})[seg.name] = seg
         listed = self._listed()
-        self._tables.update(listed)  # loaded once: _files and the commits below use these
+        self._tables.update(listed)  # loaded once: _own_files and the commits below use these
         for topic in listed:
             by_topic.setdefault(topic, {})
         changes = {}
         for topic, wanted in by_topic.items():
-            have = set(self._files(topic)) if topic in listed else set()
+            have = set(self._own_files(topic)) if topic in listed else set()
             change = Change({n: s for n, s in wanted.items() if n not in have}, have - set(wanted))
             if change.add or change.remove:
                 changes[topic] = change
         return changes
 
-    def _commit(self, topic: str, change: Change, seq: int) -> None:
-        """Commit ``change``, measured against the table as it is at each attempt (so a retry after a
-        lost race, or a sync repeated after a crash, adds and removes each file once)."""
-        for attempt in range(COMMIT_ATTEMPTS):
-            try:
-                self._commit_once(topic, change, seq)
-                return
-            except Exception as exc:  # a lost race that pyiceberg's own retries could not settle
-                if attempt == COMMIT_ATTEMPTS - 1 or type(exc).__name__ not in ("CommitFailedException",
-                                                                                 "ValidationException"):
-                    raise
-                log.warning("table %s: commit lost a race (%s); recomputing from the table", self._name(topic), exc)
-                time.sleep(0.1 * 2 ** attempt)
-                self._tables.pop(topic, None)
-
-    def _commit_once(self, topic: str, change: Change, seq: int) -> None:
+    def _commit_once(self, topic: str, change_at: tuple[Change, int]) -> None:
         from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
+        change, seq = change_at
         table = self._table(topic)
         # The table's files are read only when some go: a seal's segments are new names (a sync
         # after a crash diffs first), and reading every manifest per commit was most of its cost.
-        have = self._files(topic) if change.remove else {}
+        have = self._own_files(topic) if change.remove else {}
         add = [self._uri(n) for n in sorted(change.add) if n not in have]
         remove = [have[n] for n in sorted(change.remove) if n in have]
         summary = {"tierlog.broker": self.broker, "tierlog.tier-seq": str(seq)}
@@ -154,108 +132,41 @@ class MessageTables:
                      len(add), len(remove), seq)
 
     def _expire_snapshots(self, topic: str) -> None:
-        """Keep the newest ``snapshots_kept`` snapshots (expiring in steps, so not at every commit), and
-        delete the manifest lists and manifests that only the expired ones referenced: the metadata
-        JSON, and the planning of every read, would otherwise grow with every commit for months.
-        Data files are the tier's and are never deleted here."""
+        """Keep the newest ``snapshots_kept`` snapshots, expiring in steps, so not at every commit."""
         table, keep = self._tables[topic], self.settings.snapshots_kept
         snapshots = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms)
         if len(snapshots) < keep + max(10, keep // 5):
             return
         current = table.current_snapshot().snapshot_id
-        expired = [s for s in snapshots[:-keep] if s.snapshot_id != current]
-        kept = [s for s in snapshots if s not in expired]
-        in_use = {m.manifest_path for s in kept for m in s.manifests(table.io)}
-        garbage = {s.manifest_list for s in expired}
-        garbage |= {m.manifest_path for s in expired for m in s.manifests(table.io)} - in_use
-        # The commit brings ``table`` itself to the new metadata, as a transaction's does.
-        table.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in expired]).commit()
-        for path in sorted(garbage):  # after the commit: a crash before it leaves files, never a hole
-            try:
-                table.io.delete(path)
-            except FileNotFoundError:
-                pass
+        self._expire(topic, [s for s in snapshots[:-keep] if s.snapshot_id != current])
 
-    def info(self, tier_seq: int | None = None) -> list[dict]:
-        """One row per message table: what ``tierlog table info`` prints."""
+    def info(self, tier_seq: int | None = None, segments: Iterable[Segment] | None = None) -> list[dict]:
+        """One row per message table: what ``tierlog table info`` prints.  With ``segments`` (the
+        tier's committed ones), ``lag_segments`` counts what the table has yet to add or remove."""
+        changes = self._diff(segments) if segments is not None else {}
         rows = []
         for topic, table in sorted(self._listed().items()):
             snapshot = table.current_snapshot()
             seq = table.properties.get(SEQ + self.broker)
-            rows.append({"table": ".".join(self._identifier(topic)), "kind": "messages", "topic": topic,
+            change = changes.get(topic, Change({}, set()))
+            rows.append({"table": ".".join(self._identifier(topic)), "kind": self.kind, "topic": topic,
                          "metadata_location": table.metadata_location,
                          "snapshot_id": snapshot.snapshot_id if snapshot else None,
-                         "tier_seq": int(seq) if seq is not None else None, "tier_head_seq": tier_seq})
+                         "tier_seq": int(seq) if seq is not None else None, "tier_head_seq": tier_seq,
+                         "lag_segments": len(change.add) + len(change.remove) if segments is not None else None})
         return rows
 
     # ------------------------------------------------------------ tables
 
-    def topics(self) -> list[str]:
-        """Topics with a message table in the namespace."""
-        return sorted(self._listed())
+    def _name_template(self) -> str:
+        return self.settings.name
 
-    def _listed(self) -> dict[str, object]:
-        """Every message table in the namespace, by topic, each loaded once."""
-        out = {}
-        for ident in self.catalog.list_tables(self.settings.namespace):
-            table = self.catalog.load_table(ident)
-            if table.properties.get(KIND) == "messages" and TOPIC in table.properties:
-                out[table.properties[TOPIC]] = table
-        return out
-
-    def table(self, topic: str):
-        return self._table(topic)
-
-    def _name(self, topic: str) -> str:
-        return table_name(self.settings.name, topic)
-
-    def _identifier(self, topic: str) -> tuple[str, str]:
-        return self.settings.namespace, self._name(topic)
-
-    def _table(self, topic: str):
-        if topic not in self._tables:
-            self._tables[topic] = self._create_or_load(topic)
-        return self._tables[topic]
-
-    def _create_or_load(self, topic: str):
-        from pyiceberg.exceptions import TableAlreadyExistsError
-
-        ident = self._identifier(topic)
-        if self.catalog.table_exists(ident):
-            table = self.catalog.load_table(ident)
-        else:
-            schema, spec = _schema_and_spec()
-            props = {**TABLE_PROPERTIES, KIND: "messages", TOPIC: topic,
-                     "schema.name-mapping.default": schema.name_mapping.model_dump_json()}
-            try:
-                table = self.catalog.create_table(ident, schema=schema, partition_spec=spec, properties=props)
-            except TableAlreadyExistsError:  # another broker's tierlog made it first
-                table = self.catalog.load_table(ident)
-        if table.properties.get(TOPIC) not in (None, topic):
-            from connectors.errors import ConfigError
-
-            raise ConfigError(f"setting tables.name: topics {topic!r} and {table.properties[TOPIC]!r} both map "
-                              f"to table {'.'.join(ident)}; put the topic itself in the name template")
-        return table
-
-    def _files(self, topic: str) -> dict[str, object]:
+    def _own_files(self, topic: str) -> dict[str, object]:
         """This broker's data files in the table's current snapshot, by tier object name."""
-        table = self._table(topic)
-        snapshot = table.current_snapshot()
-        if snapshot is None:
-            return {}
-        prefix = data_location(self.tier_location, f"topic={escape_topic(topic)}/{self.names.level}")
-        root = len(data_location(self.tier_location, ""))
-        out = {}
-        for manifest in snapshot.manifests(table.io):
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-                path = entry.data_file.file_path
-                if path.startswith(prefix):
-                    out[path[root:]] = entry.data_file
-        return out
+        return self._files(topic, f"topic={escape_topic(topic)}/{self.names.level}")
 
-    def _uri(self, name: str) -> str:
-        return data_location(self.tier_location, name)
+    def _schema_and_spec(self):
+        return _schema_and_spec()
 
 
 def _tail_covers(tail: list[dict], after: int, seq: int) -> bool:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import io
 import itertools
+import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,10 +29,13 @@ import pyarrow.parquet as pq
 from connectors.tier.backend import Backend
 from connectors.tier.layout import COMPRESSION, escape_topic, unescape_topic
 
+log = logging.getLogger(__name__)
 PREFIX = "_compacted/"
 SNAPSHOT_SCHEMA = pa.schema(
     [("key", pa.string()), ("body", pa.binary()), ("phy_offset", pa.int64()), ("queue_id", pa.int32()),
-     ("queue_offset", pa.int64()), ("store_ts", pa.timestamp("ms", tz="UTC"))]
+     ("queue_offset", pa.int64()), ("store_ts", pa.timestamp("ms", tz="UTC")),
+     # Last, and null in snapshots written before it: the latest-per-key tables partition on it.
+     ("broker", pa.string())]
 )
 _CHUNK = 64 * 1024  # rows per row group, and per pass through memory
 
@@ -41,6 +45,16 @@ class Snapshot:
     topic: str
     through_phy: int
     name: str
+
+
+class SnapshotTables(Protocol):
+    """Tables that register snapshots in place (``connectors.tables.latest.LatestTables``)."""
+
+    def commit(self, through_phy: int, names: dict[str, str]) -> None:
+        """Make each topic's table hold ``names[topic]`` as this broker's snapshot."""
+
+    def release(self, doomed: list[Snapshot]) -> set[str]:
+        """Let go of ``doomed``; returns the names a table still needs (they must stay)."""
 
 
 def _prefix(broker: str) -> str:
@@ -101,32 +115,53 @@ def write_snapshots(
     *,
     keep: int = 2,
     on_topic: Callable[[str, int], None] | None = None,
+    tables: SnapshotTables | None = None,
 ) -> dict[str, int]:
     """Write one snapshot per topic from ``entries`` (``KVView.entries()``: (topic, entry or None),
-    in topic order); then keep only the newest ``keep`` per topic.  Returns rows per topic."""
+    in topic order); then keep only the newest ``keep`` per topic.  With ``tables``, the new
+    snapshots are committed to them before older ones go, and a snapshot a table still lists stays
+    (a table commit that fails leaves every older snapshot for the next round).  Returns rows per topic."""
     written: dict[str, int] = {}
+    names: dict[str, str] = {}
     for topic, group in itertools.groupby(entries, key=lambda pair: pair[0]):
         rows = (
             {"key": e.key, "body": e.body, "phy_offset": e.phy_offset, "queue_id": e.queue_id,
-             "queue_offset": e.queue_offset, "store_ts": e.store_ts}
+             "queue_offset": e.queue_offset, "store_ts": e.store_ts, "broker": broker}
             for _, e in group if e is not None
         )
         data, count = _encode(rows, topic, through_phy)
-        backend.put(snapshot_name(broker, topic, through_phy), data)
+        names[topic] = snapshot_name(broker, topic, through_phy)
+        backend.put(names[topic], data)
         written[topic] = count
         if on_topic:
             on_topic(topic, count)
-    prune(backend, broker, keep)
+    if tables is not None:
+        try:
+            tables.commit(through_phy, names)
+        except Exception as exc:  # the tables are a view of the tier: they never stop its snapshots
+            log.warning("the latest-per-key tables missed the snapshot through physical offset %d (%s: %s); "
+                        "older snapshots are kept until a later one reaches them", through_phy,
+                        type(exc).__name__, exc)
+            return written
+    prune(backend, broker, keep, tables)
     return written
 
 
-def prune(backend: Backend, broker: str, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` snapshots of every topic of ``broker``."""
+def prune(backend: Backend, broker: str, keep: int, tables: SnapshotTables | None = None) -> list[str]:
+    """Delete all but the newest ``keep`` snapshots of every topic of ``broker`` (and of those, any
+    that ``tables`` still needs stays)."""
     by_topic: dict[str, list[Snapshot]] = {}
     for s in list_snapshots(backend, broker):
         by_topic.setdefault(s.topic, []).append(s)
-    doomed = [s.name for snaps in by_topic.values() for s in snaps[: max(0, len(snaps) - max(1, keep))]]
-    for name in doomed:
-        backend.delete(name)
-    return doomed
-
+    doomed = [s for snaps in by_topic.values() for s in snaps[: max(0, len(snaps) - max(1, keep))]]
+    if doomed and tables is not None:
+        try:
+            needed = tables.release(doomed)
+        except Exception as exc:
+            log.warning("the latest-per-key tables could not let go of %d older snapshot(s) (%s: %s); they are "
+                        "kept until a later round", len(doomed), type(exc).__name__, exc)
+            return []
+        doomed = [s for s in doomed if s.name not in needed]
+    for s in doomed:
+        backend.delete(s.name)
+    return [s.name for s in doomed]

@@ -30,9 +30,13 @@ def cmd_kv(args, conf: cfg.Config) -> int:
         raise ConfigError(f"`tierlog kv {args.kv_command}` needs a TOPIC")
     with KVView(kv_path(conf), read_only=True) as kv:
         if args.kv_command == "snapshot":
-            from streaming.compaction import write_snapshot
+            from streaming.compaction import open_latest_tables, write_snapshot
+            from streaming.settings import tables
 
-            rows = write_snapshot(kv, conf.tier.location, conf.broker.name, keep=max(1, conf.compaction.snapshot_keep))
+            settings = tables(conf)
+            latest = open_latest_tables(settings, conf.tier.location, conf.broker.name) if settings else None
+            rows = write_snapshot(kv, conf.tier.location, conf.broker.name, keep=max(1, conf.compaction.snapshot_keep),
+                                  tables=latest)
             emit([{"keys": rows, "through_phy": kv.applied_through(), "tier": conf.tier.location}], args.format)
             return 0
         if args.kv_command == "get":

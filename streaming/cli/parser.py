@@ -123,10 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "table", parents=[common, tier, printing], help="the Iceberg tables of the tier: info, rebuild",
-        description="info: one row per message table ([tables] enabled = true): its name, kind, the metadata "
-        "file any engine can read with no catalog (DuckDB's iceberg_scan), its snapshot, the tier commit "
-        "record it reflects for this broker (tier_seq) and the tier's last (tier_head_seq). rebuild: make "
-        "each table list exactly this broker's committed sealed segments, from the tier alone (after a "
+        description="info: one row per table ([tables] enabled = true). A messages table (one per topic) "
+        "holds the tier's committed sealed segments; its row gives the tier commit record it reflects for this "
+        "broker (tier_seq), the tier's last (tier_head_seq) and how many segments it has yet to add or remove (lag_segments). A latest "
+        "table (one per topic) holds the newest compacted snapshot of every key; its row gives the physical "
+        "offset that snapshot reflects (through_phy). Each row names the metadata file any engine can read "
+        "with no catalog (DuckDB's iceberg_scan). rebuild: make each table equal to the tier alone (after a "
         "catalog was lost or restored from a backup); safe while `tierlog run` runs.",
     )
     p.add_argument("table_command", choices=["info", "rebuild"])

@@ -14,6 +14,7 @@ log = logging.getLogger("tierlog")
 
 
 STATUS_COLUMNS = ["topic", "queue", "dispatch", "commit", "sealed", "low", "lag", "segments"]
+TABLE_COLUMNS = ["table", "kind", "tier_seq", "lag_segments", "through_phy"]
 
 
 def queue_lag(conf: cfg.Config, source_end: int | None, cap_bytes: int = 256 << 20) -> tuple[dict, int, bool]:
@@ -85,8 +86,10 @@ def show_status(args, conf: cfg.Config) -> int:
                   "skipped": sum(1 for x in skipped if x["sink"] == name),
                   "filtered": _filtered_text(filtered.get(FILTER_OF.get(name, name), {})),
                   "error": health.get(name, {}).get("error")} for name in enabled_sinks(conf)]
+    tables = _table_lag(conf)
     if args.format == "json":
         emit([{"kind": "queue", **r} for r in rows] + [{"kind": "sink", **r} for r in sink_rows]
+             + [{**r, "table_kind": r["kind"], "kind": "table"} for r in tables]
              + [{"kind": "skipped", **x} for x in skipped]
              + [{"kind": "quarantined", **q} for q in quarantined]
              + [{"kind": "summary", **summary}], "json")
@@ -95,12 +98,32 @@ def show_status(args, conf: cfg.Config) -> int:
         print()
         emit(sink_rows, "table")
         print()
+        if tables:
+            emit(tables, "table", TABLE_COLUMNS)
+            print()
         if quarantined:
             print("quarantined (corrupt commitlog ranges skipped under commitlog.on_corrupt = quarantine):")
             emit(quarantined, "table")
             print()
         emit([{k: v for k, v in summary.items() if k != "sinks"}], "table")
     return 0
+
+
+def _table_lag(conf: cfg.Config) -> list[dict]:
+    """Each Iceberg table's lag behind the tier ([tables] enabled), or none when they are off."""
+    from streaming.settings import tables
+
+    settings = tables(conf)
+    if settings is None:
+        return []
+    from streaming.cli.tables import table_rows
+
+    try:
+        return table_rows(conf, settings)
+    except Exception as exc:  # status shows the rest whatever the catalog does
+        log.warning("the Iceberg tables could not be read for their lag (catalog %s): %s: %s", settings.catalog_uri,
+                    type(exc).__name__, exc)
+        return []
 
 
 def _filtered_text(by_class: dict[str, int]) -> str:
