@@ -25,16 +25,21 @@ def drop_cache(paths: list[str]) -> bool:
     return ok
 
 
-def timed(fn, repeat: int = 3, before=None) -> dict:
-    """Run ``fn`` ``repeat`` times (after ``before`` each time); seconds as min/median and the last result."""
-    times, result = [], None
-    for _ in range(repeat):
-        if before:
-            before()
-        t = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t)
-    return {"min_s": min(times), "median_s": statistics.median(times), "result": result}
+def alternating(fns: dict, rounds: int = 3, before=None) -> dict:
+    """Each of ``fns`` (name -> callable) once per round, the order reversed every other round, so
+    no figure has the warm or the cold side to itself; per name: seconds of every round, the
+    median, and the last result."""
+    names, times = list(fns), {name: [] for name in fns}
+    results = {}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            if before:
+                before()
+            t = time.perf_counter()
+            results[name] = fns[name]()
+            times[name].append(time.perf_counter() - t)
+    return {name: {"rounds_s": [round(x, 4) for x in times[name]], "median_s": statistics.median(times[name]),
+                   "result": results[name]} for name in names}
 
 
 def pin_to_one_core() -> int | None:
