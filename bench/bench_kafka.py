@@ -66,10 +66,10 @@ def settings(bootstrap: str, prefix: str) -> KafkaSettings:
                          mirror_topic=f"{prefix}.{{topic}}", partitions=PARTITIONS)
 
 
-def prepared_records(directory: str, end: int, prefix: str) -> list[tuple]:
-    """Exactly what the mirror sends, built before the clock starts."""
-    sink = MirrorSink(settings("unused:1", prefix))
-    sink.partitions = lambda topic: PARTITIONS  # routing only: no broker here
+def prepared_records(directory: str, end: int, s: KafkaSettings) -> list[tuple]:
+    """Exactly what the mirror sends, built before the clock starts (the sink learns its topics'
+    partitions from the broker, so the topics are made here too)."""
+    sink = MirrorSink(s)
     sent: list[tuple] = []
     sink.send = lambda topic, p, key, value, headers, position, ts=None, **_: sent.append(
         (topic, p, key, value, headers, ts)) or True
@@ -126,7 +126,6 @@ def run_query(spark, directory: str, s: KafkaSettings, workdir: str) -> dict:
              .trigger(availableNow=True).start())
     query.awaitTermination()
     done = time.perf_counter()
-    query_sink.close()
     assert len(reports) >= 2, "one batch only: nothing to measure past the first; use more --messages"
     steady = reports[1:]  # the first batch starts Python workers and reads positions back
     return {"foreach_batch_s": sum(r.seconds for r in steady), "steady_sent": sum(r.sent for r in steady),
@@ -160,7 +159,7 @@ def main() -> None:
             got = {}
 
             def bare():
-                records = prepared_records(directory, end, f"bare{r}")
+                records = prepared_records(directory, end, settings(bootstrap, f"bare{r}"))
                 got["bare"] = args.messages / run_bare(records, settings(bootstrap, f"bare{r}"))
 
             def sink():

@@ -76,7 +76,7 @@ def main() -> None:
 
     launcher = worker_python("local[2]")
     if launcher == sys.executable:
-        raise SystemExit("no launcher here: SPARK_HOME is another Spark, or the temp directory is noexec")
+        raise SystemExit("no launcher here: SPARK_HOME is another Spark, or ~/.cache/tierlog is not writable or is noexec")
     env = {**os.environ, "PYTHONPATH": spark_pythonpath()}
     pythons = {"zip": sys.executable, "launcher": launcher}
     out = {"benchmark": "runner_start", "imports": IMPORTS, "rounds": args.rounds, "cpus": os.cpu_count()}

@@ -6,7 +6,6 @@ import hashlib
 import os
 import shutil
 import sys
-import tempfile
 
 from connectors.errors import ConfigError
 
@@ -93,13 +92,19 @@ def worker_python(master: str) -> str:
         return sys.executable
     script = WORKER_PYTHON.format(python=sys.executable)
     digest = hashlib.sha1(script.encode()).hexdigest()[:12]
-    path = os.path.join(tempfile.gettempdir(), f"tierlog-python-{os.getuid()}-{digest}")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "w") as fh:
-            fh.write(script)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)  # whole or not at all, for processes starting Spark side by side
+    # Not in /tmp, whose cleaners delete files unused for days under a service that runs for months.
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(cache, "tierlog", f"python-{digest}")
+    try:
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}"
+            with open(tmp, "w") as fh:
+                fh.write(script)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, path)  # whole or not at all, for processes starting Spark side by side
+    except OSError:  # no writable cache: Spark starts this Python as it is
+        return sys.executable
     # access() says no on a file system mounted noexec: then Spark starts this Python as it is.
     return path if os.access(path, os.X_OK) else sys.executable
 

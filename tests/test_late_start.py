@@ -50,14 +50,15 @@ def test_spark_python_processes_import_the_installed_pyspark_not_its_zip(spark):
     pyspark.zip (0.8 s of CPU at every start, against 0.37 s from the installed package), so the
     runner that must connect back within Spark's 10 s starts in half the CPU on a busy host."""
     import os
-    import tempfile
+    import sys
 
     import pyspark
     import pytest
 
     launcher = os.environ.get("PYSPARK_PYTHON", "")
-    if not launcher.startswith(os.path.join(tempfile.gettempdir(), "tierlog-python-")):
+    if os.path.basename(os.path.dirname(launcher)) != "tierlog":
         pytest.skip(f"PYSPARK_PYTHON is the user's own ({launcher}): tierlog leaves it as it is")
+    assert launcher != sys.executable and "pyspark.zip" in open(launcher).read()
 
     def where(batches):
         import pyarrow as pa
