@@ -13,6 +13,7 @@ import pytest
 from connectors.commitlog.reader import CommitLogReader
 from connectors.tables import latest as latest_module
 from connectors.tables.catalog import data_location, default_settings
+from connectors.tables.base import data_files
 from connectors.tables.latest import LatestTables
 from connectors.tier import snapshots
 from connectors.tier.backend import open_backend
@@ -82,7 +83,7 @@ def assert_no_snapshot_names_a_missing_file(tables: LatestTables) -> int:
     for topic in tables.topics():
         table = tables.catalog.load_table(tables._identifier(topic))
         for snap in table.metadata.snapshots:
-            for path in latest_module._data_files(table, snap):
+            for path in (f.file_path for f in data_files(table, snap)):
                 assert os.path.exists(path.removeprefix("file://")), f"{topic}: snapshot {snap.snapshot_id} names {path}"
                 listed += 1
     return listed

@@ -126,13 +126,7 @@ class TopicTables:
             return {}
         root = len(data_location(self.tier_location, ""))
         start = data_location(self.tier_location, prefix)
-        out = {}
-        for manifest in snapshot.manifests(table.io):
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-                path = entry.data_file.file_path
-                if path.startswith(start):
-                    out[path[root:]] = entry.data_file
-        return out
+        return {f.file_path[root:]: f for f in data_files(table, snapshot) if f.file_path.startswith(start)}
 
     def _expire(self, topic: str, expired: list) -> None:
         """Expire ``expired`` snapshots of the table, and delete the manifest lists and manifests only
@@ -153,3 +147,9 @@ class TopicTables:
                 table.io.delete(path)
             except FileNotFoundError:
                 pass
+
+
+def data_files(table, snapshot) -> list:
+    """The data files ``snapshot`` of ``table`` lists."""
+    return [entry.data_file for manifest in snapshot.manifests(table.io)
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 
 from connectors.faults import crash_point
-from connectors.tables.base import TopicTables
+from connectors.tables.base import TopicTables, data_files
 from connectors.tier import snapshots
 from connectors.tier.layout import escape_topic
 
@@ -44,15 +44,15 @@ class LatestTables(TopicTables):
         by_topic: dict[str, set[str]] = {}
         for snap in doomed:
             by_topic.setdefault(snap.topic, set()).add(self._uri(snap.name))
-        listed = self._listed()
         for topic, uris in sorted(by_topic.items()):
-            if topic not in listed:
+            ident = self._identifier(topic)
+            if not self.catalog.table_exists(ident):  # only the doomed snapshots' tables are loaded
                 continue
-            table = self._tables[topic] = listed[topic]
+            table = self._tables[topic] = self.catalog.load_table(ident)
             current = table.current_snapshot()
             expired = []
             for snap in table.metadata.snapshots:
-                listed_uris = uris & _data_files(table, snap)
+                listed_uris = uris & {f.file_path for f in data_files(table, snap)}
                 if not listed_uris:
                     continue
                 if current is not None and snap.snapshot_id == current.snapshot_id:
@@ -116,7 +116,3 @@ class LatestTables(TopicTables):
         spec = PartitionSpec(PartitionField(schema.find_field("broker").field_id, 1000, IdentityTransform(), "broker"))
         return schema, spec
 
-
-def _data_files(table, snapshot) -> set[str]:
-    return {entry.data_file.file_path for manifest in snapshot.manifests(table.io)
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)}

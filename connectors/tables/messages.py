@@ -87,11 +87,11 @@ class MessageTables(TopicTables):
         self.synced_seq = seq
         return len(changes)
 
-    def _diff(self, segments: Iterable[Segment]) -> dict[str, Change]:
+    def _diff(self, segments: Iterable[Segment], listed: dict | None = None) -> dict[str, Change]:
         by_topic: dict[str, dict[str, Segment]] = {}
         for seg in segments:
             by_topic.setdefault(seg.topic, {})[seg.name] = seg
-        listed = self._listed()
+        listed = self._listed() if listed is None else listed
         self._tables.update(listed)  # loaded once: _own_files and the commits below use these
         for topic in listed:
             by_topic.setdefault(topic, {})
@@ -143,9 +143,10 @@ class MessageTables(TopicTables):
     def info(self, tier_seq: int | None = None, segments: Iterable[Segment] | None = None) -> list[dict]:
         """One row per message table: what ``tierlog table info`` prints.  With ``segments`` (the
         tier's committed ones), ``lag_segments`` counts what the table has yet to add or remove."""
-        changes = self._diff(segments) if segments is not None else {}
+        listed = self._listed()
+        changes = self._diff(segments, listed) if segments is not None else {}
         rows = []
-        for topic, table in sorted(self._listed().items()):
+        for topic, table in sorted(listed.items()):
             snapshot = table.current_snapshot()
             seq = table.properties.get(SEQ + self.broker)
             change = changes.get(topic, Change({}, set()))
