@@ -167,6 +167,15 @@ MUTANTS = (
         ("tests/test_tier_queues_added.py",),
     ),
     Mutant(
+        "tier_source_skips_staging_that_straddles_a_time_bound",
+        "the tier Spark source plans a staging object only if all of it is past a store-time lower bound, "
+        "so a time-bounded read of a topic misses the unsealed messages after the bound",
+        "streaming/tier_source.py",
+        """                if info.first < hi and info.last >= unsealed and info.max_ts >= b.ts[0] and info.min_ts <= b.ts[1]:""",
+        """                if info.first < hi and info.last >= unsealed and info.min_ts >= b.ts[0] and info.min_ts <= b.ts[1]:""",
+        ("tests/test_tier_queues_added.py",),
+    ),
+    Mutant(
         "stager_ignores_on_corrupt",
         "the stager's settings keep the default on_corrupt = fail whatever tierlog.toml says",
         "streaming/settings.py",

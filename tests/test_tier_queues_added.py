@@ -5,7 +5,8 @@ that gains a queue in a window where its other queues did not change is the case
 could keep the topic's old list of queues.  The model here is the writers' ledger
 (``tests.ledger``): after every batch, fold, seal and restart, ``queue_infos(topic=)``,
 ``queues(topic=)`` and ``by_key`` (all time and time-bounded) are compared with it, through a reader
-made afresh and through one kept from the start, as a long-lived consumer would.
+made afresh and through one kept from the start, as a long-lived consumer would; so is what the
+``tier`` Spark source plans and reads with a topic filter (and a store-time bound) pushed down.
 
 Runs the writer without Spark (``TierWriter`` and the real stager over a real commitlog).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In
 
 from connectors.commitlog.format import Message
 from connectors.commitlog.writer import CommitLogWriter
@@ -22,6 +24,7 @@ from connectors.tier.backend import open_backend
 from connectors.tier.reader import TierReader
 from connectors.tier.staging import CommitLogGaps, StageSettings, stage
 from connectors.tier.writer import TierWriter, WriterSettings
+from streaming.tier_source import TierBatchReader
 from state.metadata import MetadataStore
 from tests import ledger
 from tests.oracle import message_row
@@ -73,6 +76,28 @@ class Tier:
         self.writer.commit(batch_id, [part], self.gaps.between)
 
 
+def tier_source_rows(location: str, filters) -> list[int]:
+    """The ``tier`` Spark source's planning and reading, called as Spark would (no session needed:
+    both are plain Python), with ``filters`` pushed down; the physical offsets it returns."""
+    source = TierBatchReader(location)
+    assert list(source.pushFilters(filters)) == filters  # Spark re-applies them all
+    offsets = []
+    for part in source.partitions():
+        for batch in source.read(part):
+            offsets.extend(batch.column("phy_offset").to_pylist())
+    return sorted(offsets)
+
+
+def assert_tier_source_equals_ledger(location: str, rows: list[dict], rng: random.Random) -> None:
+    for topic in TOPICS:
+        mine = [r for r in rows if r["topic"] == topic]
+        assert tier_source_rows(location, [EqualTo(("topic",), topic)]) == sorted(r["phy_offset"] for r in mine)
+        if mine:
+            lo = rng.choice(mine)["store_ts"]
+            got = tier_source_rows(location, [In(("topic",), (topic,)), GreaterThanOrEqual(("store_ts",), lo)])
+            assert got == sorted(r["phy_offset"] for r in mine if r["store_ts"] >= lo), (topic, lo)
+
+
 def assert_reads_equal_ledger(reader: TierReader, rows: list[dict], rng: random.Random) -> None:
     for topic in TOPICS:
         mine = [r for r in rows if r["topic"] == topic]
@@ -119,6 +144,7 @@ def test_queues_added_between_folds_are_seen_by_per_topic_and_time_bounded_reads
                 for reader in (kept, TierReader(tier.location)):
                     assert_reads_equal_ledger(reader, rows, rng)
                     did["checks"] += 1
+                assert_tier_source_equals_ledger(tier.location, rows, rng)
         grown = {q.queue_id for q in TierReader(tier.location).queue_infos(topic="grow")}
         assert grown == set(range(10)), grown  # the topic did gain a queue in every phase
         assert did["fold"] and did["maintain"] and did["restart"], did
