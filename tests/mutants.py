@@ -176,6 +176,18 @@ MUTANTS = (
         ("tests/test_tier_queues_added.py",),
     ),
     Mutant(
+        "expiry_tombstones_given_up_when_kafka_is_away",
+        "the changelog tries an expiry's tombstones once and gives up on a failure, while the KV view "
+        "forgets the keys: a Kafka outage at the moment keys expire keeps their old values in the changelog",
+        "connectors/kafka/changelog.py",
+        """        self.deliver(lambda: self._send_rows(rows, op="expire", floor=floor))""",
+        """        try:
+            self.deliver_once(lambda: self._send_rows(rows, op="expire", floor=floor))
+        except Exception:
+            pass""",
+        ("tests/test_kafka_outage.py::test_keys_that_expire_while_kafka_is_away_stay_until_their_tombstones_are_in_the_changelog",),
+    ),
+    Mutant(
         "stager_ignores_on_corrupt",
         "the stager's settings keep the default on_corrupt = fail whatever tierlog.toml says",
         "streaming/settings.py",
