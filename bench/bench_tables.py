@@ -1,6 +1,6 @@
 """Iceberg table commit time over many seal commits: does it stay flat?
 
-    ./dev bench tables [--commits 2000] [--baseline-commits 300] [--queues 8]
+    ./dev bench tables [--commits 2000] [--baseline-commits 300] [--queues 8] [--snapshots-kept 20]
 
 Each commit registers one sealed segment per queue (a small Parquet file, as a seal of ``--queues``
 queues would) through ``MessageTables.sync``, the path ``tierlog run`` takes, with its settings
@@ -8,6 +8,11 @@ queues would) through ``MessageTables.sync``, the path ``tierlog run`` takes, wi
 referenced).  The baseline, in the same run, makes the same commits with pyiceberg's defaults
 (``add_files``, no merging, no expiry) for ``--baseline-commits``.  Both report the median seconds
 of their first and last 100 commits and the ratio; flat means a ratio near 1.
+
+A commit's cost grows with the snapshots the table keeps (pyiceberg copies the table metadata for
+each change a transaction makes), so the first commits, before the table holds ``snapshots_kept``
+of them, are cheaper than any later one.  ``last_over_steady`` compares the last 100 with the 100
+after the table first reached that count: what grows with the table's history alone.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import pyarrow as pa
 
 from bench.common import report
 from connectors.commitlog.arrow import MESSAGE_SCHEMA
-from connectors.tables.catalog import default_settings
+from connectors.tables.catalog import TableSettings, default_settings
 from connectors.tables.messages import MessageTables, _schema_and_spec
 from connectors.tier import layout
 from connectors.tier.manifest import Segment
@@ -42,9 +47,10 @@ def segment_file(root: str, names: layout.Names, queue: int, base: int, rows: in
     return Segment(name, "bench", queue, base, base + rows - 1, rows, os.path.getsize(path), 0, 0)
 
 
-def ours(root: str, commits: int, queues: int) -> list[float]:
+def ours(root: str, commits: int, queues: int, snapshots_kept: int) -> list[float]:
     tier = os.path.join(root, "tier")
-    tables = MessageTables(default_settings(tier, os.path.join(root, "state")), tier, "broker-a")
+    settings = default_settings(tier, os.path.join(root, "state"), snapshots_kept=snapshots_kept)
+    tables = MessageTables(settings, tier, "broker-a")
     names, tail, seconds = layout.Names("broker-a"), [], []
     tables.sync(-1, [], lambda: [])
     for seq in range(commits):
@@ -74,10 +80,19 @@ def defaults(root: str, commits: int, queues: int) -> list[float]:
     return seconds
 
 
-def summary(seconds: list[float]) -> dict:
+def summary(seconds: list[float], steady_from: int | None = None) -> dict:
     first, last = statistics.median(seconds[:100]), statistics.median(seconds[-100:])
-    return {"commits": len(seconds), "first_100_median_s": round(first, 4), "last_100_median_s": round(last, 4),
-            "last_over_first": round(last / first, 2), "total_s": round(sum(seconds), 1)}
+    # The means hold the occasional manifest merge and snapshot expiry that the medians leave out.
+    first_mean, last_mean = statistics.mean(seconds[:100]), statistics.mean(seconds[-100:])
+    out = {"commits": len(seconds), "first_100_median_s": round(first, 4), "last_100_median_s": round(last, 4),
+           "last_over_first": round(last / first, 2), "first_100_mean_s": round(first_mean, 4),
+           "last_100_mean_s": round(last_mean, 4), "mean_last_over_first": round(last_mean / first_mean, 2),
+           "total_s": round(sum(seconds), 1)}
+    if steady_from is not None and steady_from + 100 <= len(seconds) - 100:
+        steady = statistics.median(seconds[steady_from:steady_from + 100])
+        out.update({"steady_from_commit": steady_from, "steady_100_median_s": round(steady, 4),
+                    "last_over_steady": round(last / steady, 2)})
+    return out
 
 
 def main() -> None:
@@ -85,11 +100,15 @@ def main() -> None:
     ap.add_argument("--commits", type=int, default=2000)
     ap.add_argument("--baseline-commits", type=int, default=300)
     ap.add_argument("--queues", type=int, default=8, help="segments per commit")
+    ap.add_argument("--snapshots-kept", type=int, default=TableSettings.snapshots_kept,
+                    help="tables.snapshots_kept (default: its default)")
     args = ap.parse_args()
+    keep = args.snapshots_kept
     with tempfile.TemporaryDirectory(prefix="bench-tables-") as root:
         base = summary(defaults(os.path.join(root, "base"), args.baseline_commits, args.queues))
-        mine = summary(ours(os.path.join(root, "ours"), args.commits, args.queues))
-    report({"bench": "tables", "segments_per_commit": args.queues, "message_tables": mine,
+        # the table holds ``keep`` snapshots from its commit ``keep`` on, and expires in steps after that
+        mine = summary(ours(os.path.join(root, "ours"), args.commits, args.queues, keep), keep + max(10, keep // 5))
+    report({"bench": "tables", "segments_per_commit": args.queues, "snapshots_kept": keep, "message_tables": mine,
             "baseline_pyiceberg_defaults": base,
             "method": "seconds per commit (reading the new files' footers and the catalog commit); medians of "
                       "the first and last 100 commits; baseline with pyiceberg's defaults in the same run"})

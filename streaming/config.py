@@ -208,8 +208,9 @@ class TablesConfig:
                                                      "each compacted snapshot (compaction.snapshot_interval_s).")
     commit_interval_s: float = setting(0.0, "At most one commit per table this often (0: one per seal or expiry); "
                                             "expired segments are deleted only once their table has let them go.")
-    snapshots_kept: int = setting(100, "Snapshots kept per table (time travel this far back); older ones expire "
-                                       "and the manifests only they referenced are deleted, so commits stay fast.")
+    snapshots_kept: int = setting(20, "Snapshots kept per message table (time travel this far back); older ones "
+                                      "expire with the manifests only they referenced. Each kept snapshot slows "
+                                      "every commit a little (20: 39 ms, 100: 80 ms, measured).")
 
 
 @dataclass(frozen=True)
