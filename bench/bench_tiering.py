@@ -3,6 +3,7 @@
     python -m bench.bench_tiering catchup   [--mb 1024] [--queues 1024] [--on-corrupt fail|quarantine|both]
     python -m bench.bench_tiering freshness [--rate 10000] [--seconds 60]
     python -m bench.bench_tiering objects   [--queues 10000]
+    python -m bench.bench_tiering restart   [--rounds 3] [--messages 50000]
 
 catchup    Tier a commitlog of 1 KB messages with availableNow.  Marginal
            throughput: messages and bytes after the first batch, over the time
@@ -23,6 +24,13 @@ freshness  `tierlog produce --rate R` appends while `tierlog run` tiers; per
            not committed are reported.  Target: p99 <= 1 s.
 objects    Objects written per batch (staging objects + the commit record) with
            N active queues, against 10 queues in the same run.  Target: O(1).
+restart    kill -9 a running `tierlog run` (the whole service: tiering and
+           compaction), append --messages while it is down, start it again:
+           seconds from the new process's start to its first batch committed
+           to the tier (a new commit record), start-up and recovery included.
+           Baseline in the same run: the first start of a new service on a new
+           tier, with the same messages to tier, measured the same way.
+           --rounds rounds in alternating order; medians.  Target: <= 30 s.
 """
 
 from __future__ import annotations
@@ -242,6 +250,81 @@ def objects(args) -> dict:
     return out
 
 
+class _Service:
+    """One ``tierlog run`` process over its own root (commitlog, tier, state, checkpoints)."""
+
+    def __init__(self, root: str):
+        self.root, self.proc = root, None
+        self.conf = make_conf(root, spark={"trigger_interval_s": 0.5})  # compaction on, as by default
+        os.makedirs(self.conf.commitlog.dir, exist_ok=True)
+        self.config = os.path.join(root, "tierlog.toml")
+        with open(self.config, "w") as fh:
+            fh.write(cfg.to_toml(self.conf))
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
+
+    def produce(self, messages: int, seed: int) -> None:
+        subprocess.run([sys.executable, "-m", "streaming.cli", "produce", "--config", self.config, "--messages",
+                        str(messages), "--queues", "64", "--body-size", "1024", "--seed", str(seed)],
+                       env=self.env, capture_output=True, check=True)
+
+    def seq(self) -> int:
+        return TierReader(self.conf.tier.location).view().seq
+
+    def start_until_first_commit(self, timeout_s: float = 600) -> float:
+        """Start the service; seconds until the tier has a commit record it did not have before."""
+        before = self.seq()
+        started = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "streaming.cli", "run", "--config", self.config],
+                                     env=self.env, stdout=subprocess.DEVNULL,
+                                     stderr=open(os.path.join(self.root, "service.log"), "a"))
+        while self.seq() == before:
+            if self.proc.poll() is not None or time.monotonic() - started > timeout_s:
+                raise RuntimeError(f"the service in {self.root} committed no batch (exit {self.proc.poll()}); "
+                                   "see its service.log")
+            time.sleep(0.1)
+        return time.monotonic() - started
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()  # SIGKILL: no clean stop, the next start recovers
+            self.proc.wait(120)
+
+
+def restart(args) -> dict:
+    root = tempfile.mkdtemp(prefix="tierlog-restart-")
+    restarted = _Service(os.path.join(root, "restarted"))
+    restarted.produce(args.messages, seed=1)
+    restarted.start_until_first_commit()  # its first life; killed at its first restart below
+    times: dict[str, list[float]] = {"restart": [], "first_start": []}
+    fresh: list[_Service] = []
+    try:
+        for i in range(args.rounds):
+            for which in (("first_start", "restart") if i % 2 else ("restart", "first_start")):
+                if which == "restart":
+                    time.sleep(args.settle)  # the killed service has run a while: batches, maybe a fold
+                    restarted.kill()
+                    restarted.produce(args.messages, seed=10 + i)
+                    times["restart"].append(restarted.start_until_first_commit())
+                else:
+                    fresh.append(_Service(os.path.join(root, f"fresh-{i}")))
+                    fresh[-1].produce(args.messages, seed=10 + i)
+                    times["first_start"].append(fresh[-1].start_until_first_commit())
+                    fresh[-1].kill()
+    finally:
+        restarted.kill()
+        for service in fresh:
+            service.kill()
+    shutil.rmtree(root, ignore_errors=True)
+    med = {k: round(statistics.median(v), 2) for k, v in times.items()}
+    return {"benchmark": "tiering-restart", "rounds": args.rounds, "messages_appended_while_down": args.messages,
+            "seconds_to_first_commit": {k: [round(x, 2) for x in v] for k, v in times.items()},
+            "median_s": med, "restart_over_first_start": round(med["restart"] / med["first_start"], 2),
+            "target_restart_s": 30,
+            "method": "kill -9 of tierlog run (tiering and compaction), messages appended while down, start again: "
+                      "seconds from the process's start to a new commit record in the tier; baseline: a new "
+                      "service on a new tier, same messages; rounds in alternating order"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="which", required=True)
@@ -261,8 +344,12 @@ def main() -> None:
     p = sub.add_parser("objects")
     p.add_argument("--queues", type=int, default=10000)
     p.add_argument("--messages", type=int, default=200_000)
+    p = sub.add_parser("restart")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--messages", type=int, default=50_000, help="messages appended before each start")
+    p.add_argument("--settle", type=float, default=10, help="seconds the service runs before each kill")
     args = ap.parse_args()
-    report({"catchup": catchup, "freshness": freshness, "objects": objects}[args.which](args))
+    report({"catchup": catchup, "freshness": freshness, "objects": objects, "restart": restart}[args.which](args))
 
 
 if __name__ == "__main__":
