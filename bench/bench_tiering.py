@@ -157,26 +157,64 @@ def _catchup_once(conf: cfg.Config, baseline: dict) -> dict:
     return out
 
 
+class ServiceProcess:
+    """One ``tierlog run`` process over its own root (commitlog, tier, state, checkpoints), and the
+    CLI commands run against its config."""
+
+    def __init__(self, root: str, trigger_s: float = 0.5):
+        self.root, self.proc = root, None
+        self.conf = make_conf(root, spark={"trigger_interval_s": trigger_s})  # compaction on, as by default
+        os.makedirs(self.conf.commitlog.dir, exist_ok=True)
+        self.config = os.path.join(root, "tierlog.toml")
+        with open(self.config, "w") as fh:
+            fh.write(cfg.to_toml(self.conf))
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
+        self.log = os.path.join(root, "service.log")
+
+    def cli(self, *args: str, text: bool = False) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "streaming.cli", *args, "--config", self.config],
+                              env=self.env, capture_output=True, text=text, check=True)
+
+    def produce(self, messages: int, seed: int) -> None:
+        self.cli("produce", "--messages", str(messages), "--queues", "64", "--body-size", "1024", "--seed", str(seed))
+
+    def start(self) -> None:
+        with open(self.log, "a") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen([sys.executable, "-m", "streaming.cli", "run", "--config", self.config],
+                                         env=self.env, stdout=subprocess.DEVNULL, stderr=log)
+
+    def seq(self) -> int:
+        return TierReader(self.conf.tier.location).view().seq
+
+    def start_until_first_commit(self, timeout_s: float = 600) -> float:
+        """Start the service; seconds until the tier has a commit record it did not have before."""
+        before = self.seq()
+        started = time.monotonic()
+        self.start()
+        while self.seq() == before:
+            if self.proc.poll() is not None or time.monotonic() - started > timeout_s:
+                raise RuntimeError(f"the service in {self.root} committed no batch (exit {self.proc.poll()}); "
+                                   "see its service.log")
+            time.sleep(0.1)
+        return time.monotonic() - started
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()  # SIGKILL: no clean stop, the next start recovers
+            self.proc.wait(120)
+
+
 def freshness(args) -> dict:
     root = tempfile.mkdtemp(prefix="tierlog-fresh-")
-    conf = make_conf(root, spark={"trigger_interval_s": args.trigger})
-    os.makedirs(conf.commitlog.dir)
-    config_path = os.path.join(root, "tierlog.toml")
-    with open(config_path, "w") as fh:
-        fh.write(cfg.to_toml(conf))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
-    service_log = open(os.path.join(root, "service.log"), "w")
-    service = subprocess.Popen([sys.executable, "-m", "streaming.cli", "run", "--config", config_path],
-                               env=env, stderr=service_log)
+    service = ServiceProcess(root, args.trigger)
+    conf = service.conf
+    service.start()
     # Warm up: the first batches of a new Spark application start Python workers and compile plans.
-    subprocess.run([sys.executable, "-m", "streaming.cli", "produce", "--config", config_path, "--messages", "20000",
-                    "--rate", str(args.rate), "--queues", "64", "--seed", "99"], env=env, capture_output=True, check=True)
+    service.cli("produce", "--messages", "20000", "--rate", str(args.rate), "--queues", "64", "--seed", "99")
     time.sleep(args.warmup)
     steady_from_ms = int(time.time() * 1000)
-    producer = subprocess.run(
-        [sys.executable, "-m", "streaming.cli", "produce", "--config", config_path, "--messages",
-         str(int(args.rate * args.seconds)), "--rate", str(args.rate), "--queues", "64", "--body-size", "1024",
-         "--format", "json"], env=env, capture_output=True, text=True, check=True)
+    producer = service.cli("produce", "--messages", str(int(args.rate * args.seconds)), "--rate", str(args.rate),
+                           "--queues", "64", "--body-size", "1024", "--format", "json", text=True)
     # Every message counts: wait until the tier has committed the whole log (or give up after
     # --drain seconds, and count what it had not), then kill the service, so no clean stop folds the
     # commit records this reads (a fold deletes them).
@@ -187,12 +225,10 @@ def freshness(args) -> dict:
     while (reader_.view().source_end or 0) < log_end and time.monotonic() < deadline:
         time.sleep(0.2)
     service.kill()
-    service.wait(120)
-    service_log.close()
     produced = json.loads(producer.stdout)
     batch_seconds = sorted(
         json.loads(line.split("batch ", 1)[1])["seconds"]
-        for line in open(os.path.join(root, "service.log")) if "tierlog.service: batch {" in line
+        for line in open(service.log) if "tierlog.service: batch {" in line
     )
     backend = open_backend(conf.tier.location)
     latencies = []
@@ -250,53 +286,13 @@ def objects(args) -> dict:
     return out
 
 
-class _Service:
-    """One ``tierlog run`` process over its own root (commitlog, tier, state, checkpoints)."""
-
-    def __init__(self, root: str):
-        self.root, self.proc = root, None
-        self.conf = make_conf(root, spark={"trigger_interval_s": 0.5})  # compaction on, as by default
-        os.makedirs(self.conf.commitlog.dir, exist_ok=True)
-        self.config = os.path.join(root, "tierlog.toml")
-        with open(self.config, "w") as fh:
-            fh.write(cfg.to_toml(self.conf))
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
-
-    def produce(self, messages: int, seed: int) -> None:
-        subprocess.run([sys.executable, "-m", "streaming.cli", "produce", "--config", self.config, "--messages",
-                        str(messages), "--queues", "64", "--body-size", "1024", "--seed", str(seed)],
-                       env=self.env, capture_output=True, check=True)
-
-    def seq(self) -> int:
-        return TierReader(self.conf.tier.location).view().seq
-
-    def start_until_first_commit(self, timeout_s: float = 600) -> float:
-        """Start the service; seconds until the tier has a commit record it did not have before."""
-        before = self.seq()
-        started = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "streaming.cli", "run", "--config", self.config],
-                                     env=self.env, stdout=subprocess.DEVNULL,
-                                     stderr=open(os.path.join(self.root, "service.log"), "a"))
-        while self.seq() == before:
-            if self.proc.poll() is not None or time.monotonic() - started > timeout_s:
-                raise RuntimeError(f"the service in {self.root} committed no batch (exit {self.proc.poll()}); "
-                                   "see its service.log")
-            time.sleep(0.1)
-        return time.monotonic() - started
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()  # SIGKILL: no clean stop, the next start recovers
-            self.proc.wait(120)
-
-
 def restart(args) -> dict:
     root = tempfile.mkdtemp(prefix="tierlog-restart-")
-    restarted = _Service(os.path.join(root, "restarted"))
+    restarted = ServiceProcess(os.path.join(root, "restarted"))
     restarted.produce(args.messages, seed=1)
     restarted.start_until_first_commit()  # its first life; killed at its first restart below
     times: dict[str, list[float]] = {"restart": [], "first_start": []}
-    fresh: list[_Service] = []
+    fresh: list[ServiceProcess] = []
     try:
         for i in range(args.rounds):
             for which in (("first_start", "restart") if i % 2 else ("restart", "first_start")):
@@ -306,7 +302,7 @@ def restart(args) -> dict:
                     restarted.produce(args.messages, seed=10 + i)
                     times["restart"].append(restarted.start_until_first_commit())
                 else:
-                    fresh.append(_Service(os.path.join(root, f"fresh-{i}")))
+                    fresh.append(ServiceProcess(os.path.join(root, f"fresh-{i}")))
                     fresh[-1].produce(args.messages, seed=10 + i)
                     times["first_start"].append(fresh[-1].start_until_first_commit())
                     fresh[-1].kill()

@@ -27,9 +27,10 @@ from tests.cli_runner import cli_command, cli_env, tierlog
 from tests.kafka_helpers import assert_mirror_equals_oracle, changelog_oracle, changelog_records, compacted
 from tests.kv_helpers import append, kv_messages, view_contents
 from tests.oracle import latest_per_key
-from tests.test_kafka_crash import TOPICS, TTL, assert_no_duplicates
+from tests.test_kafka_crash import TOPICS, TTL, assert_no_duplicates, write_config
 
 OUTAGE_S = 30
+EXPIRE_IN_S = 30  # the TTL test's keys expire this long after they are appended
 TTL_MS = int(TTL["t0"] * 1000)  # compaction.ttl = "t0=1h"
 WAITING_WITHIN_S = 180
 
@@ -60,15 +61,18 @@ def keep_appending(conf, stop: threading.Event, per_second: int = 100) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.heavy
-@pytest.mark.timeout(900)
-def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, kafka, kafka_prefix):
-    from tests.test_kafka_crash import write_config
-
+def outage_config(tmp_path, kafka, kafka_prefix):
+    """Both tests' service: Kafka's delivery timeout short enough that an outage shows as waiting."""
     config = write_config(tmp_path, kafka.bootstrap, kafka_prefix)
     with open(config, "a") as fh:
         fh.write("delivery_timeout_s = 10\n[spark]\ntrigger_interval_s = 0.5\n")
-    conf = cfg.load(str(config), env={})
+    return config, cfg.load(str(config), env={})
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(900)
+def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, kafka, kafka_prefix):
+    config, conf = outage_config(tmp_path, kafka, kafka_prefix)
     append(conf, kv_messages(500, keys=200, seed=1))
     stop = threading.Event()
     producer = threading.Thread(target=keep_appending, args=(conf, stop))
@@ -130,19 +134,14 @@ def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, kafka, kafka
 @pytest.mark.timeout(900)
 def test_keys_that_expire_while_kafka_is_away_stay_until_their_tombstones_are_in_the_changelog(
         tmp_path, kafka, kafka_prefix):
-    from tests.test_kafka_crash import write_config
-
-    config = write_config(tmp_path, kafka.bootstrap, kafka_prefix)
-    with open(config, "a") as fh:
-        fh.write("delivery_timeout_s = 10\n[spark]\ntrigger_interval_s = 0.5\n")
-    conf = cfg.load(str(config), env={})
+    config, conf = outage_config(tmp_path, kafka, kafka_prefix)
     append(conf, kv_messages(300, keys=100, seed=1))
     service = subprocess.Popen(cli_command("run", "--config", str(config)), env=cli_env(),
                                stdout=subprocess.DEVNULL, stderr=open(tmp_path / "service.log", "w"))
     alive = lambda: service.poll() is None  # noqa: E731
     log = tmp_path / "service.log"
     try:
-        wait_for(lambda: _changelog_through(config) == _log_end(config), conf.spark.late_start_s + 60,
+        wait_for(lambda: _changelog_caught_up(config), conf.spark.late_start_s + 60,
                  "the changelog to hold the first messages", alive=alive, log=log)
         # Keys of t0 (TTL 1 h) stored 1 h minus EXPIRE_IN_S ago: they expire once Kafka is away.  On
         # a busy host the changelog may take longer than that to hold them; then try a new round.
@@ -151,7 +150,7 @@ def test_keys_that_expire_while_kafka_is_away_stay_until_their_tombstones_are_in
             expiring = list(kv_messages(200, keys=400, seed=10 + attempt, topics=1, delete_ratio=0,
                                         store_ts=int(expires_at * 1000) - TTL_MS))
             append(conf, expiring)
-            wait_for(lambda: _changelog_through(config) == _log_end(config), 120, "the changelog to hold the keys",
+            wait_for(lambda: _changelog_caught_up(config), 120, "the changelog to hold the keys",
                      alive=alive, log=log)
             if time.time() < expires_at - 5:
                 break
@@ -180,17 +179,10 @@ def test_keys_that_expire_while_kafka_is_away_stay_until_their_tombstones_are_in
     assert_no_duplicates(conf)
 
 
-EXPIRE_IN_S = 30
-
-
-def _log_end(config) -> int:
+def _changelog_caught_up(config) -> bool:
+    """One ``status`` (a CLI process) per poll: the changelog has applied the whole commitlog."""
     now = status(config)
-    return now["summary"]["commitlog_end_phy"] if now else -1
-
-
-def _changelog_through(config) -> int | None:
-    now = status(config)
-    return now and now["sinks"].get("changelog", {}).get("applied_phy")
+    return bool(now) and now["sinks"].get("changelog", {}).get("applied_phy") == now["summary"]["commitlog_end_phy"]
 
 
 def _tail(path, lines: int = 60) -> str:
