@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import time
@@ -40,17 +41,36 @@ def java() -> str:
 
 def free_ports(n: int = 1, *, around: tuple[int, ...] = (0,)) -> list[int]:
     """``n`` loopback ports, each with ``port + d`` free for every ``d`` in ``around`` (a RocketMQ
-    broker also listens on its port - 2 and + 1)."""
+    broker also listens on its port - 2 and + 1).
+
+    Why below the kernel's ephemeral range: a port found free there can be taken, before the JVM
+    binds it, as the source port of any outgoing connection on the machine (Spark, Kafka clients of
+    another test worker); CI lost a replica broker's HA port that way.  Ports below the range are
+    taken only by a listener that asks for them, so a clash needs another worker's random pick of
+    the same port, and ``JavaProcess.start_listening`` covers that."""
+    low, _ = _ephemeral_range()
+    span = (max(1024, low - 16384) - min(around), low - max(around))
     found: list[int] = []
     while len(found) < n:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + min(around) < 1024 or port + max(around) > 65535:
-            continue
-        if all(_free(port + d) for d in around) and not set(found) & {port + d for d in around}:
+        port = random.randrange(*span)
+        if all(_free(port + d) for d in around) and not {p + e for p in found for e in around} & {port + d for d in around}:
             found.append(port)
     return found
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def address_in_use(log: Path, since: int) -> bool:
+    """Whether a JVM's output past byte ``since`` says a port it wanted was taken."""
+    with open(log, "rb") as f:
+        f.seek(since)
+        return b"Address already in use" in f.read()
 
 
 def _free(port: int) -> bool:
@@ -115,6 +135,20 @@ class JavaProcess:
         code = self.process.wait(timeout_s)
         self.sharing.adopt(code)
         return code
+
+    def start_listening(self, ready, timeout_s: float, what: str, *, new_ports, attempts: int = 4) -> None:
+        """``start()`` then ``wait_until``; when the JVM lost a port to another process between
+        ``free_ports`` and its bind, ``new_ports()`` (which rewrites its configuration) and again."""
+        for attempt in range(attempts):
+            since = self.log.stat().st_size if self.log.exists() else 0
+            self.start()
+            try:
+                return self.wait_until(ready, timeout_s, what)
+            except RuntimeError:
+                if attempt == attempts - 1 or not address_in_use(self.log, since):
+                    raise
+                self.stop(kill=True)
+                new_ports()
 
     def wait_until(self, ready, timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s

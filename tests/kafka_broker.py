@@ -34,8 +34,16 @@ class ApacheKafka:
     def __init__(self, root: Path, *, advertised_port: int | None = None):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self._advertised = advertised_port
+        self._configure()
+        self.jvm = JavaProcess("Apache Kafka", ["-Xms256m", "-Xmx768m", "-XX:+UseSerialGC", "-cp", classpath("kafka"),
+                                                "kafka.Kafka", str(self.config)], self.root / "kafka.out")
+        self._formatted = False
+        self._listened = False
+
+    def _configure(self) -> None:
         self.port, self.controller_port = free_ports(2)
-        self.advertised_port = advertised_port or self.port
+        self.advertised_port = self._advertised or self.port
         settings = {
             **SETTINGS, "log.dirs": self.root / "data",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
@@ -44,9 +52,6 @@ class ApacheKafka:
         }
         self.config = self.root / "server.properties"
         self.config.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-        self.jvm = JavaProcess("Apache Kafka", ["-Xms256m", "-Xmx768m", "-XX:+UseSerialGC", "-cp", classpath("kafka"),
-                                                "kafka.Kafka", str(self.config)], self.root / "kafka.out")
-        self._formatted = False
 
     @property
     def bootstrap(self) -> str:
@@ -63,8 +68,12 @@ class ApacheKafka:
             if fmt.wait(60) != 0:
                 raise RuntimeError(f"formatting Kafka's log directory failed: see {fmt.log}")
             self._formatted = True
-        self.jvm.start()
-        self.jvm.wait_until(lambda: accepts(self.port), timeout_s, "listening broker")
+        if self._listened:  # a restart keeps the address its clients know
+            self.jvm.start()
+            self.jvm.wait_until(lambda: accepts(self.port), timeout_s, "listening broker")
+        else:
+            self.jvm.start_listening(lambda: accepts(self.port), timeout_s, "listening broker", new_ports=self._configure)
+            self._listened = True
         return self
 
     def stop(self, *, kill: bool = False) -> None:

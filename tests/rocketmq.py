@@ -23,9 +23,9 @@ class NameServer:
     def __init__(self, root: Path):
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        (self.port,) = free_ports()
         conf = root / "namesrv.conf"
-        conf.write_text(f"listenPort={self.port}\n")
+        self._listen = lambda: conf.write_text(f"listenPort={self._pick()}\n")
+        self._listen()
         self.jvm = JavaProcess("RocketMQ name server", [*JVM_OPTS, f"-Duser.home={root}", "-cp", classpath("rocketmq"),
                                                        "org.apache.rocketmq.namesrv.NamesrvStartup", "-c", str(conf)],
                                root / "namesrv.out", env={"ROCKETMQ_HOME": str(root)})
@@ -34,9 +34,12 @@ class NameServer:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def _pick(self) -> int:
+        (self.port,) = free_ports()
+        return self.port
+
     def start(self) -> "NameServer":
-        self.jvm.start()
-        self.jvm.wait_until(lambda: accepts(self.port), 60, "listening name server")
+        self.jvm.start_listening(lambda: accepts(self.port), 60, "listening name server", new_ports=self._listen)
         return self
 
     def stop(self) -> None:
@@ -52,7 +55,18 @@ class Broker:
         self.root = root / f"{name}-{broker_id}"
         self.root.mkdir(parents=True, exist_ok=True)
         self.name, self.broker_id = name, broker_id
+        self.namesrv, self.cluster, self.file_size = namesrv, cluster, file_size
+        self.conf = self.root / "broker.conf"
+        self._configure()
+        self.jvm = JavaProcess(f"RocketMQ broker {name}/{broker_id}",
+                               [*JVM_OPTS, f"-Duser.home={self.root}", "-cp", classpath("rocketmq"),
+                                "org.apache.rocketmq.broker.BrokerStartup", "-c", str(self.conf)],
+                               self.root / "broker.out", env={"ROCKETMQ_HOME": str(self.root)})
+        self._booted = False
+
+    def _configure(self) -> None:
         (self.port,) = free_ports(around=(-2, 0, 1))  # the broker, its fast port (-2) and HA (+1)
+        name, broker_id, cluster, namesrv, file_size = self.name, self.broker_id, self.cluster, self.namesrv, self.file_size
         store = self.root / "store"
         settings = {
             "brokerClusterName": cluster, "brokerName": name, "brokerId": broker_id,
@@ -65,12 +79,7 @@ class Broker:
             "messageDelayLevel": " ".join(["1s"] * 18),
             "transactionCheckInterval": 3000, "transactionTimeOut": 2000,
         }
-        self.conf = self.root / "broker.conf"
         self.conf.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-        self.jvm = JavaProcess(f"RocketMQ broker {name}/{broker_id}",
-                               [*JVM_OPTS, f"-Duser.home={self.root}", "-cp", classpath("rocketmq"),
-                                "org.apache.rocketmq.broker.BrokerStartup", "-c", str(self.conf)],
-                               self.root / "broker.out", env={"ROCKETMQ_HOME": str(self.root)})
 
     @property
     def commitlog(self) -> str:
@@ -82,9 +91,13 @@ class Broker:
 
     def start(self) -> "Broker":
         boots = self.jvm.log.read_text(errors="replace").count("boot success") if self.jvm.log.exists() else 0
-        self.jvm.start()
-        self.jvm.wait_until(lambda: self.jvm.log.read_text(errors="replace").count("boot success") > boots, 90,
-                            "'boot success' line")
+        booted = lambda: self.jvm.log.read_text(errors="replace").count("boot success") > boots  # noqa: E731
+        if self._booted:  # a restart keeps the address the name server and replicas know
+            self.jvm.start()
+            self.jvm.wait_until(booted, 90, "'boot success' line")
+        else:
+            self.jvm.start_listening(booted, 90, "'boot success' line", new_ports=self._configure)
+            self._booted = True
         return self
 
     def stop(self, *, kill: bool = False) -> None:

@@ -18,6 +18,7 @@ import base64
 import dataclasses
 import hashlib
 import os
+import socket
 import threading
 import time
 
@@ -219,3 +220,20 @@ def test_a_replica_the_broker_replicated_holds_the_same_log_and_tiers_the_same(r
     acknowledged = {e["msg_id"] for e in ledger if e["kind"] != "tx_rollback"}
     tiered = [r["msg_id"] for r in rows]
     assert len(tiered) == len(set(tiered)) and set(tiered) == acknowledged  # each once, none missing
+
+
+def test_a_name_server_whose_port_was_taken_before_it_bound_starts_on_another(tmp_path):
+    """The fixtures pick free ports, then the JVM binds them; another process can take one in
+    between (CI lost a replica's HA port so).  The JVM's "Address already in use" makes the fixture
+    pick again instead of failing the test's setup."""
+    namesrv = NameServer(tmp_path / "namesrv")
+    taken = namesrv.port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))  # bound, not listening: as an outgoing connection's source port
+        namesrv.start()
+        try:
+            assert namesrv.port != taken
+            assert f"listenPort={namesrv.port}" in (tmp_path / "namesrv" / "namesrv.conf").read_text()
+            assert "Address already in use" in namesrv.jvm.log.read_text(errors="replace")
+        finally:
+            namesrv.stop()

@@ -16,7 +16,7 @@ import time
 
 from pathlib import Path
 
-from connectors.kafka.embedded import free_port
+from tests.jvm import free_ports
 from tests.kafka_broker import ApacheKafka
 
 
@@ -90,11 +90,11 @@ class TcpFaultProxy:
 
 def proxied_broker(root: Path) -> tuple[ApacheKafka, TcpFaultProxy]:
     """A started Apache Kafka under ``root`` that advertises a proxy in front of it, and that proxy, up."""
-    port = free_port()
+    (port,) = free_ports()  # below the ephemeral range: no outgoing connection takes it before the proxy binds
     broker = ApacheKafka(root, advertised_port=port)
-    proxy = TcpFaultProxy(broker.port, port=port)
     broker.start()
     try:
+        proxy = TcpFaultProxy(broker.port, port=port)  # after start: a port lost to another process is replaced
         proxy.up()
     except BaseException:
         broker.stop(kill=True)
