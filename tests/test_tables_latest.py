@@ -7,6 +7,7 @@ ever names a file the tier deleted, through a crash inside a commit and a catalo
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -183,3 +184,55 @@ def test_a_rebuild_commits_the_newest_snapshots_and_a_repeat_changes_nothing(tmp
     assert read_all_ways(tables) == ledger_latest(conf.commitlog.dir, end)
     assert all(i["metadata_location"].startswith(data_location(tier, "_tables")) for i in first)
     backend.close()
+
+
+@pytest.mark.timeout(600)
+def test_two_brokers_commit_into_one_latest_table_at_once(tmp_path):
+    """Two brokers' tierlogs, each with its own commitlog and KV view, open one new catalog and
+    snapshot into one tier from two threads at once, five rounds each: each topic's table ends
+    with exactly one file per broker, whose rows are that broker's latest values by its own
+    ledger.  (Run here, about ten commits lost a race and were recomputed; the two openers of the
+    new SQLite catalog raced to create its tables, which failed before open_catalog retried.)"""
+    tier = str(tmp_path / "tier")
+    settings = default_settings(tier, str(tmp_path / "state"))
+    done: dict[str, int] = {}
+    ends: dict[str, int] = {}
+    errors: list[BaseException] = []
+
+    def broker_run(broker: str, seed: int) -> None:
+        try:
+            conf = cfg.Config(commitlog=cfg.CommitlogConfig(dir=str(tmp_path / broker / "commitlog")))
+            tables, start = LatestTables(settings, tier, broker), 0
+            for round_ in range(5):
+                append(conf, kv_messages(300, keys=120, seed=seed + round_, topics=3, delete_ratio=0.2))
+                with CommitLogReader(conf.commitlog.dir) as reader, KVView(str(tmp_path / broker / "kv")) as kv:
+                    end = reader.end_offset(start)
+                    replay_commitlog(kv, reader, start, end)
+                    kv.apply([], applied_through=end)
+                    start = end
+                    write_snapshot(kv, tier, broker, end, keep=2, tables=tables)
+                done[broker] = done.get(broker, 0) + 1
+            ends[broker] = start
+        except BaseException as exc:  # noqa: BLE001 - raised again on the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=broker_run, args=(b, s)) for b, s in (("broker-a", 0), ("broker-b", 100))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    assert done == {"broker-a": 5, "broker-b": 5}, done
+    reader_tables = LatestTables(settings, tier, "broker-a")
+    assert len(reader_tables.topics()) == 3
+    for topic in reader_tables.topics():
+        table = reader_tables.catalog.load_table(reader_tables._identifier(topic))
+        files = data_files(table, table.current_snapshot())
+        assert sorted(f.partition[0] for f in files) == ["broker-a", "broker-b"], [f.file_path for f in files]
+        rows = table.scan().to_arrow().to_pylist()
+        for broker in ("broker-a", "broker-b"):
+            mine = table_contents([r for r in rows if r["broker"] == broker], topic, broker)
+            want = {k: v for k, v in ledger_latest(str(tmp_path / broker / "commitlog"), ends[broker]).items()
+                    if k[0] == topic}
+            assert mine == want and want, (topic, broker)

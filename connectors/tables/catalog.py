@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass, field
 
 from connectors.errors import ConfigError
@@ -17,6 +18,7 @@ from connectors.errors import ConfigError
 log = logging.getLogger(__name__)
 WAREHOUSE_DIR = "_tables"  # in the tier root; the tier's readers glob ``topic=*`` and never see it
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_]")
+OPEN_ATTEMPTS = 5
 _WARNED: set[str] = set()  # topics whose table name was sanitized: said once per process
 
 
@@ -84,6 +86,16 @@ def open_catalog(settings: TableSettings):
                 props.setdefault(key, value)
     else:
         os.makedirs(settings.warehouse.removeprefix("file://"), exist_ok=True)
-    catalog = load_catalog("tierlog", **props)
-    catalog.create_namespace_if_not_exists(settings.namespace)
-    return catalog
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            catalog = load_catalog("tierlog", **props)
+            catalog.create_namespace_if_not_exists(settings.namespace)
+            return catalog
+        except Exception as exc:
+            # Two openers of a new SQL catalog (tiering and compaction of one process, or two
+            # brokers) both find its tables missing and both create them: the loser's CREATE fails
+            # ("table iceberg_tables already exists"); opened again, it finds them.
+            if attempt == OPEN_ATTEMPTS - 1 or type(exc).__name__ not in ("OperationalError", "IntegrityError"):
+                raise
+            log.debug("opening catalog %s raced another opener (%s); again", uri, exc)
+            time.sleep(0.05 * 2 ** attempt)
