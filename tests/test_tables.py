@@ -6,11 +6,14 @@ messages of the queues' sealed and retained offsets, and never lists an object t
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import random
 import threading
 
 from dataclasses import replace
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -414,6 +417,41 @@ def test_readme_table_examples_run_against_a_real_tier(spark, tmp_path):
     before = ledger_latest(conf.commitlog.dir, int(older.summary["tierlog.through-phy"]))
     assert sorted(zip(ns["previous"]["key"].to_pylist(), ns["previous"]["phy_offset"].to_pylist())) == \
         sorted((k, v[1]) for (t, k), v in before.items() if t == "topic-0")
+
+    # A downstream Spark (4.1: the newest Iceberg publishes a runtime for) runs the README's block.
+    [block] = readme_python_blocks("SparkSession", "tierlog.tierlog.rmq_orders")
+    got = run_spark_reader(block.replace("data/state", conf.state.dir).replace("data/tier", conf.tier.location)
+                           .replace("rmq_orders", "rmq_topic_0").replace("order-42", key), tmp_path)
+    assert got["per_queue"] == [list(kv) for kv in sorted(Counter(r["queue_id"] for r in rows).items())]
+    latest_now = ledger_latest(conf.commitlog.dir, through)
+    assert got["value"] == [[base64.b64encode(latest_now[("topic-0", key)][0]).decode()]]
+
+
+SPARK_READER = Path(__file__).parents[1] / ".cache" / "spark-reader" / "bin" / "python"
+
+
+def run_spark_reader(block: str, tmp_path) -> dict:
+    """Runs a README Spark block in the downstream reader's Spark (``./dev`` sets it up), with the
+    jars ``./dev`` fetched in place of ``spark.jars.packages``; returns its results as JSON."""
+    import re
+    import subprocess
+
+    from tests.jvm import classpath
+
+    assert SPARK_READER.exists(), f"{SPARK_READER} is missing: run `./dev setup`"
+    jars = ",".join(classpath("spark-iceberg").split(":"))
+    script = re.sub(r'\.config\("spark\.jars\.packages",.*?\)\n', f'.config("spark.jars", "{jars}")\n', block,
+                    count=1, flags=re.S)
+    assert jars in script
+    script = ("import base64, json\n" + script.replace(".getOrCreate())", '.config("spark.ui.enabled", "false")'
+                                                        '.master("local[1]").getOrCreate())')
+              + "\nprint(json.dumps({'per_queue': [list(r) for r in per_queue],"
+                " 'value': [[base64.b64encode(bytes(r[0])).decode()] for r in value]}))\n")
+    (tmp_path / "spark_reader.py").write_text(script)
+    result = subprocess.run([str(SPARK_READER), str(tmp_path / "spark_reader.py")], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def test_a_sync_that_fails_after_its_commit_landed_registers_nothing_twice(tmp_path, monkeypatch):
