@@ -1,0 +1,202 @@
+"""The highest append rate the whole service keeps up with, against the producer's own maximum.
+
+    ./dev bench sustained [--bodies 1024,16384] [--rates 4,8,16,32] [--minutes 5] [--no-kafka]
+
+For each body size:
+
+baseline   the embedded producer alone (``tierlog produce`` with no rate limit, the same
+           workload): its maximum append rate in MB/s, measured twice, before and after the probes.
+probe R    a new service over a new root (``tierlog run`` as a process: tiering, compaction, and
+           with Kafka the mirror and the changelog on an embedded tansu broker), first batch
+           committed, then ``tierlog produce --rate`` appends R MB/s for ``--minutes``.  Every 5 s
+           the benchmark samples each sink's lag in bytes: the commitlog's end minus the offset
+           that sink has applied (the metadata store, read-only, as ``tierlog status`` reads it).
+
+A probe keeps up when the lag stops growing: the least-squares slope of the largest sink lag over
+the probe's second half is under 2% of the append rate (a lag that grows by 2% of the input each
+second would reach a GiB in about an hour at 16 MB/s; over 5 minutes that is the resolution this
+method has).  Rates are tried in ascending order and a body size stops at its first rate that
+does not keep up.  The result is the highest rate that kept up, over the producer's maximum.
+Sealing is at the product's defaults; 64 queues over 4 topics, 100,000 keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench.common import report
+from connectors.commitlog.reader import CommitLogReader
+from state.metadata import MetadataStore
+from streaming import config as cfg
+from streaming.plan import enabled_sinks, metadata_path
+
+SAMPLE_S = 5.0
+KEEPS_UP_SLOPE = 0.02  # of the append rate
+
+
+def make_conf(root: str, bootstrap: str | None) -> cfg.Config:
+    kafka = cfg.KafkaConfig(bootstrap=bootstrap, partitions=4) if bootstrap else cfg.KafkaConfig()
+    return cfg.Config(
+        commitlog=cfg.CommitlogConfig(dir=os.path.join(root, "commitlog"), file_size=256 << 20),
+        tier=cfg.TierConfig(location=os.path.join(root, "tier")),
+        state=cfg.StateConfig(dir=os.path.join(root, "state")),
+        checkpoint=cfg.CheckpointConfig(dir=os.path.join(root, "checkpoints")),
+        kafka=kafka,
+    )
+
+
+class Root:
+    """One probe's directory, config file and environment."""
+
+    def __init__(self, bootstrap: str | None):
+        self.dir = tempfile.mkdtemp(prefix="tierlog-sustained-")
+        self.conf = make_conf(self.dir, bootstrap)
+        os.makedirs(self.conf.commitlog.dir, exist_ok=True)
+        self.config = os.path.join(self.dir, "tierlog.toml")
+        with open(self.config, "w") as fh:
+            fh.write(cfg.to_toml(self.conf))
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
+
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "streaming.cli", *args, "--config", self.config]
+
+    def produce(self, body: int, messages: int, rate_msgs: float = 0.0, seed: int = 0) -> subprocess.Popen:
+        args = ["produce", "--messages", str(messages), "--topics", "4", "--queues", "16", "--keys", "100000",
+                "--body-size", str(body), "--seed", str(seed), "--format", "json"]
+        if rate_msgs:
+            args += ["--rate", f"{rate_msgs:.1f}"]
+        return subprocess.Popen(self.command(*args), env=self.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                text=True)
+
+    def close(self) -> None:
+        if os.environ.get("BENCH_KEEP"):
+            print(f"kept {self.dir}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def producer_max(body: int, mb: int = 512) -> float:
+    """The embedded producer's own append rate, MB/s, over ``mb`` of messages with nothing else running."""
+    root = Root(None)
+    try:
+        proc = root.produce(body, int(mb * 1e6 / (body + 200)))
+        out, _ = proc.communicate()
+        done = json.loads(out)
+        return done["bytes"] / done["seconds"] / 1e6
+    finally:
+        root.close()
+
+
+def lag_samples(root: Root, producer: subprocess.Popen, minutes: float) -> list[tuple[float, int, dict]]:
+    """(seconds since start, largest sink lag in bytes, lag per sink) every ``SAMPLE_S`` while the producer runs."""
+    samples, hint, started = [], None, time.monotonic()
+    sinks = enabled_sinks(root.conf)
+    with CommitLogReader(root.conf.commitlog.dir) as reader:
+        while producer.poll() is None and time.monotonic() - started < minutes * 60 + 30:
+            time.sleep(SAMPLE_S)
+            hint = end = reader.end_offset(hint)
+            store = MetadataStore(metadata_path(root.conf), read_only=True)
+            try:
+                applied = store.sinks()
+            finally:
+                store.close()
+            lags = {s: end - applied.get(s, 0) for s in sinks}
+            samples.append((round(time.monotonic() - started, 1), max(lags.values()), lags))
+    return samples
+
+
+def slope(points: list[tuple[float, int]]) -> float:
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
+
+
+def probe(body: int, rate_mb: float, minutes: float, bootstrap: str | None) -> dict:
+    root = Root(bootstrap)
+    service = None
+    try:
+        with open(os.path.join(root.dir, "service.log"), "w") as log:
+            service = subprocess.Popen(root.command("run"), env=root.env, stdout=subprocess.DEVNULL, stderr=log)
+        # Warm-up: the first batches start Spark's Python workers and compile plans.
+        root.produce(body, 2000, seed=99).communicate()
+        store_path = metadata_path(root.conf)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if service.poll() is not None:
+                raise RuntimeError(f"tierlog run exited with {service.returncode}: see {root.dir}/service.log")
+            if os.path.exists(store_path):
+                store = MetadataStore(store_path, read_only=True)
+                try:
+                    if all(s in store.sinks() for s in enabled_sinks(root.conf)):
+                        break
+                finally:
+                    store.close()
+            time.sleep(1)
+        rate_msgs = rate_mb * 1e6 / (body + 200)  # a stored message is its body plus ~200 bytes of header
+        producer = root.produce(body, int(rate_msgs * minutes * 60), rate_msgs, seed=1)
+        samples = lag_samples(root, producer, minutes)
+        out, _ = producer.communicate()
+        produced = json.loads(out)
+        achieved = produced["bytes"] / produced["seconds"] / 1e6
+        half = [(t, lag) for t, lag, _ in samples if t >= samples[-1][0] / 2]
+        growth = slope(half)  # bytes/s
+        return {"rate_mb_s": rate_mb, "achieved_mb_s": round(achieved, 2), "samples": len(samples),
+                "lag_growth_mb_s": round(growth / 1e6, 3), "lag_growth_of_rate": round(growth / (achieved * 1e6), 4),
+                "max_lag_mb": round(max(lag for _, lag, _ in samples) / 1e6, 1),
+                "last_lag_mb": {s: round(v / 1e6, 1) for s, v in samples[-1][2].items()},
+                "keeps_up": growth < KEEPS_UP_SLOPE * achieved * 1e6}
+    finally:
+        if service is not None and service.poll() is None:
+            service.kill()
+            service.wait(60)
+        root.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bodies", default="1024,16384", help="body sizes in bytes, comma-separated")
+    ap.add_argument("--rates", default="4,8,16,32", help="append rates to try, MB/s, ascending")
+    ap.add_argument("--minutes", type=float, default=5.0, help="minutes each rate is held")
+    ap.add_argument("--no-kafka", action="store_true", help="tiering and compaction only")
+    args = ap.parse_args()
+    bootstrap, broker = None, None
+    if not args.no_kafka:
+        from connectors.kafka.embedded import EmbeddedBroker
+
+        broker = EmbeddedBroker().start()
+        bootstrap = broker.bootstrap
+    results = []
+    try:
+        for body in (int(b) for b in args.bodies.split(",")):
+            before = producer_max(body)
+            probes = []
+            for rate in (float(r) for r in args.rates.split(",")):
+                probes.append(probe(body, rate, args.minutes, bootstrap))
+                print(json.dumps({"body": body, **probes[-1]}), file=sys.stderr)
+                if not probes[-1]["keeps_up"]:
+                    break
+            after = producer_max(body)
+            best = max((p["achieved_mb_s"] for p in probes if p["keeps_up"]), default=None)
+            producer = statistics.mean([before, after])
+            results.append({"body": body, "producer_max_mb_s": [round(before, 1), round(after, 1)],
+                            "sustained_mb_s": best, "of_producer_max": round(best / producer, 3) if best else None,
+                            "probes": probes})
+    finally:
+        if broker is not None:
+            broker.stop()
+    report({"benchmark": "sustained", "minutes_per_rate": args.minutes, "kafka": not args.no_kafka,
+            "keeps_up": f"lag growth over each probe's second half < {KEEPS_UP_SLOPE:.0%} of the append rate",
+            "results": results})
+
+
+if __name__ == "__main__":
+    main()
