@@ -138,7 +138,11 @@ class JavaProcess:
 
     def start_listening(self, ready, timeout_s: float, what: str, *, new_ports, attempts: int = 4) -> None:
         """``start()`` then ``wait_until``; when the JVM lost a port to another process between
-        ``free_ports`` and its bind, ``new_ports()`` (which rewrites its configuration) and again."""
+        ``free_ports`` and its bind, ``new_ports()`` (which rewrites its configuration) and again.
+        A restart (it ran before) keeps its ports: clients and peers know that address."""
+        if self.process is not None:
+            self.start()
+            return self.wait_until(ready, timeout_s, what)
         for attempt in range(attempts):
             since = self.log.stat().st_size if self.log.exists() else 0
             self.start()

@@ -39,7 +39,6 @@ class ApacheKafka:
         self.jvm = JavaProcess("Apache Kafka", ["-Xms256m", "-Xmx768m", "-XX:+UseSerialGC", "-cp", classpath("kafka"),
                                                 "kafka.Kafka", str(self.config)], self.root / "kafka.out")
         self._formatted = False
-        self._listened = False
 
     def _configure(self) -> None:
         self.port, self.controller_port = free_ports(2)
@@ -68,12 +67,7 @@ class ApacheKafka:
             if fmt.wait(60) != 0:
                 raise RuntimeError(f"formatting Kafka's log directory failed: see {fmt.log}")
             self._formatted = True
-        if self._listened:  # a restart keeps the address its clients know
-            self.jvm.start()
-            self.jvm.wait_until(lambda: accepts(self.port), timeout_s, "listening broker")
-        else:
-            self.jvm.start_listening(lambda: accepts(self.port), timeout_s, "listening broker", new_ports=self._configure)
-            self._listened = True
+        self.jvm.start_listening(lambda: accepts(self.port), timeout_s, "listening broker", new_ports=self._configure)
         return self
 
     def stop(self, *, kill: bool = False) -> None:

@@ -62,7 +62,6 @@ class Broker:
                                [*JVM_OPTS, f"-Duser.home={self.root}", "-cp", classpath("rocketmq"),
                                 "org.apache.rocketmq.broker.BrokerStartup", "-c", str(self.conf)],
                                self.root / "broker.out", env={"ROCKETMQ_HOME": str(self.root)})
-        self._booted = False
 
     def _configure(self) -> None:
         (self.port,) = free_ports(around=(-2, 0, 1))  # the broker, its fast port (-2) and HA (+1)
@@ -92,12 +91,7 @@ class Broker:
     def start(self) -> "Broker":
         boots = self.jvm.log.read_text(errors="replace").count("boot success") if self.jvm.log.exists() else 0
         booted = lambda: self.jvm.log.read_text(errors="replace").count("boot success") > boots  # noqa: E731
-        if self._booted:  # a restart keeps the address the name server and replicas know
-            self.jvm.start()
-            self.jvm.wait_until(booted, 90, "'boot success' line")
-        else:
-            self.jvm.start_listening(booted, 90, "'boot success' line", new_ports=self._configure)
-            self._booted = True
+        self.jvm.start_listening(booted, 90, "'boot success' line", new_ports=self._configure)
         return self
 
     def stop(self, *, kill: bool = False) -> None:
