@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 
+from bench.bench_tiering import ServiceProcess
 from bench.common import report
 from connectors.commitlog.reader import CommitLogReader
 from state.metadata import MetadataStore
@@ -53,22 +54,15 @@ def make_conf(root: str, bootstrap: str | None) -> cfg.Config:
     )
 
 
-class Root:
-    """One probe's directory, config file and environment."""
+class Root(ServiceProcess):
+    """One probe's service (``bench_tiering.ServiceProcess``) over a new directory, with this
+    benchmark's config, and its producer in the background."""
 
     def __init__(self, bootstrap: str | None):
-        self.dir = tempfile.mkdtemp(prefix="tierlog-sustained-")
-        self.conf = make_conf(self.dir, bootstrap)
-        os.makedirs(self.conf.commitlog.dir, exist_ok=True)
-        self.config = os.path.join(self.dir, "tierlog.toml")
-        with open(self.config, "w") as fh:
-            fh.write(cfg.to_toml(self.conf))
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
+        root = tempfile.mkdtemp(prefix="tierlog-sustained-")
+        super().__init__(root, conf=make_conf(root, bootstrap))
 
-    def command(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "streaming.cli", *args, "--config", self.config]
-
-    def produce(self, body: int, messages: int, rate_msgs: float = 0.0, seed: int = 0) -> subprocess.Popen:
+    def producer(self, body: int, messages: int, rate_msgs: float = 0.0, seed: int = 0) -> subprocess.Popen:
         args = ["produce", "--messages", str(messages), "--topics", "4", "--queues", "16", "--keys", "100000",
                 "--body-size", str(body), "--seed", str(seed), "--format", "json"]
         if rate_msgs:
@@ -77,17 +71,18 @@ class Root:
                                 text=True)
 
     def close(self) -> None:
+        self.kill()
         if os.environ.get("BENCH_KEEP"):
-            print(f"kept {self.dir}", file=sys.stderr)
+            print(f"kept {self.root}", file=sys.stderr)
         else:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 def producer_max(body: int, mb: int = 512) -> float:
     """The embedded producer's own append rate, MB/s, over ``mb`` of messages with nothing else running."""
     root = Root(None)
     try:
-        proc = root.produce(body, int(mb * 1e6 / (body + 200)))
+        proc = root.producer(body, int(mb * 1e6 / (body + 200)))
         out, _ = proc.communicate()
         done = json.loads(out)
         return done["bytes"] / done["seconds"] / 1e6
@@ -122,17 +117,15 @@ def slope(points: list[tuple[float, int]]) -> float:
 
 def probe(body: int, rate_mb: float, minutes: float, bootstrap: str | None) -> dict:
     root = Root(bootstrap)
-    service = None
     try:
-        with open(os.path.join(root.dir, "service.log"), "w") as log:
-            service = subprocess.Popen(root.command("run"), env=root.env, stdout=subprocess.DEVNULL, stderr=log)
+        root.start()
         # Warm-up: the first batches start Spark's Python workers and compile plans.
-        root.produce(body, 2000, seed=99).communicate()
+        root.producer(body, 2000, seed=99).communicate()
         store_path = metadata_path(root.conf)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            if service.poll() is not None:
-                raise RuntimeError(f"tierlog run exited with {service.returncode}: see {root.dir}/service.log")
+            if root.proc.poll() is not None:
+                raise RuntimeError(f"tierlog run exited with {root.proc.returncode}: see {root.log}")
             if os.path.exists(store_path):
                 store = MetadataStore(store_path, read_only=True)
                 try:
@@ -142,7 +135,7 @@ def probe(body: int, rate_mb: float, minutes: float, bootstrap: str | None) -> d
                     store.close()
             time.sleep(1)
         rate_msgs = rate_mb * 1e6 / (body + 200)  # a stored message is its body plus ~200 bytes of header
-        producer = root.produce(body, int(rate_msgs * minutes * 60), rate_msgs, seed=1)
+        producer = root.producer(body, int(rate_msgs * minutes * 60), rate_msgs, seed=1)
         samples = lag_samples(root, producer, minutes)
         out, _ = producer.communicate()
         produced = json.loads(out)
@@ -155,9 +148,6 @@ def probe(body: int, rate_mb: float, minutes: float, bootstrap: str | None) -> d
                 "last_lag_mb": {s: round(v / 1e6, 1) for s, v in samples[-1][2].items()},
                 "keeps_up": growth < KEEPS_UP_SLOPE * achieved * 1e6}
     finally:
-        if service is not None and service.poll() is None:
-            service.kill()
-            service.wait(60)
         root.close()
 
 

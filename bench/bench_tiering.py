@@ -161,9 +161,10 @@ class ServiceProcess:
     """One ``tierlog run`` process over its own root (commitlog, tier, state, checkpoints), and the
     CLI commands run against its config."""
 
-    def __init__(self, root: str, trigger_s: float = 0.5):
+    def __init__(self, root: str, trigger_s: float = 0.5, conf: cfg.Config | None = None):
         self.root, self.proc = root, None
-        self.conf = make_conf(root, spark={"trigger_interval_s": trigger_s})  # compaction on, as by default
+        # Compaction on, as by default; segments that never seal unless ``conf`` says otherwise.
+        self.conf = conf or make_conf(root, spark={"trigger_interval_s": trigger_s})
         os.makedirs(self.conf.commitlog.dir, exist_ok=True)
         self.config = os.path.join(root, "tierlog.toml")
         with open(self.config, "w") as fh:
@@ -171,17 +172,19 @@ class ServiceProcess:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
         self.log = os.path.join(root, "service.log")
 
+    def command(self, *args: str) -> list[str]:
+        """The argv of ``tierlog ARGS`` against this root's config."""
+        return [sys.executable, "-m", "streaming.cli", *args, "--config", self.config]
+
     def cli(self, *args: str, text: bool = False) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "streaming.cli", *args, "--config", self.config],
-                              env=self.env, capture_output=True, text=text, check=True)
+        return subprocess.run(self.command(*args), env=self.env, capture_output=True, text=text, check=True)
 
     def produce(self, messages: int, seed: int) -> None:
         self.cli("produce", "--messages", str(messages), "--queues", "64", "--body-size", "1024", "--seed", str(seed))
 
     def start(self) -> None:
         with open(self.log, "a") as log:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen([sys.executable, "-m", "streaming.cli", "run", "--config", self.config],
-                                         env=self.env, stdout=subprocess.DEVNULL, stderr=log)
+            self.proc = subprocess.Popen(self.command("run"), env=self.env, stdout=subprocess.DEVNULL, stderr=log)
 
     def seq(self) -> int:
         return TierReader(self.conf.tier.location).view().seq
