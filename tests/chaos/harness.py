@@ -253,8 +253,7 @@ class ChaosRun:
             now = time.monotonic() - t0
             if events[0][0] <= now:
                 _at, i, action, fault = heapq.heappop(events)
-                if (action == "inject" and fault.kind not in PROCESS_FAULTS and not self._service_working()
-                        and now < fault.at + 120):
+                if action == "inject" and not self._ready_for(fault.kind) and now < fault.at + 120:
                     # A fault that lands while a killed service is still starting would have no effect
                     # (it met the first Kafka outage of a run twice under load): it waits for the service.
                     heapq.heappush(events, (now + 1, i, action, fault))
@@ -287,6 +286,16 @@ class ChaosRun:
                          f"{self.report.max_dispatch_behind_messages:.0f} messages, service RSS MiB {roles}")
                 next_progress = now + 60
             time.sleep(min(0.2, max(0.0, events[0][0] - now)))
+
+    def _ready_for(self, kind: str) -> bool:
+        """Can a fault of ``kind`` meet the service now?  A Kafka outage needs the service's
+        connections through the proxy: a restarted service can move tiering well before the
+        mirror connects (CI met an outage that cut nothing, twice in one run)."""
+        if kind in PROCESS_FAULTS:
+            return True
+        if kind == "kafka_down":
+            return self._service_working() and self.kafka_proxy.connections > 0
+        return self._service_working()
 
     def _service_working(self) -> bool:
         """Has the service process started last moved any sink since it started (sampled every 2 s)?"""

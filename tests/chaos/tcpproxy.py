@@ -33,6 +33,12 @@ class TcpFaultProxy:
     def is_up(self) -> bool:
         return self._listener is not None
 
+    @property
+    def connections(self) -> int:
+        """Client connections open through the proxy now."""
+        with self._lock:
+            return len(self._conns) // 2
+
     def up(self) -> "TcpFaultProxy":
         deadline = time.monotonic() + 30
         while True:
