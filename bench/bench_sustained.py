@@ -1,6 +1,7 @@
 """The highest append rate the whole service keeps up with, against the producer's own maximum.
 
     ./dev bench sustained [--bodies 1024,16384] [--rates 4,8,16,32] [--minutes 5] [--no-kafka]
+                          [--producer kafka-python|librdkafka]
 
 For each body size:
 
@@ -43,8 +44,8 @@ SAMPLE_S = 5.0
 KEEPS_UP_SLOPE = 0.02  # of the append rate
 
 
-def make_conf(root: str, bootstrap: str | None) -> cfg.Config:
-    kafka = cfg.KafkaConfig(bootstrap=bootstrap, partitions=4) if bootstrap else cfg.KafkaConfig()
+def make_conf(root: str, bootstrap: str | None, producer: str = cfg.KafkaConfig.producer) -> cfg.Config:
+    kafka = cfg.KafkaConfig(bootstrap=bootstrap, partitions=4, producer=producer) if bootstrap else cfg.KafkaConfig()
     return cfg.Config(
         commitlog=cfg.CommitlogConfig(dir=os.path.join(root, "commitlog"), file_size=256 << 20),
         tier=cfg.TierConfig(location=os.path.join(root, "tier")),
@@ -58,9 +59,9 @@ class Root(ServiceProcess):
     """One probe's service (``bench_tiering.ServiceProcess``) over a new directory, with this
     benchmark's config, and its producer in the background."""
 
-    def __init__(self, bootstrap: str | None):
+    def __init__(self, bootstrap: str | None, producer: str = cfg.KafkaConfig.producer):
         root = tempfile.mkdtemp(prefix="tierlog-sustained-")
-        super().__init__(root, conf=make_conf(root, bootstrap))
+        super().__init__(root, conf=make_conf(root, bootstrap, producer))
 
     def producer(self, body: int, messages: int, rate_msgs: float = 0.0, seed: int = 0) -> subprocess.Popen:
         args = ["produce", "--messages", str(messages), "--topics", "4", "--queues", "16", "--keys", "100000",
@@ -115,8 +116,9 @@ def slope(points: list[tuple[float, int]]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
 
 
-def probe(body: int, rate_mb: float, minutes: float, bootstrap: str | None) -> dict:
-    root = Root(bootstrap)
+def probe(body: int, rate_mb: float, minutes: float, bootstrap: str | None,
+          producer: str = cfg.KafkaConfig.producer) -> dict:
+    root = Root(bootstrap, producer)
     try:
         root.start()
         # Warm-up: the first batches start Spark's Python workers and compile plans.
@@ -157,6 +159,8 @@ def main() -> None:
     ap.add_argument("--rates", default="4,8,16,32", help="append rates to try, MB/s, ascending")
     ap.add_argument("--minutes", type=float, default=5.0, help="minutes each rate is held")
     ap.add_argument("--no-kafka", action="store_true", help="tiering and compaction only")
+    ap.add_argument("--producer", default=cfg.KafkaConfig.producer, choices=("kafka-python", "librdkafka"),
+                    help="kafka.producer of the service (default: the product's)")
     args = ap.parse_args()
     bootstrap, broker = None, None
     if not args.no_kafka:
@@ -170,7 +174,7 @@ def main() -> None:
             before = producer_max(body)
             probes = []
             for rate in (float(r) for r in args.rates.split(",")):
-                probes.append(probe(body, rate, args.minutes, bootstrap))
+                probes.append(probe(body, rate, args.minutes, bootstrap, args.producer))
                 print(json.dumps({"body": body, **probes[-1]}), file=sys.stderr)
                 if not probes[-1]["keeps_up"]:
                     break
@@ -184,6 +188,7 @@ def main() -> None:
         if broker is not None:
             broker.stop()
     report({"benchmark": "sustained", "minutes_per_rate": args.minutes, "kafka": not args.no_kafka,
+            "producer": args.producer if not args.no_kafka else None,
             "keeps_up": f"lag growth over each probe's second half < {KEEPS_UP_SLOPE:.0%} of the append rate",
             "results": results})
 

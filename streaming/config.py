@@ -164,6 +164,10 @@ class KafkaConfig:
         "fail", "A message too large for Kafka: fail stops the query; skip records it (status) and goes on.",
         choices=("fail", "skip"),
     )
+    producer: str = setting(
+        "librdkafka", "Client library the sinks send with: kafka-python, or librdkafka (confluent-kafka: a fifth of "
+        "the CPU per record, and its I/O off the Python thread).", choices=("kafka-python", "librdkafka"),
+    )
     security_protocol: str = setting(
         "PLAINTEXT", "How to reach the brokers.", choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
     )

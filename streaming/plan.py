@@ -131,4 +131,5 @@ def kafka_settings(conf: cfg.Config) -> KafkaSettings | None:
         max_request_size=k.max_request_size,
         delivery_timeout_s=max(2.0 + k.linger_ms / 1000, k.delivery_timeout_s),
         on_too_large=k.on_too_large,
+        producer=k.producer,
     )

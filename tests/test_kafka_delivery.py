@@ -28,9 +28,12 @@ from tests.tiering_helpers import make_conf
 TOPICS = ["t0", "t1"]
 
 
-@pytest.fixture
-def conf(tmp_path, kafka_bootstrap, kafka_prefix):
-    return kafka_conf(make_conf(tmp_path, str(tmp_path / "tier")), kafka_bootstrap, kafka_prefix)
+@pytest.fixture(params=["kafka-python", "librdkafka"])
+def conf(request, tmp_path, kafka_bootstrap, kafka_prefix):
+    """Each test once per client library (``kafka.producer``): the protocol is the sink's, the
+    errors and the discarding of a producer are each library's own."""
+    return kafka_conf(make_conf(tmp_path, str(tmp_path / "tier")), kafka_bootstrap, kafka_prefix,
+                      producer=request.param)
 
 
 def publish(sink: MirrorSink, conf, start: int = 0, end: int | None = None) -> None:

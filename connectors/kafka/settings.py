@@ -36,6 +36,7 @@ class KafkaSettings:
     max_request_size: int = 1 << 20
     delivery_timeout_s: float = 120.0
     on_too_large: str = "fail"  # or "skip": log it and record it in the metadata store
+    producer: str = "librdkafka"  # or "kafka-python" (connectors.kafka.producers)
 
     @property
     def bootstrap(self) -> str:

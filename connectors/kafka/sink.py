@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 from kafka import errors as kerr
 from kafka.admin import KafkaAdminClient, NewTopic
 
@@ -46,6 +46,7 @@ from connectors.kafka.errors import (
     KafkaUnavailable,
     RecordTooLargeError,
 )
+from connectors.kafka.producers import Producer, SendError, TooLarge, describe, open_producer, retriable
 from connectors.kafka.settings import KafkaSettings
 from connectors.faults import crash_point
 
@@ -54,7 +55,7 @@ log = logging.getLogger("tierlog.kafka")
 POSITION = "tierlog.phy"
 BROKER = "tierlog.broker"
 MAX_BACKOFF_S = 30.0
-_SHARED: dict[str, KafkaProducer] = {}  # see KafkaSink.shared_producer
+_SHARED: dict[str, Producer] = {}  # see KafkaSink.shared_producer
 
 
 @dataclass
@@ -105,7 +106,7 @@ class KafkaSink:
         # sink uses it at a time, and a failure throws it away.
         self.shared_producer = shared_producer
         self.stats = SinkStats()
-        self._producer: KafkaProducer | None = None
+        self._producer: Producer | None = None
         self._partitions: dict[str, int] = {}  # Kafka topic -> partition count
         self._positions: dict[tuple[str, int], int] = {}  # (topic, partition) -> last position in Kafka
         # Everything at or below it is known sent (its owner recorded so): a record another
@@ -117,28 +118,14 @@ class KafkaSink:
 
     # ------------------------------------------------------------ connection
 
-    def _open_producer(self) -> KafkaProducer:
-        s = self.settings
-        try:
-            return KafkaProducer(
-                **self.settings.client, acks="all", enable_idempotence=True,
-                compression_type=None if s.compression == "none" else s.compression,
-                linger_ms=s.linger_ms, batch_size=s.batch_bytes, max_request_size=s.max_request_size,
-                delivery_timeout_ms=int(s.delivery_timeout_s * 1000),
-                request_timeout_ms=max(1000, min(30000, int(s.delivery_timeout_s * 1000) - s.linger_ms - 1)),
-                max_block_ms=int(s.delivery_timeout_s * 1000),
-            )
-        except kerr.KafkaTimeoutError:
-            raise KafkaUnavailable(f"no Kafka broker reachable at kafka.bootstrap = {s.bootstrap!r}") from None
-
     @property
-    def producer(self) -> KafkaProducer:
+    def producer(self) -> Producer:
         if self._producer is None:
             if self.shared_producer:
                 key = repr(sorted(self.settings.client.items())) + repr(self.settings)
-                self._producer = _SHARED.get(key) or _SHARED.setdefault(key, self._open_producer())
+                self._producer = _SHARED.get(key) or _SHARED.setdefault(key, open_producer(self.settings))
             else:
-                self._producer = self._open_producer()
+                self._producer = open_producer(self.settings)
         return self._producer
 
     def close(self) -> None:
@@ -147,10 +134,9 @@ class KafkaSink:
             return
         if self._producer is not None:
             try:
-                self._producer.close(timeout=5)
+                self._producer.close(5)
             except Exception as exc:  # noqa: BLE001 - closing must not hide the reason we stop
                 log.warning("closing the %s producer: %s", self.name, exc)
-            _stop_sender(self._producer)
             self._producer = None
 
     def _reset(self) -> None:
@@ -158,11 +144,7 @@ class KafkaSink:
         if self._producer is not None:
             for key in [k for k, v in _SHARED.items() if v is self._producer]:
                 del _SHARED[key]
-            try:
-                self._producer.close(timeout=0)
-            except Exception:  # noqa: BLE001 - it is being thrown away
-                pass
-            _stop_sender(self._producer)
+            self._producer.discard()
         self._producer = None
         self._partitions.clear()
         self._positions.clear()
@@ -217,12 +199,11 @@ class KafkaSink:
             self.stats.skipped += 1
             return False
         try:
-            future = self.producer.send(topic, key=key, value=value, headers=headers, partition=partition,
-                                        timestamp_ms=timestamp_ms)
-        except kerr.MessageSizeTooLargeError as exc:
+            self.producer.send(topic, partition, key, value, headers, timestamp_ms,
+                               lambda error: self._failed(position, error))
+        except TooLarge as exc:
             self._too_large(position, str(exc))
             return False
-        future.add_errback(self._failed, position)
         self._positions[(topic, partition)] = position
         self.stats.sent += 1
         if self.stats.sent % 100 == 0:  # records sent, some not yet acknowledged
@@ -230,11 +211,10 @@ class KafkaSink:
         self.stats.bytes += len(value or b"")
         return True
 
-    def _failed(self, position: int, exc: BaseException) -> None:
-        # kafka-python calls an errback as fn(*args, exception)
+    def _failed(self, position: int, error: SendError) -> None:
         with self._error_lock:
             if self._error is None:
-                self._error = (exc, position)
+                self._error = (error, position)
 
     def _too_large(self, position: int, reason: str) -> None:
         if self.settings.on_too_large != "skip":
@@ -253,26 +233,23 @@ class KafkaSink:
         if self._producer is None:
             return
         started = time.monotonic()
-        while True:
-            try:
-                self._producer.flush(timeout=report_every_s)
-                break
-            except kerr.KafkaTimeoutError:
-                waited = time.monotonic() - started
-                if waited > self.settings.delivery_timeout_s + report_every_s:
-                    # The producer should have expired these by now; seen to hang after a broker
-                    # restart, so start over with a new one (what arrived is skipped by position).
-                    raise KafkaUnavailable(f"records not acknowledged within {waited:.0f} s; reconnecting") from None
-                self.health.waiting(f"records not acknowledged for {waited:.0f} s (broker down or slow?)")
-                if self.should_stop():
-                    raise StopRequested(f"the {self.name} sink stopped while waiting for Kafka") from None
+        while not self._producer.flush(report_every_s):
+            waited = time.monotonic() - started
+            if waited > self.settings.delivery_timeout_s + report_every_s:
+                # The producer should have expired these by now; seen to hang after a broker
+                # restart, so start over with a new one (what arrived is skipped by position).
+                raise KafkaUnavailable(f"records not acknowledged within {waited:.0f} s; reconnecting")
+            self.health.waiting(f"records not acknowledged for {waited:.0f} s (broker down or slow?)")
+            if self.should_stop():
+                raise StopRequested(f"the {self.name} sink stopped while waiting for Kafka")
         failed, self._error = self._error, None
         if failed is not None:
-            exc, position = failed
-            if isinstance(exc, kerr.MessageSizeTooLargeError) or "TooLarge" in type(exc).__name__:
-                self._too_large(position, str(exc))
+            error, position = failed
+            if error.too_large:
+                self._too_large(position, error.text)
                 return
-            raise _wrap(exc, f"Kafka did not take the record at physical offset {position}")
+            what = f"Kafka did not take the record at physical offset {position}: {error.text}"
+            raise (KafkaUnavailable if error.retriable else KafkaSinkError)(what)
 
     def deliver_once(self, produce: Callable[[], None]) -> None:
         """Run ``produce`` (which calls ``send``) and flush; raise a ``KafkaSinkError`` on failure
@@ -346,39 +323,9 @@ def backoff(attempt: int, error: BaseException, health: Health, should_stop: Cal
     return attempt + 1
 
 
-# A response that cannot be decoded (tansu, under concurrent requests) is retried like a lost connection.
-# The idempotent producer's own errors: the broker lost or doubts the producer's sequence (after a
-# restart, or tansu under load).  Starting over with a new producer is safe: positions are read back
-# and what arrived is skipped, and the broker refuses a batch after a gap, so none can hide behind it.
-_SEQUENCE_ERRORS = tuple(getattr(kerr, name) for name in (
-    "OutOfOrderSequenceNumberError", "UnknownProducerIdError", "InvalidProducerEpochError",
-    "DuplicateSequenceNumberError") if hasattr(kerr, name))
-
-
-def _stop_sender(producer: KafkaProducer) -> None:
-    """Make sure a discarded producer sends nothing more.
-
-    kafka-python's ``close`` flushes first, and when records are still pending that
-    flush raises before the sender thread is stopped: the old producer would go on
-    retrying in the background and, once the broker is back, deliver records that the
-    new producer (after reading positions back) sends again.  Found by the outage test.
-    """
-    sender = getattr(producer, "_sender", None)
-    if sender is None or not sender.is_alive():
-        return
-    sender.force_close()  # fails its pending batches; it stops at its next loop
-    while sender.is_alive():
-        sender.join(1.0)
-        if sender.is_alive():
-            log.warning("waiting for a discarded Kafka producer to stop sending")
-
-
 def _wrap(exc: BaseException, what: str) -> KafkaSinkError:
-    retriable = bool(getattr(exc, "retriable", False)) or isinstance(
-        exc, (kerr.KafkaConnectionError, kerr.KafkaTimeoutError, kerr.KafkaProtocolError, *_SEQUENCE_ERRORS)
-    )
-    text = str(exc) if str(exc).startswith(type(exc).__name__) else f"{type(exc).__name__}: {exc}"
-    return (KafkaUnavailable if retriable else KafkaSinkError)(f"{what}: {text}")
+    """A kafka-python error of the consumer and admin clients (read-back, topics) as ours."""
+    return (KafkaUnavailable if retriable(exc) else KafkaSinkError)(f"{what}: {describe(exc)}")
 
 
 def _consumer(settings: KafkaSettings, **extra) -> KafkaConsumer:

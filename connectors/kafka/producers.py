@@ -1,0 +1,252 @@
+"""The two Kafka producers a sink can send with: kafka-python, and librdkafka through confluent-kafka.
+
+Both are idempotent with ``acks=all``, so the broker refuses a batch that would land after a
+gap: what ``connectors.kafka.sink``'s exactly-once protocol builds on.  They differ only in
+the client library; every error reaches the sink as a :class:`SendError` or a
+``KafkaSinkError``, never as a library's own type.
+
+Why two (``kafka.producer``): kafka-python's ``send`` is pure Python, about 47 µs of CPU per
+1 KB record under the GIL, measured against a bare Apache Kafka; librdkafka's ``produce``
+takes about 10 µs including tierlog's own 3 µs of routing and headers, and does its
+batching and I/O on threads of its own (16k against 64k records/s from one Python thread,
+three rounds, alternating).  On the driver the changelog's sends were most of the
+compaction apply thread's time (``docs/benchmarks.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from kafka import KafkaProducer
+from kafka import errors as kerr
+
+from connectors.kafka.errors import KafkaSinkError, KafkaUnavailable
+from connectors.kafka.settings import KafkaSettings
+
+log = logging.getLogger("tierlog.kafka")
+
+LIBRARIES = ("kafka-python", "librdkafka")
+
+
+@dataclass(frozen=True)
+class SendError:
+    """Why a record was not taken: ``too_large`` records may be skipped (``kafka.on_too_large``);
+    a ``retriable`` one is sent again by a new producer after the positions are read back."""
+
+    text: str
+    retriable: bool
+    too_large: bool = False
+
+
+class TooLarge(Exception):
+    """``send`` refused a record before queueing it: it is larger than ``kafka.max_request_size``."""
+
+
+class Producer:
+    """One idempotent producer of one sink; one thread calls it."""
+
+    def send(self, topic: str, partition: int, key: bytes | None, value: bytes | None, headers: list,
+             timestamp_ms: int | None, on_error: Callable[[SendError], None]) -> None:
+        """Queue a record; ``on_error`` is called (from ``send`` or ``flush``) if it is not taken.
+        Raises ``TooLarge``, or ``KafkaSinkError`` when the producer cannot queue at all."""
+        raise NotImplementedError
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every queued record is taken or failed; False if ``timeout_s`` passed first."""
+        raise NotImplementedError
+
+    def close(self, timeout_s: float) -> None:
+        """Flush for up to ``timeout_s``, then stop."""
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        """Stop now: nothing still queued is sent after this returns (records already on the wire
+        may land; the sink's read-back waits for them to settle)."""
+        raise NotImplementedError
+
+
+def open_producer(settings: KafkaSettings) -> Producer:
+    if settings.producer == "librdkafka":
+        return RdKafkaProducer(settings)
+    return KafkaPythonProducer(settings)
+
+
+# ---------------------------------------------------------------- kafka-python
+
+# The idempotent producer's own errors: the broker lost or doubts the producer's sequence (after a
+# restart, or tansu under load).  Starting over with a new producer is safe: positions are read back
+# and what arrived is skipped, and the broker refuses a batch after a gap, so none can hide behind it.
+SEQUENCE_ERRORS = tuple(getattr(kerr, name) for name in (
+    "OutOfOrderSequenceNumberError", "UnknownProducerIdError", "InvalidProducerEpochError",
+    "DuplicateSequenceNumberError") if hasattr(kerr, name))
+
+
+def retriable(exc: BaseException) -> bool:
+    """Can a kafka-python error pass if tried again with a new client?"""
+    return bool(getattr(exc, "retriable", False)) or isinstance(
+        exc, (kerr.KafkaConnectionError, kerr.KafkaTimeoutError, kerr.KafkaProtocolError, *SEQUENCE_ERRORS)
+    )
+
+
+def describe(exc: BaseException) -> str:
+    return str(exc) if str(exc).startswith(type(exc).__name__) else f"{type(exc).__name__}: {exc}"
+
+
+class KafkaPythonProducer(Producer):
+    def __init__(self, settings: KafkaSettings):
+        s = settings
+        try:
+            self._producer = KafkaProducer(
+                **s.client, acks="all", enable_idempotence=True,
+                compression_type=None if s.compression == "none" else s.compression,
+                linger_ms=s.linger_ms, batch_size=s.batch_bytes, max_request_size=s.max_request_size,
+                delivery_timeout_ms=int(s.delivery_timeout_s * 1000),
+                request_timeout_ms=max(1000, min(30000, int(s.delivery_timeout_s * 1000) - s.linger_ms - 1)),
+                max_block_ms=int(s.delivery_timeout_s * 1000),
+            )
+        except kerr.KafkaTimeoutError:
+            raise KafkaUnavailable(f"no Kafka broker reachable at kafka.bootstrap = {s.bootstrap!r}") from None
+
+    def send(self, topic, partition, key, value, headers, timestamp_ms, on_error) -> None:
+        try:
+            future = self._producer.send(topic, key=key, value=value, headers=headers, partition=partition,
+                                         timestamp_ms=timestamp_ms)
+        except kerr.MessageSizeTooLargeError as exc:
+            raise TooLarge(str(exc)) from None
+        except kerr.KafkaError as exc:
+            raise (KafkaUnavailable if retriable(exc) else KafkaSinkError)(describe(exc)) from None
+        # kafka-python calls an errback as fn(exception)
+        future.add_errback(lambda exc: on_error(_send_error(exc)))
+
+    def flush(self, timeout_s: float) -> bool:
+        try:
+            self._producer.flush(timeout=timeout_s)
+            return True
+        except kerr.KafkaTimeoutError:
+            return False
+
+    def close(self, timeout_s: float) -> None:
+        try:
+            self._producer.close(timeout=timeout_s)
+        finally:
+            self._stop_sender()
+
+    def discard(self) -> None:
+        try:
+            self._producer.close(timeout=0)
+        except Exception:  # noqa: BLE001 - it is being thrown away
+            pass
+        self._stop_sender()
+
+    def _stop_sender(self) -> None:
+        """kafka-python's ``close`` flushes first, and when records are still pending that flush
+        raises before the sender thread is stopped: the old producer would go on retrying in the
+        background and, once the broker is back, deliver records that the new producer (after
+        reading positions back) sends again.  Found by the outage test."""
+        sender = getattr(self._producer, "_sender", None)
+        if sender is None or not sender.is_alive():
+            return
+        sender.force_close()  # fails its pending batches; it stops at its next loop
+        while sender.is_alive():
+            sender.join(1.0)
+            if sender.is_alive():
+                log.warning("waiting for a discarded Kafka producer to stop sending")
+
+
+def _send_error(exc: BaseException) -> SendError:
+    too_large = isinstance(exc, kerr.MessageSizeTooLargeError) or "TooLarge" in type(exc).__name__
+    return SendError(describe(exc), retriable(exc), too_large)
+
+
+# ---------------------------------------------------------------- librdkafka
+
+# kafka-python's option names (``KafkaSettings.client``) as librdkafka's.
+_RD_NAMES = {
+    "bootstrap_servers": "bootstrap.servers", "client_id": "client.id", "security_protocol": "security.protocol",
+    "sasl_mechanism": "sasl.mechanism", "sasl_plain_username": "sasl.username",
+    "sasl_plain_password": "sasl.password", "ssl_cafile": "ssl.ca.location",
+    "ssl_certfile": "ssl.certificate.location", "ssl_keyfile": "ssl.key.location",
+}
+_POLL_EVERY = 1000  # sends between serving delivery reports, so failures surface during a long batch
+
+
+class RdKafkaProducer(Producer):
+    def __init__(self, settings: KafkaSettings):
+        try:
+            import confluent_kafka
+        except ImportError:
+            raise KafkaSinkError("kafka.producer = \"librdkafka\" needs the confluent-kafka package: "
+                                 "pip install confluent-kafka, or set kafka.producer = \"kafka-python\"") from None
+        self._ck = confluent_kafka
+        s = settings
+        conf = {}
+        for name, value in s.client.items():
+            if name not in _RD_NAMES:
+                raise KafkaSinkError(f"Kafka client option {name!r} has no librdkafka equivalent known to tierlog; "
+                                     "set kafka.producer = \"kafka-python\"")
+            conf[_RD_NAMES[name]] = ",".join(value) if isinstance(value, (list, tuple)) else value
+        conf.update({
+            "acks": "all", "enable.idempotence": True, "compression.type": s.compression,
+            "linger.ms": s.linger_ms, "batch.size": s.batch_bytes, "message.max.bytes": s.max_request_size,
+            "message.timeout.ms": int(s.delivery_timeout_s * 1000),
+            "request.timeout.ms": max(1000, min(30000, int(s.delivery_timeout_s * 1000) - s.linger_ms - 1)),
+            "error_cb": self._client_error,
+            # Its log lines go to Python logging under "kafka", silenced with kafka-python's unless
+            # --log-level DEBUG, instead of librdkafka's own lines on stderr; the sink reports.
+            "logger": logging.getLogger("kafka.librdkafka"), "log.connection.close": False,
+        })
+        self._producer = confluent_kafka.Producer(conf)
+        self._sent = 0
+        self._discarded = False
+
+    def _client_error(self, err) -> None:
+        # Connection trouble is reported here and retried by librdkafka itself; the records it
+        # cannot deliver in time fail through their own reports.
+        log.debug("librdkafka: %s", err)
+
+    def send(self, topic, partition, key, value, headers, timestamp_ms, on_error) -> None:
+        def report(err, _msg) -> None:
+            if err is not None and not self._discarded:
+                on_error(self._send_error(err))
+
+        kwargs = {"timestamp": timestamp_ms} if timestamp_ms is not None else {}
+        while True:
+            try:
+                self._producer.produce(topic, value=value, key=key, partition=partition, headers=headers,
+                                       on_delivery=report, **kwargs)
+                break
+            except BufferError:  # its queue is full: let it send
+                self._producer.poll(0.05)
+            except self._ck.KafkaException as exc:
+                err = exc.args[0]
+                if err.code() == self._ck.KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise TooLarge(err.str()) from None
+                failure = self._send_error(err)
+                raise (KafkaUnavailable if failure.retriable else KafkaSinkError)(failure.text) from None
+        self._sent += 1
+        if self._sent % _POLL_EVERY == 0:
+            self._producer.poll(0)
+
+    def _send_error(self, err) -> SendError:
+        ck = self._ck.KafkaError
+        too_large = err.code() in (ck.MSG_SIZE_TOO_LARGE, ck.RECORD_LIST_TOO_LARGE)
+        # A fatal error (the idempotent producer's sequence lost) is cured by a new producer.
+        retriable = err.retriable() or err.fatal() or err.code() in (
+            ck._MSG_TIMED_OUT, ck._TRANSPORT, ck._ALL_BROKERS_DOWN, ck._TIMED_OUT, ck.REQUEST_TIMED_OUT,
+            ck.NOT_ENOUGH_REPLICAS, ck.NOT_LEADER_FOR_PARTITION, ck.OUT_OF_ORDER_SEQUENCE_NUMBER,
+            ck.UNKNOWN_PRODUCER_ID, ck.INVALID_PRODUCER_EPOCH)
+        return SendError(f"{err.name()}: {err.str()}", bool(retriable), too_large)
+
+    def flush(self, timeout_s: float) -> bool:
+        return self._producer.flush(timeout_s) == 0
+
+    def close(self, timeout_s: float) -> None:
+        self._producer.flush(timeout_s)
+        self.discard()
+
+    def discard(self) -> None:
+        self._discarded = True
+        self._producer.purge(in_queue=True, in_flight=True, blocking=True)
+        self._producer.flush(0)  # serves the purged records' reports, which are ignored
