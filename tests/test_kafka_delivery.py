@@ -11,7 +11,10 @@ import threading
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from kafka import KafkaProducer
+from kafka.partitioner.default import murmur2
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from connectors.commitlog.format import Message
@@ -20,6 +23,7 @@ from connectors.errors import StopRequested
 from connectors.kafka.embedded import free_port
 from connectors.kafka.errors import ForeignRecordError, RecordTooLargeError
 from connectors.kafka.mirror import MIRROR_COLUMNS, MirrorSink
+from connectors.kafka.records import key_hashes
 from streaming.plan import kafka_settings
 from tests.kafka_helpers import kafka_conf, mirror_contents, mirror_oracle
 from tests.kv_helpers import append, kv_messages
@@ -46,6 +50,13 @@ def publish(sink: MirrorSink, conf, start: int = 0, end: int | None = None) -> N
 def offsets(conf) -> list[int]:
     with CommitLogReader(conf.commitlog.dir) as reader:
         return [m.phy_offset for m in reader.messages()]
+
+
+@given(st.lists(st.binary(max_size=40) | st.text(max_size=12).map(str.encode), max_size=60))
+def test_the_changelog_hashes_keys_as_kafkas_default_partitioner(keys):
+    """The changelog's vectorized hash against kafka-python's murmur2 (the Java client's), key
+    by key: keys of many lengths in one call, the empty key and every tail length included."""
+    assert key_hashes(keys) == [murmur2(k) & 0x7FFFFFFF for k in keys]
 
 
 def test_a_restarted_sink_sends_only_what_kafka_lacks(conf):

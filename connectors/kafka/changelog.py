@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from connectors.changes import CHANGE_ROW
 from connectors.commitlog.arrow import epoch_ms
-from connectors.kafka.records import OP, key_partition, source_headers
+from connectors.kafka.records import OP, key_hashes, source_headers
 from connectors.kafka.settings import TopicRouter
 from connectors.kafka.sink import KafkaSink
 
@@ -46,10 +46,11 @@ class ChangelogSink(KafkaSink):
 
     def _send_rows(self, rows: list[tuple], op: str | None = None, floor: int = -1) -> None:
         self.learn([self.route(topic) for topic in dict.fromkeys(row[0] for row in rows)])
-        for topic, key, phy, queue_id, queue_offset, ts, deleted, body in rows:
+        raw_keys = [row[1].encode() for row in rows]
+        for (topic, _key, phy, queue_id, queue_offset, ts, deleted, body), raw_key, hashed in zip(
+                rows, raw_keys, key_hashes(raw_keys)):
             kafka_topic = self.route(topic)
-            raw_key = key.encode()
-            partition = key_partition(raw_key, self.partitions(kafka_topic))
+            partition = hashed % self.partitions(kafka_topic)  # key_partition's, hashed for all rows at once
             headers = source_headers(phy, topic, queue_id, queue_offset, ts, self.settings.broker)
             headers.append((OP, (op or ("delete" if deleted else "put")).encode()))
             value = None if deleted else body

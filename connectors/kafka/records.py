@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
 from kafka.partitioner.default import murmur2
 
 from connectors.kafka.sink import BROKER, POSITION
@@ -31,3 +32,42 @@ def queue_partition(broker: str, queue_id: int, partitions: int) -> int:
 def key_partition(key: bytes, partitions: int) -> int:
     """Kafka's default partitioner (murmur2, as the Java client), so keyed readers agree."""
     return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+_M = np.uint32(0x5BD1E995)
+
+
+def key_hashes(keys: list[bytes]) -> list[int]:
+    """``murmur2(key) & 0x7FFFFFFF`` of each key, as ``key_partition`` hashes them, computed with
+    numpy over the keys of each length at once.
+
+    Why: kafka-python's murmur2 is pure Python, about 2 µs a short key; with the producer in
+    librdkafka it was 8% of the compaction apply thread at 15 MB/s (the changelog partitions
+    every changed key).  Kafka's own algorithm (``Utils.murmur2``), word by word."""
+    out = np.empty(len(keys), dtype=np.uint32)
+    by_length: dict[int, list[int]] = {}
+    for i, key in enumerate(keys):
+        by_length.setdefault(len(key), []).append(i)
+    for length, rows in by_length.items():
+        data = np.frombuffer(b"".join([keys[i] for i in rows]), dtype=np.uint8).reshape(len(rows), length)
+        h = np.full(len(rows), (0x9747B28C ^ length) & 0xFFFFFFFF, dtype=np.uint32)
+        words = np.ascontiguousarray(data[:, : length // 4 * 4]).view("<u4")
+        for j in range(length // 4):
+            k = words[:, j] * _M
+            k ^= k >> np.uint32(24)
+            k *= _M
+            h *= _M
+            h ^= k
+        tail, extra = length & ~3, length % 4
+        if extra >= 3:
+            h ^= data[:, tail + 2].astype(np.uint32) << np.uint32(16)
+        if extra >= 2:
+            h ^= data[:, tail + 1].astype(np.uint32) << np.uint32(8)
+        if extra >= 1:
+            h ^= data[:, tail].astype(np.uint32)
+            h *= _M
+        h ^= h >> np.uint32(13)
+        h *= _M
+        h ^= h >> np.uint32(15)
+        out[rows] = h
+    return (out & np.uint32(0x7FFFFFFF)).tolist()

@@ -18,7 +18,8 @@ _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
 @dataclass(frozen=True)
 class KafkaSettings:
-    """``client`` holds kafka-python's connection options (bootstrap, security); it may carry a
+    """``client`` holds the connection options (bootstrap, security) in kafka-python's names
+    (``connectors.kafka.producers`` gives librdkafka its own); it may carry a
     password, so it is left out of ``repr`` and never logged."""
 
     client: dict = field(repr=False)
