@@ -28,7 +28,7 @@ import time
 
 import pyarrow as pa
 
-from bench.bench_kafka import run_bare
+from bench.bench_kafka import capture_sends, run_bare
 from bench.common import report
 from connectors.changes import CHANGE_ROW
 from connectors.kafka.changelog import ChangelogSink
@@ -80,9 +80,7 @@ def ready_sink(s: KafkaSettings) -> ChangelogSink:
 def records_of(table: pa.Table, s: KafkaSettings) -> list[tuple]:
     """Exactly what the sink sends, for the bare producer."""
     sink = ready_sink(s)
-    sent: list[tuple] = []
-    sink.send = lambda topic, p, key, value, headers, position, ts=None, **_: sent.append(
-        (topic, p, key, value, headers, ts)) or True
+    sent = capture_sends(sink)
     sink.publish(table)
     return sent
 

@@ -43,6 +43,7 @@ from connectors.commitlog.format import Message
 from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.writer import CommitLogWriter
 from connectors.kafka.mirror import MIRROR_COLUMNS, MirrorSink
+from connectors.kafka.producers import kafka_python_options, rdkafka_options
 from connectors.kafka.settings import KafkaSettings
 
 TOPICS, QUEUES, PARTITIONS = 2, 8, 8
@@ -69,13 +70,20 @@ def settings(bootstrap: str, prefix: str, producer: str) -> KafkaSettings:
                          mirror_topic=f"{prefix}.{{topic}}", partitions=PARTITIONS, producer=producer)
 
 
+def capture_sends(sink) -> list[tuple]:
+    """Make ``sink`` keep the records it would send, as the bare producer's input, instead of
+    sending them; returns the list they go into."""
+    sent: list[tuple] = []
+    sink.send = lambda topic, p, key, value, headers, position, ts=None, **_: sent.append(
+        (topic, p, key, value, headers, ts)) or True
+    return sent
+
+
 def prepared_records(directory: str, end: int, s: KafkaSettings) -> list[tuple]:
     """Exactly what the mirror sends, built before the clock starts (the sink learns its topics'
     partitions from the broker, so the topics are made here too)."""
     sink = MirrorSink(s)
-    sent: list[tuple] = []
-    sink.send = lambda topic, p, key, value, headers, position, ts=None, **_: sent.append(
-        (topic, p, key, value, headers, ts)) or True
+    sent = capture_sends(sink)
     with CommitLogReader(directory) as reader:
         for batch in reader.record_batches(0, end, columns=MIRROR_COLUMNS):
             sink.send_batch(batch)
@@ -92,9 +100,7 @@ def run_bare(records: list[tuple], s: KafkaSettings, warm_topic: str | None = No
     if s.producer == "librdkafka":
         import confluent_kafka
 
-        producer = confluent_kafka.Producer({
-            "bootstrap.servers": s.bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": s.linger_ms,
-            "batch.size": s.batch_bytes, "message.max.bytes": s.max_request_size})
+        producer = confluent_kafka.Producer(rdkafka_options(s))
         if warm_topic:
             producer.produce(warm_topic, b"warm")
             producer.flush(60)
@@ -110,8 +116,7 @@ def run_bare(records: list[tuple], s: KafkaSettings, warm_topic: str | None = No
         return time.perf_counter() - t
     from kafka import KafkaProducer
 
-    producer = KafkaProducer(**s.client, acks="all", enable_idempotence=True, linger_ms=s.linger_ms,
-                             batch_size=s.batch_bytes, max_request_size=s.max_request_size)
+    producer = KafkaProducer(**kafka_python_options(s))
     if warm_topic:
         producer.send(warm_topic, b"warm").get(60)
     t = time.perf_counter()

@@ -37,6 +37,7 @@ from bench.bench_tiering import ServiceProcess
 from bench.common import report
 from connectors.commitlog.reader import CommitLogReader
 from state.metadata import MetadataStore
+from connectors.kafka.settings import PRODUCERS
 from streaming import config as cfg
 from streaming.plan import enabled_sinks, metadata_path
 
@@ -159,7 +160,7 @@ def main() -> None:
     ap.add_argument("--rates", default="4,8,16,32", help="append rates to try, MB/s, ascending")
     ap.add_argument("--minutes", type=float, default=5.0, help="minutes each rate is held")
     ap.add_argument("--no-kafka", action="store_true", help="tiering and compaction only")
-    ap.add_argument("--producer", default=cfg.KafkaConfig.producer, choices=("kafka-python", "librdkafka"),
+    ap.add_argument("--producer", default=cfg.KafkaConfig.producer, choices=PRODUCERS,
                     help="kafka.producer of the service (default: the product's)")
     args = ap.parse_args()
     bootstrap, broker = None, None

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from connectors.brokers import DEFAULT_BROKER, broker_name_problem
+from connectors.kafka.settings import PRODUCERS
 from connectors.errors import ConfigError
 
 log = logging.getLogger("tierlog.config")
@@ -166,7 +167,7 @@ class KafkaConfig:
     )
     producer: str = setting(
         "librdkafka", "Client library the sinks send with: kafka-python, or librdkafka (confluent-kafka: a fifth of "
-        "the CPU per record, and its I/O off the Python thread).", choices=("kafka-python", "librdkafka"),
+        "the CPU per record, and its I/O off the Python thread).", choices=PRODUCERS,
     )
     security_protocol: str = setting(
         "PLAINTEXT", "How to reach the brokers.", choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")

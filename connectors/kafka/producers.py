@@ -27,9 +27,6 @@ from connectors.kafka.settings import KafkaSettings
 
 log = logging.getLogger("tierlog.kafka")
 
-LIBRARIES = ("kafka-python", "librdkafka")
-
-
 @dataclass(frozen=True)
 class SendError:
     """Why a record was not taken: ``too_large`` records may be skipped (``kafka.on_too_large``);
@@ -73,6 +70,10 @@ def open_producer(settings: KafkaSettings) -> Producer:
     return KafkaPythonProducer(settings)
 
 
+def _request_timeout_ms(s: KafkaSettings) -> int:
+    return max(1000, min(30000, int(s.delivery_timeout_s * 1000) - s.linger_ms - 1))
+
+
 # ---------------------------------------------------------------- kafka-python
 
 # The idempotent producer's own errors: the broker lost or doubts the producer's sequence (after a
@@ -84,7 +85,8 @@ SEQUENCE_ERRORS = tuple(getattr(kerr, name) for name in (
 
 
 def retriable(exc: BaseException) -> bool:
-    """Can a kafka-python error pass if tried again with a new client?"""
+    """Can a kafka-python error pass if tried again with a new client?  A response that cannot be
+    decoded (``KafkaProtocolError``: tansu, under concurrent requests) counts as a lost connection."""
     return bool(getattr(exc, "retriable", False)) or isinstance(
         exc, (kerr.KafkaConnectionError, kerr.KafkaTimeoutError, kerr.KafkaProtocolError, *SEQUENCE_ERRORS)
     )
@@ -94,20 +96,22 @@ def describe(exc: BaseException) -> str:
     return str(exc) if str(exc).startswith(type(exc).__name__) else f"{type(exc).__name__}: {exc}"
 
 
+def kafka_python_options(s: KafkaSettings) -> dict:
+    """kafka-python's ``KafkaProducer`` options for the sinks' settings (and their benchmark's
+    bare producer, so the baseline sends as the sink does)."""
+    return {**s.client, "acks": "all", "enable_idempotence": True,
+            "compression_type": None if s.compression == "none" else s.compression,
+            "linger_ms": s.linger_ms, "batch_size": s.batch_bytes, "max_request_size": s.max_request_size,
+            "delivery_timeout_ms": int(s.delivery_timeout_s * 1000), "request_timeout_ms": _request_timeout_ms(s),
+            "max_block_ms": int(s.delivery_timeout_s * 1000)}
+
+
 class KafkaPythonProducer(Producer):
     def __init__(self, settings: KafkaSettings):
-        s = settings
         try:
-            self._producer = KafkaProducer(
-                **s.client, acks="all", enable_idempotence=True,
-                compression_type=None if s.compression == "none" else s.compression,
-                linger_ms=s.linger_ms, batch_size=s.batch_bytes, max_request_size=s.max_request_size,
-                delivery_timeout_ms=int(s.delivery_timeout_s * 1000),
-                request_timeout_ms=max(1000, min(30000, int(s.delivery_timeout_s * 1000) - s.linger_ms - 1)),
-                max_block_ms=int(s.delivery_timeout_s * 1000),
-            )
+            self._producer = KafkaProducer(**kafka_python_options(settings))
         except kerr.KafkaTimeoutError:
-            raise KafkaUnavailable(f"no Kafka broker reachable at kafka.bootstrap = {s.bootstrap!r}") from None
+            raise KafkaUnavailable(f"no Kafka broker reachable at kafka.bootstrap = {settings.bootstrap!r}") from None
 
     def send(self, topic, partition, key, value, headers, timestamp_ms, on_error) -> None:
         try:
@@ -172,6 +176,22 @@ _RD_NAMES = {
 _POLL_EVERY = 1000  # sends between serving delivery reports, so failures surface during a long batch
 
 
+def rdkafka_options(s: KafkaSettings) -> dict:
+    """librdkafka's configuration for the sinks' settings (and their benchmark's bare producer)."""
+    conf = {}
+    for name, value in s.client.items():
+        if name not in _RD_NAMES:
+            raise KafkaSinkError(f"Kafka client option {name!r} has no librdkafka equivalent known to tierlog; "
+                                 "set kafka.producer = \"kafka-python\"")
+        conf[_RD_NAMES[name]] = ",".join(value) if isinstance(value, (list, tuple)) else value
+    return {**conf, "acks": "all", "enable.idempotence": True, "compression.type": s.compression,
+            "linger.ms": s.linger_ms, "batch.size": s.batch_bytes, "message.max.bytes": s.max_request_size,
+            "message.timeout.ms": int(s.delivery_timeout_s * 1000), "request.timeout.ms": _request_timeout_ms(s),
+            # Its log lines go to Python logging under "kafka", silenced with kafka-python's unless
+            # --log-level DEBUG, instead of librdkafka's own lines on stderr; the sink reports.
+            "logger": logging.getLogger("kafka.librdkafka"), "log.connection.close": False}
+
+
 class RdKafkaProducer(Producer):
     def __init__(self, settings: KafkaSettings):
         try:
@@ -180,24 +200,7 @@ class RdKafkaProducer(Producer):
             raise KafkaSinkError("kafka.producer = \"librdkafka\" needs the confluent-kafka package: "
                                  "pip install confluent-kafka, or set kafka.producer = \"kafka-python\"") from None
         self._ck = confluent_kafka
-        s = settings
-        conf = {}
-        for name, value in s.client.items():
-            if name not in _RD_NAMES:
-                raise KafkaSinkError(f"Kafka client option {name!r} has no librdkafka equivalent known to tierlog; "
-                                     "set kafka.producer = \"kafka-python\"")
-            conf[_RD_NAMES[name]] = ",".join(value) if isinstance(value, (list, tuple)) else value
-        conf.update({
-            "acks": "all", "enable.idempotence": True, "compression.type": s.compression,
-            "linger.ms": s.linger_ms, "batch.size": s.batch_bytes, "message.max.bytes": s.max_request_size,
-            "message.timeout.ms": int(s.delivery_timeout_s * 1000),
-            "request.timeout.ms": max(1000, min(30000, int(s.delivery_timeout_s * 1000) - s.linger_ms - 1)),
-            "error_cb": self._client_error,
-            # Its log lines go to Python logging under "kafka", silenced with kafka-python's unless
-            # --log-level DEBUG, instead of librdkafka's own lines on stderr; the sink reports.
-            "logger": logging.getLogger("kafka.librdkafka"), "log.connection.close": False,
-        })
-        self._producer = confluent_kafka.Producer(conf)
+        self._producer = confluent_kafka.Producer({**rdkafka_options(settings), "error_cb": self._client_error})
         self._sent = 0
         self._discarded = False
 

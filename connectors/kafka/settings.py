@@ -12,6 +12,8 @@ from connectors.kafka.errors import TopicNameError
 
 log = logging.getLogger("tierlog.kafka")
 
+PRODUCERS = ("kafka-python", "librdkafka")  # kafka.producer: the client libraries (connectors.kafka.producers)
+
 # Kafka's own rule for topic names (kafka.common.internals.Topic).
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
