@@ -14,6 +14,7 @@ because its Python worker was late is started again, with backoff (``streaming.l
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -254,6 +255,10 @@ class Service:
                 if progress.timestamp <= self._seen_progress.get(name, ""):
                     continue  # counted already (ISO timestamps of one run sort as strings)
                 self._seen_progress[name] = progress.timestamp
+                # Spark's own steps of the batch (planning, its offset and commit logs, the batch
+                # itself): what the batch line's seconds leave out, and what found a stall outside it.
+                log.debug("%s batch %d: Spark's milliseconds per step %s", name, progress.batchId,
+                          json.dumps(progress.durationMs, sort_keys=True))
                 m.rows_in.labels(name).inc(progress.numInputRows)
             memory = _state_memory(stream)
             if memory is not None:

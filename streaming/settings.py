@@ -33,6 +33,7 @@ class Settings:
     stage: StageSettings  # the tiering query's stagers
     writer: WriterSettings  # the tier writer
     tables: TableSettings | None  # the Iceberg message tables; None: tables.enabled is off
+    driver_stage_bytes: int  # tier.stage_on_driver: tiering batches up to this size are staged by the driver; 0: none
 
 
 def derive(conf: cfg.Config) -> Settings:
@@ -53,6 +54,7 @@ def derive(conf: cfg.Config) -> Settings:
                               segment_messages=t.segment_messages, segment_age_s=t.segment_age_s,
                               retention=kept, fold_every=max(1, t.fold_every), delete_grace_s=t.delete_grace_s),
         tables=tables(conf),
+        driver_stage_bytes=conf.source.partition_bytes if t.stage_on_driver else 0,
     )
 
 

@@ -6,6 +6,9 @@ Per micro-batch (``TieringHandler.process``):
    stages that byte range itself (``connectors.tier.staging.stage``: Arrow fast path, one object)
    and yields one ``StagedPart`` row.  Only (physical offset, size) references travel through
    Spark, as in RocketMQ's dispatcher, which hands the uploader references, never bodies.
+   A batch that fits in one task (``tier.stage_on_driver``) is staged by the driver instead,
+   from the batch's offset range, with no Spark job: the job's own cost, about 0.3 s on 2 cores,
+   was most of a small batch's time, so of a message's time to become visible.
 2. **commit**, then **maintain** (driver): ``connectors.tier.writer.TierWriter`` does both; this
    module adds only what needs Spark, the batch's timing and its report, and runs the maintenance
    beside the next batch's stage.
@@ -20,14 +23,17 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import pyarrow as pa
 
-from connectors.tier.staging import CommitLogGaps, StagedPart, StageSettings, stage
+from connectors.tier.staging import CommitLogGaps, StagedPart, StageSettings, stage, stage_range
 from connectors.tables.catalog import TableSettings
 from connectors.tier.writer import TierWriter, WriterSettings
+
+if TYPE_CHECKING:
+    from streaming.checkpoints import Batch
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,7 @@ class TieringSettings:
     stage: StageSettings
     writer: WriterSettings
     tables: TableSettings | None = None
+    driver_stage_bytes: int = 0  # a batch of at most this many bytes is staged by the driver; 0: never
 
 
 def open_tables(settings: TieringSettings):
@@ -80,6 +87,8 @@ class BatchReport:
     max_store_ts: int | None = None
     seconds: float = 0.0
     replay: bool = False
+    on_driver: bool = False  # staged by the driver (``tier.stage_on_driver``), not by a Spark job
+    read_on_driver: int = 0  # records the driver read for it: Spark, which read none, counts 0 input rows
     phases: dict | None = None  # seconds per step: stage (Spark job + uploads), wait (for the last batch's
     # maintenance), dispatch, commit; and maintain, the last batch's maintenance (it ran beside this one)
     uploads: list | None = None  # (kind, seconds) per object written: staging, segment, key_index
@@ -104,27 +113,32 @@ class TieringHandler:
         self._maintenance = ThreadPoolExecutor(1, thread_name_prefix="tierlog-maintain")
         self._maintained: Future | None = None  # the last batch's maintenance: (seals, seconds)
 
-    def process(self, df, batch_id: int) -> None:
+    def process(self, batch: Batch) -> None:
         with self.lock:
             started = time.monotonic()
-            report = self._process(df, batch_id)
+            report = self._process(batch)
             report.seconds = time.monotonic() - started
             if self.on_batch:
                 self.on_batch(report)
 
-    def _process(self, df, batch_id: int) -> BatchReport:
+    def _process(self, batch: Batch) -> BatchReport:
         self._check_maintenance()
-        report = BatchReport(batch_id, phases={})
+        report = BatchReport(batch.batch_id, phases={})
         clock = _Clock(report.phases)
         floor = self.writer.source_end if self.writer.source_end is not None else 0  # only commits move it
-        rows = df.mapInArrow(make_stager(self.settings.stage, floor), StagedPart.DDL).toArrow().to_pylist()
+        staged = self._stage_on_driver(batch, floor)
+        if staged is None:
+            rows = batch.df.mapInArrow(make_stager(self.settings.stage, floor), StagedPart.DDL).toArrow().to_pylist()
+            parts = [StagedPart.from_row(r) for r in rows]
+        else:
+            parts, report.read_on_driver = staged
+            report.on_driver = True
         clock.lap("stage")
         with self.writer_lock:
             clock.lap("wait")  # for the last batch's maintenance
             report.seals, report.phases["maintain"] = self._maintenance_done()
             try:
-                committed = self.writer.commit(batch_id, [StagedPart.from_row(r) for r in rows], self.gaps.between,
-                                               clock.lap)
+                committed = self.writer.commit(batch.batch_id, parts, self.gaps.between, clock.lap)
             finally:
                 report.uploads, self.writer.uploads = self.writer.uploads, []
         if committed is None:
@@ -134,6 +148,20 @@ class TieringHandler:
         report.source_end, report.max_store_ts = committed.source_end, committed.max_store_ts
         self._maintained = self._maintenance.submit(self._maintain)
         return report
+
+    def _stage_on_driver(self, batch: Batch, floor: int) -> tuple[list[StagedPart], int] | None:
+        """The batch's one part (if it holds a record), staged here from its offset range, and the
+        records read, when the batch fits in ``driver_stage_bytes``; None when Spark's tasks should
+        stage it (too large, the setting off, or the range not known: a first batch, or an offset
+        log Spark purged)."""
+        limit = self.settings.driver_stage_bytes
+        if not limit or batch.start is None:
+            return None
+        start = max(batch.start, floor)  # below the floor: tiered already (a replay)
+        if batch.end - start > limit:
+            return None
+        part, records = stage_range(self.settings.stage, start, batch.end) if batch.end > start else (None, 0)
+        return ([part] if part is not None else []), records
 
     def _maintain(self) -> tuple[int, float]:
         started = time.monotonic()

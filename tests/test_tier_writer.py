@@ -19,7 +19,7 @@ from connectors.commitlog.writer import CommitLogWriter
 from connectors.tier.backend import open_backend
 from connectors.tier.reader import TierReader
 from connectors.tier.retention import Retention
-from connectors.tier.staging import CommitLogGaps, StageSettings, stage
+from connectors.tier.staging import CommitLogGaps, StageSettings, stage, stage_range
 from connectors.tier.writer import SkippedMessagesError, TierWriter, WriterSettings
 from state.metadata import MetadataStore
 from tests import ledger
@@ -106,11 +106,19 @@ class Run:
 
     def parts(self, first: int, last: int, pieces: int, rng: random.Random):
         """Stage messages ``first .. last - 1`` of the log, from where the tier ended, in ``pieces``
-        ranges cut at random record boundaries, as Spark's partitions would."""
+        ranges cut at random record boundaries, as Spark's partitions would; with ``pieces`` 0, as
+        the driver stages a small batch: from its offset range alone, which starts where the batch
+        before it ended (a file's blank tail, when the log rolled there)."""
         floor = self.writer.source_end or 0
         batch = [m for m in self.written[first:last] if m.phy_offset >= floor]
         if not batch:
             return []
+        if pieces == 0:
+            before = self.written[first - 1] if first else None
+            start = max(floor, before.phy_offset + before.size if before else 0)
+            part, read = stage_range(self.stage_settings, start, batch[-1].phy_offset + batch[-1].size)
+            assert read == len(batch)
+            return [part] if part is not None else []
         cuts = sorted(rng.sample(range(1, len(batch)), min(pieces - 1, len(batch) - 1))) if len(batch) > 1 else []
         out = []
         for a, b in zip([0, *cuts], [*cuts, len(batch)]):
@@ -127,11 +135,11 @@ def drive(root, seed: int, crash_at: int | None = None, messages: int = 240) -> 
     """A random sequence of batches, each followed by random maintenance, folds and restarts."""
     rng = random.Random(seed)
     run = Run(root, messages=messages, seed=seed, faults=Faults(crash_at))
-    did = {"batches": 0, "maintain": 0, "fold": 0, "restart": 0, "crash": 0}
+    did = {"batches": 0, "on_driver": 0, "maintain": 0, "fold": 0, "restart": 0, "crash": 0}
     first, batch_id = 0, 0
     while first < len(run.written):
         last = min(len(run.written), first + rng.randint(1, 40))
-        pieces = rng.randint(1, 3)
+        pieces = rng.randint(0, 3)
         ops = rng.sample(["maintain", "fold", "restart", "maintain"], rng.randint(0, 3))
 
 
@@ -142,6 +150,7 @@ def drive(root, seed: int, crash_at: int | None = None, messages: int = 240) -> 
                 did[op] += 1
         surviving(run, batch, did)
         did["batches"] += 1
+        did["on_driver"] += pieces == 0
         first, batch_id = last, batch_id + 1
     surviving(run, lambda: run.writer.maintain(), did)  # the writer of the moment, after any restart
     return run, did
@@ -185,7 +194,7 @@ def test_random_sequences_of_commits_seals_expirations_folds_and_restarts_equal_
     run, did = drive(tmp_path, seed)
     try:
         states = assert_tier_equals_ledger(run)
-        assert did["batches"] > 5 and did["maintain"] and did["fold"] and did["restart"], did
+        assert did["batches"] > 5 and did["on_driver"] and did["maintain"] and did["fold"] and did["restart"], did
         assert any(s.sealed > 0 for s in states.values()), "nothing was sealed"
         assert any(s.low > 0 for k, s in states.items() if k[0] == "topic-1"), "retention expired nothing"
         assert all(s.low == 0 for k, s in states.items() if k[0] == "topic-0"), "retention is topic-1's only"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -74,6 +75,28 @@ def test_tier_holds_exactly_the_commitlog_and_seals_segments(spark, tmp_path, ti
             assert q.segments == len(state.segments_for((q.topic, q.queue_id)))
     finally:
         store.close()
+
+
+def test_batches_that_fit_one_task_are_staged_by_the_driver_and_the_rest_by_spark(spark, tmp_path, caplog):
+    """``tier.stage_on_driver``: a batch no larger than ``source.partition_bytes`` (and not the
+    first, whose start Spark's offset log does not hold) is staged by the driver from its offset
+    range; larger ones by Spark's tasks.  Files roll every 256 KiB, so driver-staged ranges start on
+    blank tails too.  The tier equals the writers' ledger either way."""
+    conf = make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=120)
+    object.__setattr__(conf.source, "partition_bytes", 150_000)  # batches of 200,000 bytes need Spark
+    with caplog.at_level("INFO", logger="tierlog.service"):
+        produce(conf, 600)
+        run_until_caught_up(spark, conf)
+        produce(conf, 900, start=600)
+        object.__setattr__(conf.source, "max_bytes_per_trigger", 100_000)  # these fit: the driver's
+        run_until_caught_up(spark, conf)
+        produce(conf, 300, start=1500)
+        run_until_caught_up(spark, conf)
+    assert_tier_equals_commitlog(conf)
+    staged_by = [json.loads(r.getMessage().split("batch ", 1)[1]).get("staged_by") for r in caplog.records
+                 if r.getMessage().startswith("batch {") and '"tiering"' in r.getMessage()]
+    assert staged_by.count("driver") > 5 and "spark" in staged_by, staged_by
+    assert TierReader(conf.tier.location).view().segments, "sealing ran over driver-staged objects"
 
 
 def test_more_data_later_and_a_new_checkpoint_commit_nothing_twice(spark, tmp_path):

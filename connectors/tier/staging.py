@@ -142,6 +142,33 @@ def stage(settings: StageSettings, first_phy: int, end_phy: int, last_phy: int) 
     return part
 
 
+def stage_range(settings: StageSettings, start: int, end: int) -> tuple[StagedPart | None, int]:
+    """Stage every record in ``[start, end)`` as one part, exactly as one Spark task handed that
+    range's references would (``stage`` from its first record to the end of its last); returns the
+    part (None when the range holds no record) and how many records the range holds, which Spark
+    would have counted as the batch's input.  ``start`` must be a record boundary, as a batch's is.
+
+    Why: under ``tierlog run`` a small batch is staged this way by the driver itself
+    (``tier.stage_on_driver``), without a Spark job, whose own cost was most of such a batch's time
+    (``docs/benchmarks.md``)."""
+    from connectors.commitlog.reader import CommitLogReader
+
+    first = last = None
+    records = 0
+    # The header walk only, as the source's references come from; what it skips under quarantine is
+    # found again, and recorded, by ``stage``'s own read.
+    with CommitLogReader(settings.commitlog_dir, on_corrupt=settings.on_corrupt, broker=settings.broker) as reader:
+        for span in reader.spans(start, end):
+            if span.starts:
+                if first is None:
+                    first = span.file.base + span.starts[0]
+                last = (span.file.base + span.starts[-1], span.sizes[-1])
+                records += len(span.starts)
+    if first is None:
+        return None, 0
+    return stage(settings, first, last[0] + last[1], last[0]), records
+
+
 @dataclass(frozen=True)
 class Gap:
     """What lies in a commitlog range no part covered: ``skipped`` says what would be lost (None when

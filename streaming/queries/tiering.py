@@ -33,7 +33,8 @@ class TieringQuery(Query):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         s = ctx.settings
-        self.handler = TieringHandler(TieringSettings(s.stage, s.writer, s.tables), ctx.metadata, on_batch=self.report)
+        self.handler = TieringHandler(TieringSettings(s.stage, s.writer, s.tables, s.driver_stage_bytes), ctx.metadata,
+                                      on_batch=self.report)
         self.lock = self.handler.lock
         self.batches = self.rows = self.bytes = 0
         self._log_reader: CommitLogReader | None = None  # kept open: it remembers the frontier
@@ -42,7 +43,7 @@ class TieringQuery(Query):
         return refs_stream(spark, self.ctx.source_options)
 
     def process(self, batch: Batch) -> None:
-        self.handler.process(batch.df, batch.batch_id)
+        self.handler.process(batch)
 
     def flush(self) -> None:
         self.handler.flush()  # a clean stop leaves a root that covers every commit
@@ -70,11 +71,13 @@ class TieringQuery(Query):
         }
         if report.phases:
             line["phases"] = report.phases
+            line["staged_by"] = "driver" if report.on_driver else "spark"
         if report.replay:
             line["replay"] = True
         log.info("batch %s", json.dumps(line))
         m = self.ctx.metrics
         m.batch_seconds.labels(self.name).observe(report.seconds)
+        m.rows_in.labels(self.name).inc(report.read_on_driver)  # Spark counts the rest from its progress
         m.bytes_in.labels(self.name).inc(report.bytes)
         m.behind_messages.set(line["lag_msgs"])
         m.behind_seconds.set(line["lag_s"])
