@@ -1,7 +1,7 @@
 """Tiering benchmarks (issue 3), each printing JSON with its baseline measured in the same run.
 
     python -m bench.bench_tiering catchup   [--mb 1024] [--queues 1024] [--on-corrupt fail|quarantine|both]
-    python -m bench.bench_tiering freshness [--rate 10000] [--seconds 60]
+    python -m bench.bench_tiering freshness [--rate 10000] [--seconds 60] [--kafka]
     python -m bench.bench_tiering objects   [--queues 10000]
     python -m bench.bench_tiering restart   [--rounds 3] [--messages 50000]
 
@@ -21,7 +21,9 @@ freshness  `tierlog produce --rate R` appends while `tierlog run` tiers; per
            Every message stored after the warm-up counts: the run waits until
            the tier has committed the whole log (--drain), then kills the
            service (a clean stop folds the commit records away); messages still
-           not committed are reported.  Target: p99 <= 1 s.
+           not committed are reported.  Compaction runs beside tiering; with
+           --kafka the mirror and the changelog too, on an embedded tansu.
+           Target: p99 <= 1 s.
 objects    Objects written per batch (staging objects + the commit record) with
            N active queues, against 10 queues in the same run.  Target: O(1).
 restart    kill -9 a running `tierlog run` (the whole service: tiering and
@@ -66,6 +68,7 @@ def make_conf(root: str, **overrides) -> cfg.Config:
         state=cfg.StateConfig(dir=os.path.join(root, "state")),
         checkpoint=cfg.CheckpointConfig(dir=os.path.join(root, "checkpoints")),
         spark=cfg.SparkConfig(**overrides.pop("spark", {})),
+        kafka=cfg.KafkaConfig(**overrides.pop("kafka", {})),
     )
 
 
@@ -209,7 +212,21 @@ class ServiceProcess:
 
 def freshness(args) -> dict:
     root = tempfile.mkdtemp(prefix="tierlog-fresh-")
-    service = ServiceProcess(root, args.trigger)
+    broker = None
+    if args.kafka:  # the mirror and the changelog run beside tiering, as the whole service does
+        from connectors.kafka.embedded import EmbeddedBroker
+
+        broker = EmbeddedBroker(log_path=os.path.join(root, "tansu.log")).start()
+    try:
+        return _freshness(args, root, broker)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def _freshness(args, root: str, broker) -> dict:
+    kafka = {"bootstrap": broker.bootstrap, "partitions": 4} if broker else {}
+    service = ServiceProcess(root, conf=make_conf(root, spark={"trigger_interval_s": args.trigger}, kafka=kafka))
     conf = service.conf
     service.start()
     # Warm up: the first batches of a new Spark application start Python workers and compile plans.
@@ -252,6 +269,7 @@ def freshness(args) -> dict:
         "benchmark": "tiering-freshness", "target_rate": args.rate, "achieved_rate": produced["msgs_per_s"],
         "messages": len(latencies), "measured": len(values), "steady_messages": steady,
         "not_committed_within_drain": uncommitted, "trigger_interval_s": args.trigger,
+        "kafka": "mirror and changelog on an embedded tansu" if broker else "off",
         "append_to_committed_ms": {"p50": round(q[49]), "p99": round(q[98]), "max": max(values)},
         "batch_seconds": {"count": len(batch_seconds), "p50": batch_seconds[len(batch_seconds) // 2],
                           "max": batch_seconds[-1]},
@@ -350,6 +368,7 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=30, help="seconds for the service to start and warm up")
     p.add_argument("--trigger", type=float, default=0.5, help="trigger interval in seconds")
     p.add_argument("--drain", type=float, default=120, help="seconds to wait for the tier to commit the whole log")
+    p.add_argument("--kafka", action="store_true", help="the Kafka mirror and changelog too (an embedded tansu)")
     p = sub.add_parser("objects")
     p.add_argument("--queues", type=int, default=10000)
     p.add_argument("--messages", type=int, default=200_000)
