@@ -151,11 +151,6 @@ class KafkaConfig:
     mirror_tasks: int = setting(
         0, "Parallel Spark tasks sending the mirror, each owning some partitions (0: Spark's default parallelism)."
     )
-    mirror_on_driver: bool = setting(
-        True, "Send a mirror micro-batch that fits in one Spark task (source.partition_bytes) from the driver, "
-              "without a Spark job: the job's own cost is most of a small batch's time and takes the cores the "
-              "tiering batches need. Larger batches (catching up) are sent by mirror_tasks Spark tasks in parallel."
-    )
     mirror_topic: str = setting("{topic}", "Kafka topic of the mirror; {topic} is the RocketMQ topic.")
     mirror_topic_map: str = setting("", "Explicit mirror topics, `orders=orders-mirror,...`; they win over mirror_topic.")
     changelog_topic: str = setting("{topic}.changelog", "Kafka topic of the changelog; {topic} is the RocketMQ topic.")

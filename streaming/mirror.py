@@ -14,10 +14,7 @@ and the executors do the sending.  Per batch:
    own idempotent producer, in physical order.  A partition therefore has one
    sender and keeps its order, while the slots run in parallel: two
    kafka-python producers in two processes send about 1.8 times as fast as
-   one here.  A batch that fits in one task (``kafka.mirror_on_driver``) is
-   sent by the driver instead, as the one slot, with a producer it keeps
-   between batches: a Spark job cost more than such a batch's sending, and
-   its tasks took the cores the tiering batches needed at the same moment;
+   one here;
 3. the driver collects each task's outcome: the positions it reached (handed
    to the next batch's tasks, so they need not read them back), messages
    skipped as too large (recorded in the metadata store), or a failure.  A
@@ -48,7 +45,7 @@ from connectors.commitlog.topics import TopicFilter
 from connectors.kafka.errors import KafkaSinkError, KafkaUnavailable
 from connectors.kafka.mirror import MIRROR_COLUMNS, MirrorSink, slot_of
 from connectors.kafka.settings import KafkaSettings
-from connectors.kafka.sink import Health, SinkStats, backoff
+from connectors.kafka.sink import Health, backoff
 from streaming.checkpoints import Batch
 from connectors.faults import crash_point
 from connectors.sinks import MIRROR
@@ -68,7 +65,6 @@ class MirrorReport:
     source_end: int
     seconds: float
     attempts: int = 1
-    on_driver: bool = False  # sent by the driver (``kafka.mirror_on_driver``), not by a Spark job
 
 
 @dataclass(frozen=True)
@@ -88,19 +84,12 @@ class SendTask:
     topics: TopicFilter | None = None  # the messages of the topics it accepts are sent
 
 
-def send_slot(task: SendTask, slot: int, sink: MirrorSink | None = None) -> dict:
-    """Send the partitions ``slot`` owns of ``[task.start, task.end)``; the outcome as one row.
-
-    ``sink``: the sender to use, kept by the caller between calls (the driver's, owning every
-    partition: ``task.slots`` is 1); else a new one over this process's shared producer."""
+def send_slot(task: SendTask, slot: int) -> dict:
+    """Send the partitions ``slot`` owns of ``[task.start, task.end)``; the outcome as one row."""
     too_large: list = []
-    kept = sink is not None
-    if sink is None:
-        sink = MirrorSink(task.kafka, owns=lambda topic, p: slot_of(topic, p, task.slots) == slot,
-                          shared_producer=True, topics=task.topics)
-    sink.on_skip = lambda phy, why: too_large.append([phy, why])
-    sink.stats = SinkStats()
-    sink.forget()  # what the task says is current, nothing this sink learnt before it
+    sink = MirrorSink(task.kafka, owns=lambda topic, p: slot_of(topic, p, task.slots) == slot,
+                      on_skip=lambda phy, why: too_large.append([phy, why]), shared_producer=True,
+                      topics=task.topics)
     sink.seed(task.partitions, {tuple(_split(k)): v for k, v in task.positions.items()})
     error, retriable = None, False
     try:
@@ -110,8 +99,7 @@ def send_slot(task: SendTask, slot: int, sink: MirrorSink | None = None) -> dict
     except KafkaSinkError as exc:
         error, retriable = str(exc), exc.retriable
     finally:
-        if not kept:
-            sink.close()
+        sink.close()
     partitions, positions = sink.known()
     owned = {f"{t}\x00{p}": v for (t, p), v in positions.items() if slot_of(t, p, task.slots) == slot}
     return {"slot": slot, "sent": sink.stats.sent, "skipped": sink.stats.skipped, "bytes": sink.stats.bytes,
@@ -147,10 +135,8 @@ class MirrorHandler:
                  key_property: str = "KEYS", check_crc: bool = True, on_corrupt: str = "fail", tasks: int = 0,
                  should_stop: Callable[[], bool] = lambda: False,
                  on_batch: Callable[[MirrorReport], None] | None = None,
-                 topics: TopicFilter | None = None, driver_bytes: int = 0):
+                 topics: TopicFilter | None = None):
         self.kafka = kafka
-        self.driver_bytes = driver_bytes  # a batch of at most this many bytes is sent by the driver; 0: never
-        self._driver_sink: MirrorSink | None = None  # the driver's sender, created on its first batch
         self.topics = topics
         self.commitlog_dir = commitlog_dir
         self.metadata = metadata
@@ -175,7 +161,6 @@ class MirrorHandler:
             start = batch.start if batch.start is not None else self._first_reference(df)
             report = MirrorReport(batch_id, 0, 0, 0, end, 0.0, 0)
             if start is not None and start < end:
-                report.on_driver = bool(batch.start is not None and end - start <= self.driver_bytes)
                 self._send(df.sparkSession, start, end, report)
             crash_point("mirrored")
             if self.metadata is not None:
@@ -193,18 +178,15 @@ class MirrorHandler:
         return df.agg(F.min("phy_offset")).first()[0]
 
     def _send(self, spark, start: int, end: int, report: MirrorReport) -> None:
-        slots_total = 1 if report.on_driver else self.tasks or spark.sparkContext.defaultParallelism
+        slots_total = self.tasks or spark.sparkContext.defaultParallelism
         pending = list(range(slots_total))
         attempt = 0
         while pending:
             task = SendTask(self.kafka, self.commitlog_dir, start, end, slots_total, self.key_property,
                             self.check_crc, self.on_corrupt, dict(self._partitions), dict(self._positions),
                             self.topics)
-            if report.on_driver:
-                outcomes = [send_slot(task, 0, self._driver_sender())]
-            else:
-                outcomes = (spark.range(0, len(pending), 1, len(pending))
-                            .mapInArrow(make_sender(task, pending), OUTCOME_DDL).toArrow().to_pylist())
+            outcomes = (spark.range(0, len(pending), 1, len(pending))
+                        .mapInArrow(make_sender(task, pending), OUTCOME_DDL).toArrow().to_pylist())
             report.attempts += 1
             failed = self._collect(outcomes, report)
             if not failed:
@@ -215,17 +197,6 @@ class MirrorHandler:
             if fatal:
                 raise KafkaSinkError(fatal[0]["error"])
             attempt = backoff(attempt, KafkaUnavailable(failed[0]["error"]), self.health, self.should_stop)
-
-    def _driver_sender(self) -> MirrorSink:
-        if self._driver_sink is None:
-            self._driver_sink = MirrorSink(self.kafka, topics=self.topics)
-        return self._driver_sink
-
-    def close(self) -> None:
-        """Close the driver's producer (what it sent was flushed with its batch)."""
-        if self._driver_sink is not None:
-            self._driver_sink.close()
-            self._driver_sink = None
 
     def _collect(self, outcomes: list[dict], report: MirrorReport) -> list[dict]:
         """Take in what each task reached; returns the failed ones."""

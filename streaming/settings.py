@@ -34,7 +34,6 @@ class Settings:
     writer: WriterSettings  # the tier writer
     tables: TableSettings | None  # the Iceberg message tables; None: tables.enabled is off
     driver_stage_bytes: int  # tier.stage_on_driver: tiering batches up to this size are staged by the driver; 0: none
-    driver_mirror_bytes: int  # kafka.mirror_on_driver: mirror batches up to this size are sent by the driver; 0: none
 
 
 def derive(conf: cfg.Config) -> Settings:
@@ -56,7 +55,6 @@ def derive(conf: cfg.Config) -> Settings:
                               retention=kept, fold_every=max(1, t.fold_every), delete_grace_s=t.delete_grace_s),
         tables=tables(conf),
         driver_stage_bytes=conf.source.partition_bytes if t.stage_on_driver else 0,
-        driver_mirror_bytes=conf.source.partition_bytes if conf.kafka.mirror_on_driver else 0,
     )
 
 

@@ -7,8 +7,6 @@ values, headers), the changelog as a compacted view (tombstones included).
 
 from __future__ import annotations
 
-import json
-
 from connectors.commitlog.format import Message
 from streaming import config as cfg
 from streaming.service import Service
@@ -152,26 +150,3 @@ def test_a_consumer_group_reads_the_mirror(spark, tmp_path, kafka_bootstrap, kaf
         consumer.close()
     assert sorted(got) == sorted(want)
     assert committed == len(want)
-
-
-def test_mirror_batches_that_fit_one_task_are_sent_by_the_driver_and_the_rest_by_spark(
-        spark, tmp_path, kafka_bootstrap, kafka_prefix, caplog):
-    """``kafka.mirror_on_driver``: a batch no larger than ``source.partition_bytes`` (not the
-    first, whose start the offset log lacks) is sent by the driver with a producer it keeps; larger
-    ones by Spark's tasks.  Batches of both kinds, one after the other within a run and across
-    restarts, send every message exactly once, in order."""
-    conf = kafka_conf(make_conf(tmp_path, str(tmp_path / "tier"), compaction=COMPACTION), kafka_bootstrap, kafka_prefix)
-    object.__setattr__(conf.source, "partition_bytes", 40_000)
-    with caplog.at_level("INFO", logger="tierlog.service"):
-        for round_, trigger_bytes in enumerate([100_000, 30_000, 100_000]):
-            object.__setattr__(conf.source, "max_bytes_per_trigger", trigger_bytes)
-            append(conf, kv_messages(1200, keys=200, seed=round_, topics=2))
-            run(spark, conf)
-            assert_kafka_equals_oracle(conf)
-    sent_by = [json.loads(r.getMessage().split("batch ", 1)[1]).get("sent_by") for r in caplog.records
-               if r.getMessage().startswith("batch {") and '"mirror"' in r.getMessage()]
-    assert sent_by.count("driver") > 2 and sent_by.count("spark") > 2, sent_by
-    # A run's last, smaller batch follows its Spark batches; the third run's Spark batches follow the
-    # second run's driver batches (in the Kafka partitions the driver's producer wrote last).
-    pairs = set(zip(sent_by, sent_by[1:]))
-    assert ("spark", "driver") in pairs and ("driver", "spark") in pairs, sent_by

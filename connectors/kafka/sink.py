@@ -173,12 +173,6 @@ class KafkaSink:
         """Partition counts and positions this sink has learnt (to seed another with ``seed``)."""
         return dict(self._partitions), dict(self._positions)
 
-    def forget(self) -> None:
-        """Forget every partition count and position, keeping the producer: another sender may have
-        moved them since, and a stale position would send its records again."""
-        self._partitions.clear()
-        self._positions.clear()
-
     def seed(self, partitions: dict[str, int], positions: dict[tuple[str, int], int]) -> None:
         """Take counts and positions known to be current, so they need not be read back.
 
