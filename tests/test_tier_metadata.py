@@ -310,3 +310,47 @@ def test_retention_by_bytes_and_messages_drops_each_queues_oldest_segments(tmp_p
         assert any(name.startswith(NAMES.meta_prefix + "pages/") for name in store.pending_deletes())
     finally:
         store.close()
+
+
+def test_a_record_applied_by_queue_folds_to_what_the_whole_record_does():
+    """``by_queue`` splits a record into one part per queue, so a record over Q queues costs O(Q) to
+    apply, not O(Q^2); each part must do to its queue exactly what the whole record does."""
+    from connectors.tier.manifest import apply_to_manifest, apply_to_state, by_queue, record_keys
+
+    rng = random.Random(7)
+    keys = [(f"t{i % 3}", i) for i in range(12)]
+    states, manifests = {}, {}
+    whole_states, whole_manifests = {}, {}
+    offsets = {k: 0 for k in keys}
+    for seq in range(1, 60):
+        touched = rng.sample(keys, rng.randint(1, len(keys)))
+        if seq % 3:
+            objects = []
+            for i in range(rng.randint(1, 3)):
+                queues = []
+                for t, q in sorted(touched):
+                    n = rng.randint(1, 5)
+                    queues.append([t, q, {"first": offsets[(t, q)], "last": offsets[(t, q)] + n - 1, "rows": n,
+                                          "bytes": n * 10, "min_ts": seq, "max_ts": seq}])
+                    offsets[(t, q)] += n
+                objects.append({"name": f"s{seq}-{i}", "size": 100, "first_phy": seq * 10 + i, "time_ms": seq,
+                                "queues": queues})
+            record = {"type": "batch", "seq": seq, "staging": objects}
+        else:
+            held = [k for k in touched if k in whole_states and whole_states[k].commit > whole_states[k].sealed]
+            if not held:
+                continue
+            record = {"type": "seal", "seq": seq, "retire": [], "segments": [
+                {"topic": t, "queue_id": q, "base": whole_states[(t, q)].sealed, "end": whole_states[(t, q)].commit - 1,
+                 "rows": 1, "size": 7, "name": f"seg-{seq}-{t}-{q}", "keys": f"k-{seq}-{t}-{q}", "min_ts": 0,
+                 "max_ts": 0} for t, q in held]}
+        parts = by_queue(record)
+        assert set(parts) == record_keys(record)
+        for key, part in parts.items():
+            whole_states[key] = apply_to_state(whole_states.get(key), key, record)
+            states[key] = apply_to_state(states.get(key), key, part)
+            whole_manifests[key] = apply_to_manifest(whole_manifests.get(key), key, record)
+            manifests[key] = apply_to_manifest(manifests.get(key), key, part)
+            assert states[key] == whole_states[key]
+            assert manifests[key].to_json() == whole_manifests[key].to_json(), (seq, key)
+    assert any(m.recent for m in manifests.values()) and any(m.staging for m in manifests.values())

@@ -40,7 +40,7 @@ from connectors.tier.backend import Backend
 from connectors.tier.errors import ObjectNotFound, TierRecordError
 from connectors.tier.manifest import (
     DEFAULT_BUCKETS, FORMAT, PAGE_SEGMENTS, PageRef, QueueKey, QueueManifest, QueueState, Segment, StagingObject,
-    StagingPart, add_counts, apply_to_manifest, apply_to_state, bucket_of, check_record, dropped_pages, home_bucket,
+    StagingPart, add_counts, apply_to_manifest, apply_to_state, bucket_of, by_queue, check_record, dropped_pages, home_bucket,
     record_keys,
 )
 from connectors.tier.pool import io_map
@@ -129,10 +129,10 @@ class TierHead:
 
     def apply(self, record: dict, size: int = 0) -> None:
         self.check(record)
-        for key in record_keys(record):
+        for key, part in by_queue(record).items():
             if key not in self.queues:
                 self._add_queue(key)
-            self.queues[key] = apply_to_state(self.queues.get(key), key, record)
+            self.queues[key] = apply_to_state(self.queues.get(key), key, part)
             self.changed_buckets.add(bucket_of(key, self.buckets))
         kind = record["type"]
         if kind == "batch":
@@ -325,8 +325,8 @@ class TierLog:
         seq = head.seq
         by_key: dict[QueueKey, list[dict]] = {}
         for record in head.tail:
-            for key in record_keys(record):
-                by_key.setdefault(key, []).append(record)
+            for key, part in by_queue(record).items():
+                by_key.setdefault(key, []).append(part)
 
         def fold_queue(key: QueueKey) -> list[str]:
             m = self._manifest(key, head.versions.get(key))

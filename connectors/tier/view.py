@@ -15,7 +15,7 @@ from typing import Iterator
 from connectors.tier.pool import io_map
 from connectors.tier.manifest import (
     QueueKey, QueueManifest, QueueState, Segment, StagingPart, add_counts, apply_to_manifest, apply_to_state,
-    bucket_of, home_bucket, record_keys,
+    bucket_of, by_queue, home_bucket,
 )
 
 _FAR = 2**63 - 1
@@ -36,8 +36,8 @@ class TierView:
         self.filtered: dict[str, dict[str, int]] = {k: dict(v) for k, v in root.get("filtered", {}).items()}
         self._tail_by_key: dict[QueueKey, list[dict]] = {}
         for record in tail:
-            for key in record_keys(record):
-                self._tail_by_key.setdefault(key, []).append(record)
+            for key, part in by_queue(record).items():
+                self._tail_by_key.setdefault(key, []).append(part)
                 self._tail_topics[key[0]] = max(self._tail_topics.get(key[0], 0), key[1] + 1)
             if record["type"] == "batch":
                 self.source_end, self.last_batch_id = record["source_end"], record["batch_id"]
