@@ -158,3 +158,36 @@ def test_a_topic_written_by_another_producer_is_refused(conf):
     append(conf, kv_messages(10, keys=5, seed=4, topics=1))
     with pytest.raises(ForeignRecordError, match=f"{topic}.*partition 0.*tierlog.phy"):
         publish(MirrorSink(kafka_settings(conf)), conf)
+
+
+def test_each_record_librdkafka_fails_is_reported_with_its_own_position():
+    """librdkafka's delivery reports carry no position: the producer takes the oldest one its
+    partition has in flight.  With no broker, every record expires; each partition's failures
+    must name exactly the positions sent there, in the order they were sent."""
+    from connectors.kafka.producers import RdKafkaProducer
+    from connectors.kafka.settings import KafkaSettings
+
+    class Recording(RdKafkaProducer):
+        def _fail(self, position, error):
+            failures.append((self.last_report, position))
+            super()._fail(position, error)
+
+        def _report(self, err, msg):
+            self.last_report = (msg.topic(), msg.partition())
+            super()._report(err, msg)
+
+    failures: list = []
+    settings = KafkaSettings(client={"bootstrap_servers": f"127.0.0.1:{free_port()}"}, delivery_timeout_s=2.0)
+    producer = Recording(settings)
+    sent: dict = {}
+    for position in range(100, 160):
+        where = (f"t{position % 2}", position % 3)
+        producer.send(where[0], where[1], b"k", b"v", [], None, position)
+        sent.setdefault(where, []).append(position)
+    assert producer.flush(30)
+    got: dict = {}
+    for where, position in failures:
+        got.setdefault(where, []).append(position)
+    assert got == sent
+    assert producer.failure()[1] == failures[0][1] and producer.failure() is None
+    producer.discard()

@@ -20,13 +20,13 @@ def source_headers(phy: int, topic: str, queue_id: int, queue_offset: int, store
             (QUEUE_OFFSET, b"%d" % queue_offset), (STORE_TS, b"%d" % store_ts)]
 
 
-def queue_partition(broker: str, queue_id: int, partitions: int) -> int:
-    """The mirror's partition of a broker's queue: one partition per queue, so its order is kept.
-    Every broker numbers its queues from 0, so the broker's name shifts where its queues start:
-    with ``queue_id`` alone, every broker's queue 0 would share partition 0 and the low partitions
-    would take the load of every broker.  Brokers may still share a partition; each one's
-    records keep their order, and the read-back finds each broker's own last one."""
-    return (zlib.crc32(broker.encode()) + queue_id) % partitions
+def queue_partitions(broker: str, queue_ids: np.ndarray, partitions: np.ndarray) -> np.ndarray:
+    """The mirror's partition of each of a broker's queues: one partition per queue, so its order
+    is kept.  Every broker numbers its queues from 0, so the broker's name shifts where its queues
+    start: with ``queue_id`` alone, every broker's queue 0 would share partition 0 and the low
+    partitions would take the load of every broker.  Brokers may still share a partition; each
+    one's records keep their order, and the read-back finds each broker's own last one."""
+    return (zlib.crc32(broker.encode()) + queue_ids.astype(np.int64)) % partitions
 
 
 def key_partition(key: bytes, partitions: int) -> int:

@@ -29,7 +29,6 @@ read-back found, and both sinks must share exactly that.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -46,7 +45,7 @@ from connectors.kafka.errors import (
     KafkaUnavailable,
     RecordTooLargeError,
 )
-from connectors.kafka.producers import Producer, SendError, TooLarge, describe, open_producer, retriable
+from connectors.kafka.producers import Producer, TooLarge, describe, open_producer, retriable
 from connectors.kafka.settings import KafkaSettings
 from connectors.faults import crash_point
 
@@ -112,8 +111,6 @@ class KafkaSink:
         # Everything at or below it is known sent (its owner recorded so): a record another
         # broker's compacted away cannot make the read-back send it again.
         self.floor = -1
-        self._error: BaseException | None = None  # the first failed send since the last flush
-        self._error_lock = threading.Lock()
         self.health = Health(self.name, on_health)
 
     # ------------------------------------------------------------ connection
@@ -148,7 +145,6 @@ class KafkaSink:
         self._producer = None
         self._partitions.clear()
         self._positions.clear()
-        self._error = None
 
     # ------------------------------------------------------------ topics and positions
 
@@ -199,8 +195,7 @@ class KafkaSink:
             self.stats.skipped += 1
             return False
         try:
-            self.producer.send(topic, partition, key, value, headers, timestamp_ms,
-                               lambda error: self._failed(position, error))
+            self.producer.send(topic, partition, key, value, headers, timestamp_ms, position)
         except TooLarge as exc:
             self._too_large(position, str(exc))
             return False
@@ -210,11 +205,6 @@ class KafkaSink:
             crash_point("kafka_sending")
         self.stats.bytes += len(value or b"")
         return True
-
-    def _failed(self, position: int, error: SendError) -> None:
-        with self._error_lock:
-            if self._error is None:
-                self._error = (error, position)
 
     def _too_large(self, position: int, reason: str) -> None:
         if self.settings.on_too_large != "skip":
@@ -242,7 +232,7 @@ class KafkaSink:
             self.health.waiting(f"records not acknowledged for {waited:.0f} s (broker down or slow?)")
             if self.should_stop():
                 raise StopRequested(f"the {self.name} sink stopped while waiting for Kafka")
-        failed, self._error = self._error, None
+        failed = self._producer.failure()
         if failed is not None:
             error, position = failed
             if error.too_large:
