@@ -149,7 +149,8 @@ class KafkaConfig:
         True, "Send each changed key's latest value to a compacted topic (the changelog sink); needs compaction."
     )
     mirror_tasks: int = setting(
-        0, "Parallel Spark tasks sending the mirror, each owning some partitions (0: Spark's default parallelism)."
+        0, "Parallel Spark tasks sending the mirror, each owning some partitions (0: one per two cores with "
+        "librdkafka, one per core with kafka-python)."
     )
     mirror_topic: str = setting("{topic}", "Kafka topic of the mirror; {topic} is the RocketMQ topic.")
     mirror_topic_map: str = setting("", "Explicit mirror topics, `orders=orders-mirror,...`; they win over mirror_topic.")

@@ -8,7 +8,7 @@ and the executors do the sending.  Per batch:
 
 1. take the batch's byte range, which the runner reads from the query's
    offset log (where the batch before it ended, and where it ends);
-2. run one Spark task per sender slot (``kafka.mirror_tasks``).  Each task
+2. run one Spark task per sender slot (``kafka.mirror_tasks``; see ``default_slots``).  Each task
    reads the batch's byte range from the commitlog with the Arrow fast path
    and sends only the Kafka partitions its slot owns (``slot_of``), with its
    own idempotent producer, in physical order.  A partition therefore has one
@@ -107,6 +107,18 @@ def send_slot(task: SendTask, slot: int) -> dict:
             "too_large": json.dumps(too_large), "error": error, "retriable": retriable}
 
 
+def default_slots(kafka: KafkaSettings, parallelism: int) -> int:
+    """Sender slots under ``kafka.mirror_tasks = 0``: one a core with kafka-python, one per two
+    cores with librdkafka.
+
+    Why: kafka-python's sending is Python on one GIL, so a second process nearly doubles it.  A
+    librdkafka sender keeps about a core busy by itself (1.06 cores: its Python thread and
+    librdkafka's threads), and every slot decodes the whole batch to find its own rows, so on two
+    cores a second slot only competed with the first: the query at 1 KB on tansu, four rounds
+    alternating, 50-63k messages/s with one slot against 49-54k with two, at half the CPU."""
+    return parallelism if kafka.producer == "kafka-python" else max(1, parallelism // 2)
+
+
 def _split(key: str) -> tuple[str, int]:
     topic, _, partition = key.rpartition("\x00")
     return topic, int(partition)
@@ -178,7 +190,7 @@ class MirrorHandler:
         return df.agg(F.min("phy_offset")).first()[0]
 
     def _send(self, spark, start: int, end: int, report: MirrorReport) -> None:
-        slots_total = self.tasks or spark.sparkContext.defaultParallelism
+        slots_total = self.tasks or default_slots(self.kafka, spark.sparkContext.defaultParallelism)
         pending = list(range(slots_total))
         attempt = 0
         while pending:

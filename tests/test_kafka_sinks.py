@@ -124,12 +124,13 @@ def test_kafkas_log_cleaner_compacts_the_changelog_to_the_kv_view(spark, tmp_pat
 
 def test_a_consumer_group_reads_the_mirror(spark, tmp_path, kafka_bootstrap, kafka_prefix):
     """Group subscription on a real broker: a consumer group gets its partitions assigned and reads
-    every mirrored message once, then commits its offsets."""
+    every mirrored message once, then commits its offsets.  The mirror runs with its default sender
+    slots (one, on these 2 cores); the other tests send with two."""
     import time
 
     from kafka import KafkaConsumer
 
-    conf = kafka_conf(make_conf(tmp_path, str(tmp_path / "tier")), kafka_bootstrap, kafka_prefix)
+    conf = kafka_conf(make_conf(tmp_path, str(tmp_path / "tier")), kafka_bootstrap, kafka_prefix, mirror_tasks=0)
     append(conf, kv_messages(600, keys=100, seed=7, topics=2))
     run(spark, conf)
     want = {m["phy_offset"] for m in __import__("tests.oracle", fromlist=["replay"]).replay(conf.commitlog.dir)}

@@ -16,6 +16,7 @@ Read as a compacted topic, the changelog equals the KV view.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from connectors.changes import CHANGE_ROW
 from connectors.commitlog.arrow import epoch_ms
@@ -36,35 +37,50 @@ class ChangelogSink(KafkaSink):
         """Send ``changes`` (columns of ``CHANGE_ROW``; store_ts a timestamp or epoch ms)."""
         changes = changes.sort_by("phy_offset")
         columns = [changes.column(c).to_pylist() for c in CHANGE_ROW]
+        columns[1] = pc.cast(changes.column("key"), pa.binary()).to_pylist()  # as Kafka takes them
         columns[5] = epoch_ms(changes.column("store_ts"))
-        rows = list(zip(*columns))
-        self.deliver(lambda: self._send_rows(rows))
+        self.deliver(lambda: self._send_columns(columns))
 
     def publish_rows(self, rows: list[tuple]) -> None:
         """``publish`` for rows already in ``CHANGE_ROW`` order, sorted by physical offset."""
-        self.deliver(lambda: self._send_rows(rows))
+        self.deliver(lambda: self._send_columns(_columns(rows)))
 
-    def _send_rows(self, rows: list[tuple], op: str | None = None, floor: int = -1) -> None:
-        self.learn([self.route(topic) for topic in dict.fromkeys(row[0] for row in rows)])
-        raw_keys = [row[1].encode() for row in rows]
-        for (topic, _key, phy, queue_id, queue_offset, ts, deleted, body), raw_key, hashed in zip(
-                rows, raw_keys, key_hashes(raw_keys)):
-            kafka_topic = self.route(topic)
-            partition = hashed % self.partitions(kafka_topic)  # key_partition's, hashed for all rows at once
-            headers = source_headers(phy, topic, queue_id, queue_offset, ts, self.settings.broker)
-            headers.append((OP, (op or ("delete" if deleted else "put")).encode()))
+    def _send_columns(self, columns: list[list], op: str | None = None, floor: int = -1) -> None:
+        """Send the rows of ``columns`` (``CHANGE_ROW`` order, keys as bytes).  Columns, not a tuple
+        a row: a batch's rows stay alive through the whole send, and Python's collector walks
+        every tuple that does, again and again."""
+        routes = {topic: self.route(topic) for topic in dict.fromkeys(columns[0])}
+        self.learn(list(routes.values()))
+        routes = {topic: (kafka_topic, self.partitions(kafka_topic)) for topic, kafka_topic in routes.items()}
+        broker = self.settings.broker
+        for topic, key, phy, queue_id, queue_offset, ts, deleted, body, hashed in zip(*columns, key_hashes(columns[1])):
+            kafka_topic, partitions = routes[topic]
+            partition = hashed % partitions  # key_partition's, hashed for all rows at once
+            headers = source_headers(phy, topic, queue_id, queue_offset, ts, broker)
             value = None if deleted else body
             if op is None:
-                self.send(kafka_topic, partition, raw_key, value, headers, phy, ts)
+                headers.append(_DELETE if deleted else _PUT)
+                self.send(kafka_topic, partition, key, value, headers, phy, ts)
             else:
                 # An expiry has no message of its own: it takes the highest position its partition
                 # has seen, or one below where the view has applied, so positions never go back.
                 position = max(floor, self.position(kafka_topic, partition))
                 headers[0] = (headers[0][0], b"%d" % position)
-                self.send(kafka_topic, partition, raw_key, value, headers, position, force=True)
+                headers.append((OP, op.encode()))
+                self.send(kafka_topic, partition, key, value, headers, position, force=True)
 
     def expire(self, changes: list, applied_through: int | None) -> None:
         """Tombstones for keys whose time to live passed (``state.kv.Change`` deletes)."""
         rows = [(c.topic, c.key, c.phy_offset, c.queue_id, c.queue_offset, c.store_ts, True, None) for c in changes]
         floor = -1 if applied_through is None else applied_through - 1
-        self.deliver(lambda: self._send_rows(rows, op="expire", floor=floor))
+        self.deliver(lambda: self._send_columns(_columns(rows), op="expire", floor=floor))
+
+
+_PUT, _DELETE = (OP, b"put"), (OP, b"delete")
+
+
+def _columns(rows: list[tuple]) -> list[list]:
+    """``CHANGE_ROW`` tuples (keys as text) as the columns ``_send_columns`` takes."""
+    columns = [list(column) for column in zip(*rows)] if rows else [[] for _ in CHANGE_ROW]
+    columns[1] = [key.encode() for key in columns[1]]
+    return columns
