@@ -121,6 +121,9 @@ class KafkaSink:
             if self.shared_producer:
                 key = repr(sorted(self.settings.client.items())) + repr(self.settings)
                 self._producer = _SHARED.get(key) or _SHARED.setdefault(key, open_producer(self.settings))
+                # A failure the last sink left (it stopped on an error before its flush) is its own:
+                # this sink's records are judged by their own reports.
+                self._producer.failure()
             else:
                 self._producer = open_producer(self.settings)
         return self._producer
