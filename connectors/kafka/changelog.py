@@ -49,9 +49,9 @@ class ChangelogSink(KafkaSink):
         """Send the rows of ``columns`` (``CHANGE_ROW`` order, keys as bytes).  Columns, not a tuple
         a row: a batch's rows stay alive through the whole send, and Python's collector walks
         every tuple that does, again and again."""
-        routes = {topic: self.route(topic) for topic in dict.fromkeys(columns[0])}
-        self.learn(list(routes.values()))
-        routes = {topic: (kafka_topic, self.partitions(kafka_topic)) for topic, kafka_topic in routes.items()}
+        kafka_topics = {topic: self.route(topic) for topic in dict.fromkeys(columns[0])}
+        self.learn(list(kafka_topics.values()))
+        routes = {topic: (kafka_topic, self.partitions(kafka_topic)) for topic, kafka_topic in kafka_topics.items()}
         broker = self.settings.broker
         for topic, key, phy, queue_id, queue_offset, ts, deleted, body, hashed in zip(*columns, key_hashes(columns[1])):
             kafka_topic, partitions = routes[topic]

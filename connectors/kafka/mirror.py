@@ -109,6 +109,7 @@ def property_pairs(properties: pa.MapArray) -> tuple[list, list[int], list[int]]
     offsets = properties.offsets.to_pylist()  # into the flat keys and values, slices included
     starts, ends = offsets[:-1], offsets[1:]
     if properties.null_count:
-        starts = [s if valid else 0 for s, valid in zip(starts, properties.is_valid().to_pylist())]
-        ends = [e if valid else 0 for e, valid in zip(ends, properties.is_valid().to_pylist())]
+        valid = properties.is_valid().to_pylist()
+        starts = [s if v else 0 for s, v in zip(starts, valid)]
+        ends = [e if v else 0 for e, v in zip(ends, valid)]
     return pairs, starts, ends
