@@ -91,7 +91,7 @@ def source_options(conf: cfg.Config) -> dict:
 
 def session_conf(conf: cfg.Config) -> dict:
     """The Spark settings of the run's session."""
-    from streaming.checkpoints import s3a_settings
+    from streaming.checkpoints import LOCAL_FILE_MANAGER, is_local, s3a_settings
 
     out = {
         "spark.sql.shuffle.partitions": str(conf.spark.shuffle_partitions),
@@ -101,6 +101,8 @@ def session_conf(conf: cfg.Config) -> dict:
         out["spark.jars"] = conf.spark.jars
     if conf.checkpoint.dir.startswith("s3a://"):
         out.update(s3a_settings())
+    if is_local(conf.checkpoint.dir):
+        out.update(LOCAL_FILE_MANAGER)
     return out
 
 

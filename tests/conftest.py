@@ -56,13 +56,15 @@ def spark(tmp_path_factory, s3_endpoint):
 
     It starts after the S3 endpoint, so that its Python workers inherit the AWS_* variables.
     """
+    from streaming.checkpoints import LOCAL_FILE_MANAGER
     from streaming.session import build_session
 
     warehouse = tmp_path_factory.mktemp("warehouse")
     session = build_session(
         "tierlog-tests",
         "local[2]",
-        {"spark.sql.shuffle.partitions": "2", "spark.sql.warehouse.dir": str(warehouse)},
+        # The checkpoint file manager the service uses for local checkpoints, as every test's are.
+        {"spark.sql.shuffle.partitions": "2", "spark.sql.warehouse.dir": str(warehouse), **LOCAL_FILE_MANAGER},
     )
     yield session
     session.stop()

@@ -11,9 +11,9 @@ import pytest
 from connectors.errors import ConfigError
 from connectors.tier.reader import TierReader
 from streaming import config as cfg
-from streaming.checkpoints import FINGERPRINT, SHUFFLE_PARTITIONS
+from streaming.checkpoints import FINGERPRINT, LOCAL_FILE_MANAGER, SHUFFLE_PARTITIONS
 from streaming.service import Service
-from streaming.plan import checkpoint_path
+from streaming.plan import checkpoint_path, session_conf
 from tests.tiering_helpers import assert_tier_equals_commitlog, make_conf, produce
 
 
@@ -57,6 +57,18 @@ def test_changed_settings_that_would_corrupt_a_checkpoint_are_refused(spark, tmp
     produce(conf, 200, start=300)  # the unchanged config still runs on
     assert Service(conf).run(until_caught_up=True, spark=spark) == 0
     assert_tier_equals_commitlog(conf)
+
+
+def test_only_local_checkpoints_get_the_file_manager_that_starts_no_process_per_path(tmp_path):
+    """The FileSystem-based checkpoint file manager is chosen for a local checkpoint.dir (the
+    shared test session runs with it, so every streaming test crosses it); any other scheme keeps
+    Spark's default, whose rename is the one Spark vouches for there."""
+    (key, value), = LOCAL_FILE_MANAGER.items()
+    conf = make_conf(tmp_path, str(tmp_path / "tier"))
+    for root in (str(tmp_path / "checkpoints"), "checkpoints", f"file://{tmp_path}/checkpoints"):
+        assert session_conf(replace(conf, "checkpoint", dir=root)).get(key) == value, root
+    for root in ("s3a://bucket/checkpoints", "hdfs://namenode/checkpoints", "viewfs://cluster/checkpoints"):
+        assert key not in session_conf(replace(conf, "checkpoint", dir=root)), root
 
 
 def test_a_hadoop_checkpoint_path_is_guarded_too(spark, tmp_path):
