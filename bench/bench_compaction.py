@@ -206,6 +206,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of read, state and full, order alternating")
     args = parser.parse_args()
 
+    from streaming.checkpoints import LOCAL_FILE_MANAGER  # as the service's session (plan.session_conf)
     from streaming.session import build_session
 
     root = tempfile.mkdtemp(prefix="tierlog-bench-compaction-")
@@ -214,7 +215,7 @@ def main() -> None:
         t = time.perf_counter()
         messages = produce(log_dir, args.keys, args.updates, args.body)
         produce_s = time.perf_counter() - t
-        spark = build_session("bench-compaction", "local[2]", {"spark.sql.shuffle.partitions": "2"})
+        spark = build_session("bench-compaction", "local[2]", {"spark.sql.shuffle.partitions": "2", **LOCAL_FILE_MANAGER})
         noop = lambda df, _id: df.write.format("noop").mode("overwrite").save()  # noqa: E731
         run(latest_per_key(source(spark, log_dir, args.batch)), noop, os.path.join(root, "ck-warm"), max_batches=3)
         keys_in_view = None

@@ -184,9 +184,10 @@ def main() -> None:
 
             broker = EmbeddedBroker(log_path=os.path.join(workdir, "tansu.log")).start()
             bootstrap = broker.bootstrap
+        from streaming.checkpoints import LOCAL_FILE_MANAGER  # as the service's session (plan.session_conf)
         from streaming.session import build_session
 
-        spark = build_session("bench-kafka", "local[2]", {"spark.sql.shuffle.partitions": "2"})
+        spark = build_session("bench-kafka", "local[2]", {"spark.sql.shuffle.partitions": "2", **LOCAL_FILE_MANAGER})
         libraries = args.producers.split(",")
         rounds = []
         for r in range(args.rounds):

@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--tier", choices=["posix", "s3"], default="posix")
     parser.add_argument("--dir", default=None)
     args = parser.parse_args()
+    from streaming.checkpoints import LOCAL_FILE_MANAGER  # as the service's session (plan.session_conf)
     from streaming.session import build_session
 
     root = tempfile.mkdtemp(prefix="bench-metadata-e2e-", dir=args.dir)
@@ -109,7 +110,7 @@ def main() -> None:
         lines = BatchLines()
         logging.getLogger("tierlog.service").addHandler(lines)
         logging.getLogger("tierlog.service").setLevel(logging.INFO)
-        spark = build_session("bench-metadata-e2e")
+        spark = build_session("bench-metadata-e2e", extra=LOCAL_FILE_MANAGER)
         big = Deployment(root, "big", where("big"), args.queues)
         small = Deployment(root, "small", where("small"), args.small_queues)
         started = time.monotonic()
