@@ -6,9 +6,9 @@ Each round runs, in alternating order, for a small and a large commitlog of the 
 ``tierlog run --until-caught-up`` as a new process (tiering and compaction, Kafka off, a posix
 tier; start-up included), and ``cp -r`` of the log's files followed by ``sync`` (after a ``sync``
 outside the clock).  The figure is the marginal throughput, (bytes of the large log - bytes of the
-small) / (time of the large run - time of the small), so what every run pays once (Spark's start, the first batch's warm-up, the
-last fold) cancels out and nothing the service does per byte is left out.  The copy's figure is
-marginal the same way.  Shapes (the issue's and the README's):
+small) / (time of the large run - time of the small), so what every run pays once (Spark's start,
+the first batch's warm-up, the last fold) cancels out and nothing the service does per byte is
+left out.  The copy's figure is marginal the same way.  Shapes (the issue's and the README's):
 
 small   64 queues, 100,000 keys, bodies of ~2,000 bytes; 60,000 and 300,000 messages
 wide    1,024 queues, 100,000 keys, 1 KiB bodies; 100,000 and 500,000 messages
