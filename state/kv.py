@@ -26,14 +26,22 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from rocksdict import WriteBatch
 
-from connectors.commitlog.arrow import epoch_ms
+from connectors.changes import CHANGE_ROW
+from connectors.commitlog.arrow import epoch_ms_array
 from connectors.errors import TierlogError
 from state import rocks
 
 SEP = "\x00"
 _HEAD = struct.Struct(">qiqqB")  # phy_offset, queue_id, queue_offset, store_ts (ms), tombstone
+_HEAD_DTYPE = np.dtype([("phy", ">i8"), ("queue_id", ">i4"), ("queue_offset", ">i8"), ("store_ts", ">i8"),
+                        ("tombstone", "u1")])  # _HEAD as a packed numpy record, for whole batches
+assert _HEAD_DTYPE.itemsize == _HEAD.size
+_ROW_TYPES = (pa.string(), pa.string(), pa.int64(), pa.int32(), pa.int64(), pa.int64(), pa.bool_(), pa.binary())
 # Bookkeeping keys start with \x01 and the TTL index with \x02; both sort before every
 # "topic\x00key", because topics may not start with a control character.
 _APPLIED = b"\x01applied"
@@ -108,6 +116,38 @@ def _decode(dbkey: str, raw: bytes) -> Entry | None:
     return Entry(topic, key, bytes(raw[_HEAD.size :]), phy, queue_id, queue_offset, store_ts)
 
 
+def _latest_per_key(table: pa.Table) -> tuple[np.ndarray, list[bytes]]:
+    """The row of each key's highest physical offset (the first of equal ones: the sort is
+    stable), and the keys, in byte order: RocksDB inserts a sorted batch into its memtable 3-4x
+    faster (measured)."""
+    keys = pc.cast(pc.binary_join_element_wise(table.column("topic"), table.column("key"), SEP), pa.binary())
+    order = pc.sort_indices(pa.table({"k": keys, "phy": table.column("phy_offset")}),
+                            [("k", "ascending"), ("phy", "descending")])
+    sorted_keys = keys.take(order)
+    first = np.ones(len(order), dtype=bool)
+    if len(order) > 1:
+        first[1:] = pc.not_equal(sorted_keys[1:], sorted_keys[:-1]).to_numpy(zero_copy_only=False)
+    return order.to_numpy()[first], sorted_keys.filter(pa.array(first)).to_pylist()
+
+
+def _values(table: pa.Table, picked: np.ndarray) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """The stored values of rows ``picked`` (``_value`` for a whole batch), with their store
+    times (epoch ms) and whether each is a delete."""
+    deleted = table.column("deleted").take(picked).to_numpy(zero_copy_only=False).astype(bool)
+    store_ts = epoch_ms_array(table.column("store_ts").take(picked)).to_numpy()
+    heads = np.empty(len(picked), dtype=_HEAD_DTYPE)
+    heads["phy"] = table.column("phy_offset").take(picked).to_numpy()
+    heads["queue_id"] = table.column("queue_id").take(picked).to_numpy()
+    heads["queue_offset"] = table.column("queue_offset").take(picked).to_numpy()
+    heads["store_ts"], heads["tombstone"] = store_ts, deleted
+    head_array = pa.FixedSizeBinaryArray.from_buffers(pa.binary(_HEAD.size), len(picked),
+                                                      [None, pa.py_buffer(heads.tobytes())])
+    body = table.column("body").take(picked)
+    empty = pa.scalar(b"", body.type)
+    body = pc.if_else(pa.array(deleted), empty, pc.fill_null(body, empty))  # a tombstone has no body
+    return pc.binary_join_element_wise(head_array.cast(body.type), body, empty), store_ts, deleted
+
+
 class KVView:
     """Open with ``read_only=True`` to query while the service writes (``tierlog kv get``).
 
@@ -150,51 +190,63 @@ class KVView:
             if c.op not in ("put", "delete"):
                 raise KVError(f"change for key {c.key!r} at physical offset {c.phy_offset}: unknown op {c.op!r}")
             rows.append((c.topic, c.key, c.phy_offset, c.queue_id, c.queue_offset, c.store_ts, c.op == "delete", c.body))
-        return self._apply(rows, applied_through)
+        table = pa.table([pa.array(col, t) for col, t in zip(zip(*rows), _ROW_TYPES)] if rows else
+                         [pa.array([], t) for t in _ROW_TYPES], names=list(CHANGE_ROW))
+        return self._apply(table, applied_through)
 
     def apply_table(self, table, applied_through: int | None = None) -> int:
         """``apply`` for an Arrow table of ``CHANGE_ROW`` columns (``connectors.changes``;
         store_ts a timestamp or epoch ms)."""
-        names = ("topic", "key", "phy_offset", "queue_id", "queue_offset")
-        cols = [table.column(c).to_pylist() for c in names]
-        cols.append(epoch_ms(table.column("store_ts")))
-        cols += [table.column("deleted").to_pylist(), table.column("body").to_pylist()]
-        return self._apply(list(zip(*cols)), applied_through)
+        return self._apply(table, applied_through)
 
-    def _apply(self, rows: list[tuple], applied_through: int | None) -> int:
-        """``rows``: (topic, key, phy, queue_id, queue_offset, store_ts, deleted, body).
-
-        The view only ever holds values from below its applied offset, so a row
-        at or above it is newer than anything held and needs no read first;
-        only rows below it (a replay, a rebuild) are checked against the view.
-        """
+    def _apply(self, table: pa.Table, applied_through: int | None) -> int:
+        """Why columnar: the compaction query hands over 100k changes a batch, and the same work row
+        by row in Python (a dict of latest rows, a struct per value) took 0.33 s of the apply
+        thread per 100k, competing with Spark's own job for the driver's cores; 0.15 s now, half of
+        it RocksDB's write (tests' oracle: ``test_apply_table_matches_apply``)."""
         if self.read_only:
             raise KVError("the KV view was opened read-only")
-        for topic in {r[0] for r in rows}:
+        for name in CHANGE_ROW[:-1]:  # a null body is an empty one
+            if table.column(name).null_count:
+                raise KVError(f"a change has no {name}: the KV view needs every field but the body")
+        for topic in pc.unique(table.column("topic")).to_pylist():
             _dbkey(topic, "")
         floor = self.applied_through()
-        latest: dict[bytes, tuple] = {}
-        for r in rows:
-            k = f"{r[0]}{SEP}{r[1]}".encode()
-            if k not in latest or latest[k][2] < r[2]:
-                latest[k] = r
-        maybe_older = [k for k, r in latest.items() if floor is None or r[2] < floor]
-        for k, old in zip(maybe_older, self.db.get(maybe_older) if maybe_older else []):
-            if old is not None and _HEAD.unpack_from(old)[0] >= latest[k][2]:
-                del latest[k]  # what the view holds is as new or newer: a replay or a late change
+        picked, keys = _latest_per_key(table)
+        picked, keys = self._newer_than_held(table, picked, keys, floor)
+        values, store_ts, deleted = _values(table, picked)
         wb = WriteBatch(raw_mode=True)
-        ttl = {topic: _ttl_ms(self.ttl, topic) for topic in {r[0] for r in latest.values()}} if self.ttl else {}
-        # Keys in order: RocksDB inserts a sorted batch into its memtable 3-4x faster (measured).
-        for k in sorted(latest):
-            topic, _key, phy, queue_id, queue_offset, store_ts, deleted, body = latest[k]
-            wb.put(k, _value(phy, queue_id, queue_offset, store_ts, deleted, body))
-            if not deleted and ttl.get(topic) is not None:
-                # The entry for an older value stays behind; expire() skips entries that no longer match.
-                wb.put(_ttl_key(store_ts + ttl[topic], k), b"")
+        for k, v in zip(keys, values.to_pylist()):
+            wb.put(k, v)
+        if self.ttl:
+            self._index_ttl(wb, keys, table.column("topic").take(picked).to_pylist(), store_ts, deleted)
         if applied_through is not None:
             wb.put(_APPLIED, struct.pack(">q", max(applied_through, floor if floor is not None else -1)))
         self.db.write(wb, self._sync)
-        return len(latest)
+        return len(keys)
+
+    def _newer_than_held(self, table: pa.Table, picked: np.ndarray, keys: list[bytes],
+                         floor: int | None) -> tuple[np.ndarray, list[bytes]]:
+        """The rows newer than what the view holds for their keys.  The view only ever holds
+        values from below its applied offset (``floor``), so a row at or above it needs no read;
+        only rows below it (a replay, a rebuild) are checked against the view."""
+        phy = table.column("phy_offset").take(picked).to_numpy()
+        maybe_older = np.arange(len(picked)) if floor is None else np.flatnonzero(phy < floor)
+        if not len(maybe_older):
+            return picked, keys
+        keep = np.ones(len(picked), dtype=bool)
+        for i, old in zip(maybe_older, self.db.get([keys[i] for i in maybe_older])):
+            # What the view holds is as new or newer: a replay or a late change.
+            keep[i] = old is None or _HEAD.unpack_from(old)[0] < phy[i]
+        return picked[keep], [k for k, kept in zip(keys, keep) if kept]
+
+    def _index_ttl(self, wb: WriteBatch, keys: list[bytes], topics: list[str], store_ts, deleted) -> None:
+        ttl = {topic: _ttl_ms(self.ttl, topic) for topic in set(topics)}
+        entries = [_ttl_key(int(ts) + ttl[topic], k) for k, topic, ts, gone in zip(keys, topics, store_ts, deleted)
+                   if not gone and ttl[topic] is not None]
+        # The entry for an older value stays behind; expire() skips entries that no longer match.
+        for entry in sorted(entries):
+            wb.put(entry, b"")
 
     # ------------------------------------------------------------ time to live
 
