@@ -130,7 +130,8 @@ class CompactionConfig:
         "", "Keys not updated for this long expire, per topic: `sessions=30m,*=7d` (* for the rest); empty: never."
     )
     snapshot_interval_s: float = setting(
-        600.0, "Seconds between compacted snapshots written to the tier (0: only by `tierlog kv snapshot`)."
+        600.0, ("Seconds between compacted snapshots written to the tier, the first one this long after the "
+                "service first starts on its KV view (0: only by `tierlog kv snapshot`).")
     )
     snapshot_keep: int = setting(2, "Compacted snapshots kept per topic; older ones are deleted.")
 

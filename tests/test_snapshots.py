@@ -29,3 +29,25 @@ def test_write_list_read_and_prune(tier_location, tmp_path):
     assert rows[1]["store_ts"].timestamp() * 1000 == 1_700_000_000_001
     assert snapshots.read_snapshot(backend, latest["plain"]).num_rows == 0  # every key deleted: an empty snapshot
     assert "%2F" in latest[odd].name and "=" not in latest[odd].name.split("topic=", 1)[1]
+
+
+def test_the_first_snapshot_comes_an_interval_after_the_first_start_and_restarts_keep_that_clock(
+        tier_location, tmp_path, monkeypatch):
+    import time
+
+    from streaming import compaction
+
+    (tmp_path / "commitlog").mkdir()
+    settings = compaction.CompactionSettings(str(tmp_path / "commitlog"), tier_location, snapshot_interval_s=600)
+    with KVView(str(tmp_path / "kv")) as kv:
+        kv.apply([Change("t", "k", "put", 5, body=b"v")], applied_through=10)
+        first = compaction.CompactionHandler(settings, kv)
+        assert first._maybe_snapshot(10) is None  # a view catching up is not snapshotted at its first batch
+        first.close()
+        started = time.time()
+        monkeypatch.setattr(compaction.time, "time", lambda: started + 601)
+        restarted = compaction.CompactionHandler(settings, kv)  # the clock runs from the first start
+        assert restarted._maybe_snapshot(10) == 1
+        assert restarted._maybe_snapshot(10) is None
+        restarted.close()
+    assert [s.through_phy for s in snapshots.list_snapshots(open_backend(tier_location), "broker-a")] == [10]
