@@ -61,10 +61,13 @@ def test_spark_python_processes_import_the_installed_pyspark_not_its_zip(spark):
     assert launcher != sys.executable and "pyspark.zip" in open(launcher).read()
 
     def where(batches):
+        import py4j as worker_py4j
         import pyarrow as pa
         import pyspark as worker_pyspark
 
         for _ in batches:
-            yield pa.RecordBatch.from_pylist([{"file": worker_pyspark.__file__}])
-    [row] = spark.range(1, numPartitions=1).mapInArrow(where, "file string").collect()
+            yield pa.RecordBatch.from_pylist([{"file": worker_pyspark.__file__, "py4j": worker_py4j.__file__}])
+    [row] = spark.range(1, numPartitions=1).mapInArrow(where, "file string, py4j string").collect()
     assert row.file == pyspark.__file__ and ".zip" not in row.file
+    if "py4j-" in open(launcher).read():  # the installed py4j is the version Spark's zip holds
+        assert ".zip" not in row.py4j, row.py4j
