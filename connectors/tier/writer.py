@@ -218,7 +218,7 @@ class TierWriter:
         if self._tables_in_step():
             self.delete_retired(now_ms)  # an expired segment's object goes only once no table lists it
         if len(self.head.tail) >= self.settings.fold_every or self.head.tail_bytes >= self.settings.fold_bytes:
-            self.fold()
+            self.fold(now_ms)
         return seals
 
     def _tables_in_step(self) -> bool:
@@ -235,14 +235,16 @@ class TierWriter:
         for key in sorted(self.head.queues):
             yield from self.index.oldest_segments(*key)
 
-    def fold(self) -> None:
-        """Fold the records since the last root into manifests; what it replaced is deleted after the grace."""
+    def fold(self, now_ms: int | None = None) -> None:
+        """Fold the records since the last root into manifests; what it replaced is deleted after the
+        grace, counted from ``now_ms`` (a maintain's clock, which ``delete_retired`` compares with)."""
         if not self.head.tail:
             return
         garbage = self.log.fold(self.head, before_root=lambda: crash_point("fold_written"))
         crash_point("folded")
         if garbage:
-            self.index.schedule_deletes({n: time.time() for n in garbage})
+            retired = time.time() if now_ms is None else now_ms / 1000
+            self.index.schedule_deletes({n: retired for n in garbage})
 
     def due_for_sealing(self, now_ms: int) -> list[tuple[str, int]]:
         s = self.settings
@@ -325,7 +327,7 @@ class TierWriter:
         self.log.append(self.head, expire_record([seg.to_json() for seg in expired]))
         # Retired at this maintain's own clock, which delete_retired compares with: time.time() here
         # could be later than the next maintain's whole-millisecond now_ms, so with no grace the next
-        # call left the objects (a flaky test_retention_expires_old_segments).
+        # call left the objects (a flaky test_retention_expires_old_segments).  fold() does the same.
         now = now_ms / 1000
         self.index.record_commit(
             self.head, queues={seg.key for seg in expired}, removed_segments=expired,
