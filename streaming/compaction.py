@@ -263,7 +263,7 @@ class CompactionHandler:
         if raw:
             return json.loads(raw)["at"]
         now = time.time()
-        if self.settings.snapshot_interval_s > 0 and not self.kv.read_only:
+        if self.settings.snapshot_interval_s > 0:
             self.kv.put_meta("snapshot_clock", json.dumps({"at": now}))
         return now
 
