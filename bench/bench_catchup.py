@@ -1,6 +1,6 @@
 """Whole-service catch-up against a copy of the same bytes, in the same run.
 
-    ./dev bench catchup [--shape small|wide|both] [--rounds 3] [--tiering-only]
+    ./dev bench catchup [--shape small|wide|both] [--rounds 3] [--tiering-only] [--messages SMALL,LARGE]
 
 Each round runs, in alternating order, for a small and a large commitlog of the same shape:
 ``tierlog run --until-caught-up`` as a new process (tiering and compaction, Kafka off, a posix
@@ -12,6 +12,9 @@ left out.  The copy's figure is marginal the same way.  Shapes (the issue's and 
 
 small   64 queues, 100,000 keys, bodies of ~2,000 bytes; 60,000 and 300,000 messages
 wide    1,024 queues, 100,000 keys, 1 KiB bodies; 100,000 and 500,000 messages
+
+``--messages`` takes other sizes for the two logs: a larger pair leaves less of the JVM's warm-up
+(its JIT compiler keeps compiling for the first 15-20 s of a run) in the marginal figure.
 
 Target: the whole service at >= 0.25 of the copy; ``--tiering-only`` (compaction off) >= 0.5.
 The log files are in the page cache for both (they were just written), as a broker's tail is.
@@ -94,8 +97,8 @@ def copy(root: str, log_dir: str) -> float:
     return seconds
 
 
-def measure(shape_name: str, rounds: int, tiering_only: bool) -> dict:
-    shape = SHAPES[shape_name]
+def measure(shape_name: str, rounds: int, tiering_only: bool, messages: tuple[int, int] | None = None) -> dict:
+    shape = dict(SHAPES[shape_name], **({"messages": messages} if messages else {}))
     root = tempfile.mkdtemp(prefix=f"tierlog-catchup-{shape_name}-")
     logs = {}
     for n in shape["messages"]:
@@ -138,9 +141,20 @@ def main() -> None:
     ap.add_argument("--shape", choices=[*SHAPES, "both"], default="small")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tiering-only", action="store_true", help="compaction off: the tiering query alone")
+    ap.add_argument("--messages", help="SMALL,LARGE: the two logs' sizes in messages (default: the shape's)")
     args = ap.parse_args()
+    messages = None
+    if args.messages:
+        try:
+            small, large = (int(x) for x in args.messages.split(","))
+        except ValueError:
+            ap.error(f"--messages {args.messages!r}: give two sizes, SMALL,LARGE (say 300000,900000)")
+        if not 0 < small < large:
+            ap.error(f"--messages {args.messages!r}: SMALL must be above 0 and below LARGE")
+        messages = (small, large)
     shapes = list(SHAPES) if args.shape == "both" else [args.shape]
-    report({"benchmark": "catchup", "results": [measure(s, args.rounds, args.tiering_only) for s in shapes]})
+    report({"benchmark": "catchup",
+            "results": [measure(s, args.rounds, args.tiering_only, messages) for s in shapes]})
 
 
 if __name__ == "__main__":
