@@ -14,7 +14,7 @@ small   64 queues, 100,000 keys, bodies of ~2,000 bytes; 60,000 and 300,000 mess
 wide    1,024 queues, 100,000 keys, 1 KiB bodies; 100,000 and 500,000 messages
 
 ``--messages`` takes other sizes for the two logs: a larger pair leaves less of the JVM's warm-up
-(its JIT compiler keeps compiling for the first 15-20 s of a run) in the marginal figure.
+(its JIT compiler is still busy 40 s into a run, compiling less and less) in the marginal figure.
 
 Target: the whole service at >= 0.25 of the copy; ``--tiering-only`` (compaction off) >= 0.5.
 The log files are in the page cache for both (they were just written), as a broker's tail is.
