@@ -23,9 +23,11 @@ query       the mirror query under Spark (local[2], availableNow, 64 MiB
 spark-kafka (with ``--spark-kafka``) the alternative the mirror was measured
             against: Spark's own Kafka sink (``writeStream.format("kafka")``,
             spark-sql-kafka from Maven Central, fetched by ``./dev setup``)
-            writing the same records (topic, partition, key, value, headers,
-            timestamp) from the commitlog source's message rows, acks=all and
-            idempotent as the mirror; rate measured as the query's.  It is
+            writing the same records (topic, partition, key, value, headers)
+            from the commitlog source's message rows, acks=all and idempotent
+            as the mirror; rate measured as the query's.  Its records carry
+            the time of the write, not the store time: the sink takes no
+            timestamp column.  It is
             at-least-once: a batch Spark runs again after a crash is sent
             again, with no read-back to skip what Kafka already holds.  Every
             record is consumed back and counted, off the clock.  Its ratio is
@@ -177,28 +179,29 @@ def run_query(spark, directory: str, s: KafkaSettings, workdir: str) -> dict:
 
 def spark_kafka_jars() -> str:
     """spark-sql-kafka and its dependencies that pyspark lacks (tests/jvm/spark-kafka), for ``spark.jars``."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jvm",
-                        "spark-kafka.classpath")
-    if not os.path.exists(path):
-        raise SystemExit(f"--spark-kafka needs {path}: run `./dev setup`, which fetches tests/jvm/spark-kafka/pom.xml "
-                         "from Maven Central once")
-    return open(path).read().strip().replace(":", ",")
+    from tests.jvm import JvmMissing, classpath
+
+    try:
+        return ",".join(classpath("spark-kafka").split(":"))
+    except JvmMissing as exc:
+        raise SystemExit(f"--spark-kafka: {exc}") from None
 
 
 def run_spark_kafka(spark, directory: str, s: KafkaSettings, workdir: str) -> dict:
     """Spark's own Kafka sink writing the mirror's records; the same rate as ``run_query``'s."""
-    import zlib
     from datetime import datetime
 
+    import numpy as np
     from pyspark.sql import functions as F
 
     from connectors.commitlog import format as fmt
-    from connectors.kafka.sink import ensure_topic
+    from connectors.kafka.records import QUEUE, QUEUE_OFFSET, STORE_TS, TOPIC, queue_partitions
+    from connectors.kafka.sink import BROKER, POSITION, ensure_topic
 
-    topics = [s.mirror_topic.replace("{topic}", f"t{i}") for i in range(TOPICS)]
+    routes = {f"t{i}": s.mirror_topic.replace("{topic}", f"t{i}") for i in range(TOPICS)}
+    topics = list(routes.values())
     for topic in topics:  # as the mirror's own steps: topic set-up is not part of the rate
         ensure_topic(s, topic, compacted=False)
-    prefix = s.mirror_topic.replace("{topic}", "")
     messages = (spark.readStream.format("commitlog").option("path", directory)
                 .option("maxBytesPerTrigger", 64 << 20).option("partitionBytes", 32 << 20)
                 .option("columns", ",".join(MIRROR_COLUMNS)).load())
@@ -208,17 +211,18 @@ def run_spark_kafka(spark, directory: str, s: KafkaSettings, workdir: str) -> di
     def header(name, value):
         return F.struct(F.lit(name).alias("key"), value.cast("string").cast("binary").alias("value"))
 
-    headers = F.concat(  # the mirror's: the properties, then the source position (connectors.kafka.records)
+    headers = F.concat(  # the mirror's: the properties, then the source position (records.source_headers)
         F.transform(F.map_entries("properties"),
                     lambda e: F.struct(e["key"].alias("key"), e["value"].cast("binary").alias("value"))),
-        F.array(header("tierlog.phy", F.col("phy_offset")), header("tierlog.broker", F.lit(s.broker)),
-                header("tierlog.topic", F.col("topic")), header("tierlog.queue", F.col("queue_id")),
-                header("tierlog.qoff", F.col("queue_offset")), header("tierlog.ts", F.unix_millis("store_ts"))))
+        F.array(header(POSITION, F.col("phy_offset")), header(BROKER, F.lit(s.broker)),
+                header(TOPIC, F.col("topic")), header(QUEUE, F.col("queue_id")),
+                header(QUEUE_OFFSET, F.col("queue_offset")), header(STORE_TS, F.unix_millis("store_ts"))))
+    # The mirror's routing, from its own definitions: each queue's partition, each topic's Kafka topic.
+    partition = queue_partitions(s.broker, np.arange(QUEUES), np.full(QUEUES, PARTITIONS))
     records = messages.select(
-        F.concat(F.lit(prefix), "topic").alias("topic"),
-        ((F.lit(zlib.crc32(s.broker.encode())) + F.col("queue_id")) % PARTITIONS).cast("int").alias("partition"),
-        F.col("key").cast("binary").alias("key"), F.col("body").alias("value"), headers.alias("headers"),
-        F.col("store_ts").alias("timestamp"))
+        F.create_map(*[F.lit(x) for pair in routes.items() for x in pair])[F.col("topic")].alias("topic"),
+        F.array(*[F.lit(int(p)) for p in partition])[F.col("queue_id")].alias("partition"),
+        F.col("key").cast("binary").alias("key"), F.col("body").alias("value"), headers.alias("headers"))
     checkpoint = os.path.join(workdir, f"ck-{time.monotonic_ns()}")
     writer = records.writeStream.format("kafka").option("checkpointLocation", checkpoint)
     for name, value in {"bootstrap.servers": s.client["bootstrap_servers"], "acks": "all", "enable.idempotence": "true",
