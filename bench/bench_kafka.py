@@ -194,9 +194,9 @@ def run_spark_kafka(spark, directory: str, s: KafkaSettings, workdir: str) -> di
     import numpy as np
     from pyspark.sql import functions as F
 
-    from connectors.commitlog import format as fmt
     from connectors.kafka.records import QUEUE, QUEUE_OFFSET, STORE_TS, TOPIC, queue_partitions
     from connectors.kafka.sink import BROKER, POSITION, ensure_topic
+    from state.latest import dispatched
 
     routes = {f"t{i}": s.mirror_topic.replace("{topic}", f"t{i}") for i in range(TOPICS)}
     topics = list(routes.values())
@@ -205,8 +205,7 @@ def run_spark_kafka(spark, directory: str, s: KafkaSettings, workdir: str) -> di
     messages = (spark.readStream.format("commitlog").option("path", directory)
                 .option("maxBytesPerTrigger", 64 << 20).option("partitionBytes", 32 << 20)
                 .option("columns", ",".join(MIRROR_COLUMNS)).load())
-    tx = F.col("sysflag").bitwiseAND(F.lit(fmt.TRANSACTION_MASK))
-    messages = messages.where(tx.isin(fmt.TRANSACTION_NOT_TYPE, fmt.TRANSACTION_COMMIT))  # dispatched only
+    messages = messages.where(dispatched())  # as the mirror's dispatched_only
 
     def header(name, value):
         return F.struct(F.lit(name).alias("key"), value.cast("string").cast("binary").alias("value"))

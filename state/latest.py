@@ -27,7 +27,7 @@ Why this shape:
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from connectors.commitlog import format as fmt
@@ -36,16 +36,20 @@ from connectors.commitlog import format as fmt
 SOURCE_COLUMNS = ("topic", "key", "phy_offset", "sysflag")
 
 
+def dispatched() -> Column:
+    """True for a message row that entered a queue: PREPARED or ROLLBACK transaction records never
+    do (docs/commitlog-format.md §8); ``connectors.commitlog.arrow.dispatched_mask`` in Arrow."""
+    tx = F.col("sysflag").bitwiseAND(F.lit(fmt.TRANSACTION_MASK))
+    return tx.isin(fmt.TRANSACTION_NOT_TYPE, fmt.TRANSACTION_COMMIT)
+
+
 def keyed_messages(messages: DataFrame) -> DataFrame:
     """Messages that take part in KV semantics: those with a key that entered a queue.
 
     A message without a key has no place in a key-value view, and PREPARED or
     ROLLBACK transaction records never enter a queue (docs/commitlog-format.md §8).
     """
-    tx = F.col("sysflag").bitwiseAND(F.lit(fmt.TRANSACTION_MASK))
-    return messages.where(
-        F.col("key").isNotNull() & tx.isin(fmt.TRANSACTION_NOT_TYPE, fmt.TRANSACTION_COMMIT)
-    )
+    return messages.where(F.col("key").isNotNull() & dispatched())
 
 
 def latest_per_key(messages: DataFrame) -> DataFrame:
