@@ -46,6 +46,35 @@ def setting(default: Any, doc: str, *, choices: tuple = (), secret: bool = False
                  metadata={"doc": doc, "choices": choices, "secret": secret, "size": size, "check": check})
 
 
+class SettingError(ConfigError):
+    """A value a setting cannot take; ``reason`` is the message without the setting's name."""
+
+    def __init__(self, setting_name: str, reason: str):
+        super().__init__(f"setting {setting_name}: {reason}")
+        self.reason = reason
+
+
+def parsed_by(parse, **kw):
+    """A ``setting(check=...)`` that runs a parser of this module at load, so a bad duration or limit
+    fails there, naming where it came from, rather than later in whichever command parses it."""
+    def check(value: str) -> str | None:
+        try:
+            parse(value, "", **kw)
+        except SettingError as exc:
+            return exc.reason
+        return None
+    return check
+
+
+def topic_classes_problem(value: str) -> str | None:
+    from connectors.commitlog.topics import CLASSES
+
+    unknown = [c for c in (p.strip() for p in value.split(",")) if c and c not in CLASSES]
+    if unknown:
+        return f"{', '.join(map(repr, unknown))} is not a topic class; use any of {', '.join(CLASSES)}"
+    return None
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     name: str = setting(DEFAULT_BROKER, "The RocketMQ brokerName whose commitlog this is (a master and its replicas "
@@ -69,7 +98,8 @@ class CommitlogConfig:
     )
     key_property: str = setting("KEYS", "Property whose first space-separated word is a message's key.")
     local_retention: str = setting(
-        "1h", "`tierlog commitlog gc` deletes files below the safepoint once they are this old (s, m, h, d)."
+        "1h", "`tierlog commitlog gc` deletes files below the safepoint once they are this old (s, m, h, d).",
+        check=parsed_by(lambda v, n: parse_duration(v, n)),
     )
 
 
@@ -94,15 +124,18 @@ class TierConfig:
     segment_messages: int = setting(1_000_000, "Seal a queue's staged messages into a segment at this many messages.")
     segment_age_s: float = setting(600.0, "Seal a queue's staged messages once the oldest batch is this many seconds old.")
     retention: str = setting(
-        "", "Time to live in the tier, `*=7d,orders=30d` (per topic, * for the rest); empty keeps forever."
+        "", "Time to live in the tier, `*=7d,orders=30d` (per topic, * for the rest); empty keeps forever.",
+        check=parsed_by(lambda v, n: parse_topic_durations(v, n)),
     )
     retention_bytes: str = setting(
         "", "Bytes of sealed segments each queue keeps, `*=10GiB,orders=1TiB` (per topic, * for the rest); the "
-            "oldest segments go first, as Kafka's retention.bytes per partition. Empty: no limit."
+            "oldest segments go first, as Kafka's retention.bytes per partition. Empty: no limit.",
+        check=parsed_by(lambda v, n: parse_topic_limits(v, n, size=True)),
     )
     retention_messages: str = setting(
         "", "Messages each queue keeps, `*=1000000` (per topic, * for the rest); whole oldest segments go first. "
-            "Empty: no limit."
+            "Empty: no limit.",
+        check=parsed_by(lambda v, n: parse_topic_limits(v, n)),
     )
     delete_grace_s: float = setting(60.0, "Seconds a retired object stays readable before it is deleted.")
     stage_on_driver: bool = setting(
@@ -127,7 +160,8 @@ class StateConfig:
 class CompactionConfig:
     enabled: bool = setting(True, "Run the compaction query: the latest value per key, the KV view and snapshots.")
     ttl: str = setting(
-        "", "Keys not updated for this long expire, per topic: `sessions=30m,*=7d` (* for the rest); empty: never."
+        "", "Keys not updated for this long expire, per topic: `sessions=30m,*=7d` (* for the rest); empty: never.",
+        check=parsed_by(lambda v, n: parse_topic_durations(v, n)),
     )
     snapshot_interval_s: float = setting(
         600.0, ("Seconds between compacted snapshots written to the tier, the first one this long after the "
@@ -238,9 +272,10 @@ class TopicsConfig:
     exclude: str = setting("", "Topics no sink takes: comma-separated globs (a broker's cluster and broker names, "
                                "which it registers as system topics at start, say).")
     tier: str = setting("business,retry", "Topic classes the tier keeps: any of business, retry (%RETRY%, %DLQ%), "
-                                          "system (RocketMQ's own topics).")
-    compaction: str = setting("business", "Topic classes the KV view, its snapshots and the Kafka changelog keep.")
-    mirror: str = setting("business", "Topic classes the Kafka mirror sends.")
+                                          "system (RocketMQ's own topics).", check=topic_classes_problem)
+    compaction: str = setting("business", "Topic classes the KV view, its snapshots and the Kafka changelog keep.",
+                              check=topic_classes_problem)
+    mirror: str = setting("business", "Topic classes the Kafka mirror sends.", check=topic_classes_problem)
     tier_include: str = setting("", "Topics the tier keeps whatever their class (globs).")
     tier_exclude: str = setting("", "Topics the tier leaves out (globs).")
     compaction_include: str = setting("", "Topics the KV view and changelog keep whatever their class (globs).")
@@ -263,10 +298,18 @@ class Config:
     spark: SparkConfig = field(default_factory=SparkConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     tables: TablesConfig = field(default_factory=TablesConfig)
+    # "section.key" -> where its value came from, for the settings that are not defaults.
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False,
+                                       metadata={"not_a_section": True})
+
+    def origin(self, dotted: str) -> str:
+        """Where a setting's value came from, for an error: ``from tierlog.toml``, ``the default`` ..."""
+        where = self.origins.get(dotted)
+        return f"from {where}" if where else "the default"
 
 
 def sections() -> dict[str, type]:
-    return {f.name: f.default_factory for f in fields(Config)}  # type: ignore[misc]
+    return {f.name: f.default_factory for f in fields(Config) if not f.metadata.get("not_a_section")}  # type: ignore[misc]
 
 
 def settings_reference() -> list[tuple[str, str, Any, str]]:
@@ -342,7 +385,8 @@ RENAMED = {"tier.compact_every": "tier.fold_every"}
 DEPRECATED = {"tier.checkpoint_every": "tier.fold_every"}
 
 
-def _apply(values: dict[str, dict[str, Any]], section: str, key: str, raw: Any, origin: str) -> None:
+def _apply(values: dict[str, dict[str, Any]], section: str, key: str, raw: Any, origin: str,
+           origins: dict[str, str]) -> None:
     cls = sections().get(section)
     if cls is None:
         raise ConfigError(f"unknown section [{section}] (from {origin}); known: {', '.join(sections())}")
@@ -359,6 +403,7 @@ def _apply(values: dict[str, dict[str, Any]], section: str, key: str, raw: Any, 
             f"unknown setting {section}.{key} (from {origin}); [{section}] has: {', '.join(by_name)}"
         )
     values.setdefault(section, {})[key] = _coerce(by_name[key], raw, f"{section}.{key}", origin)
+    origins[f"{section}.{key}"] = origin
 
 
 def _split_env(name: str) -> tuple[str, str]:
@@ -392,6 +437,7 @@ def load(
     """
     env = os.environ if env is None else env
     values: dict[str, dict[str, Any]] = {}
+    origins: dict[str, str] = {}
     file = resolve_path(path or env.get("TIERLOG_CONFIG"))
     if file:
         try:
@@ -403,17 +449,17 @@ def load(
             if not isinstance(table, dict):
                 raise ConfigError(f"config file {file}: `{section}` must be a [section] table")
             for key, raw in table.items():
-                _apply(values, section, key, raw, file)
+                _apply(values, section, key, raw, file, origins)
     for name in sorted(env):
         if name.startswith(ENV_PREFIX) and name not in _ENV_NOT_SETTINGS:
             section, key = _split_env(name)
-            _apply(values, section, key, env[name], f"environment variable {name}")
+            _apply(values, section, key, env[name], f"environment variable {name}", origins)
     for dotted, raw in (overrides or {}).items():
         if raw is None:
             continue
         section, _, key = dotted.partition(".")
-        _apply(values, section, key, raw, "command line")
-    return Config(**{s: cls(**values.get(s, {})) for s, cls in sections().items()})
+        _apply(values, section, key, raw, "the command line", origins)
+    return Config(**{s: cls(**values.get(s, {})) for s, cls in sections().items()}, origins=origins)
 
 
 def bootstrap_servers(text: str) -> list[str]:
@@ -429,7 +475,7 @@ def parse_duration(text: str, setting_name: str) -> float:
     """``90``, ``90s``, ``15m``, ``6h``, ``7d`` to seconds."""
     m = _DURATION.match(text)
     if not m:
-        raise ConfigError(f"setting {setting_name}: {text!r} is not a duration like 90s, 15m, 6h or 7d")
+        raise SettingError(setting_name, f"{text!r} is not a duration like 90s, 15m, 6h or 7d")
     return float(m.group(1)) * _SECONDS[m.group(2)]
 
 
@@ -441,7 +487,7 @@ def parse_topic_durations(text: str, setting_name: str) -> dict[str, float] | No
     for item in text.split(","):
         topic, sep, duration = item.strip().rpartition("=")
         if not sep or not topic:
-            raise ConfigError(f"setting {setting_name}: {item.strip()!r} is not TOPIC=DURATION (use * for every topic)")
+            raise SettingError(setting_name, f"{item.strip()!r} is not TOPIC=DURATION (use * for every topic)")
         out[topic] = parse_duration(duration, setting_name)
     return out
 
@@ -456,7 +502,7 @@ def parse_topic_limits(text: str, setting_name: str, *, size: bool = False) -> d
         m = _SIZE.match(value) if size else re.match(r"^\s*(\d+)\s*$", value)
         if not sep or not topic or not m:
             what = "TOPIC=SIZE (like *=10GiB)" if size else "TOPIC=COUNT (like *=1000000)"
-            raise ConfigError(f"setting {setting_name}: {item.strip()!r} is not {what}; use * for every topic")
+            raise SettingError(setting_name, f"{item.strip()!r} is not {what}; use * for every topic")
         out[topic] = _size_bytes(*m.groups()) if size else int(m.group(1))
     return out
 
@@ -487,4 +533,4 @@ def _toml_value(value: Any) -> str:
 
 
 def as_dict(config: Config) -> dict:
-    return dataclasses.asdict(config)
+    return {name: dataclasses.asdict(getattr(config, name)) for name in sections()}
