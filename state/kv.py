@@ -345,6 +345,23 @@ class KVView:
             if entry is not None:
                 yield entry
 
+    def topics(self) -> list[str]:
+        """Every topic the view has keys of (tombstones included), jumping from one topic to the next:
+        one seek per topic, not a read per key."""
+        out, start = [], _DATA_START
+        while True:
+            first = next(iter(self.db.keys(from_key=start)), None)
+            if first is None:
+                return out
+            topic = first.decode().partition(SEP)[0]
+            out.append(topic)
+            start = f"{topic}\x01".encode()  # just past every "<topic>\x00<key>"
+
+    def has_topic(self, topic: str) -> bool:
+        start = _dbkey(topic, "").encode()
+        first = next(iter(self.db.keys(from_key=start)), None)
+        return first is not None and first.startswith(start)
+
     def entries(self) -> Iterator[tuple[str, Entry | None]]:
         """Every key of every topic in (topic, key) order: ``(topic, entry)``, entry None for a tombstone."""
         for raw_key, raw in self.db.items(from_key=_DATA_START):

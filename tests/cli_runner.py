@@ -13,6 +13,8 @@ ROOT = Path(__file__).parents[1]
 def cli_env(extra: dict | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
     env["PYTHONPATH"] = str(ROOT)
+    # As in an activated .venv: `tierlog` and `python` are this installation's.
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env.update(extra or {})
     return env
 

@@ -13,7 +13,7 @@ import logging
 import time
 
 from connectors.errors import ConfigError
-from connectors.tables.catalog import TableSettings, data_location, open_catalog, table_name
+from connectors.tables.catalog import TableSettings, data_location, open_catalog, table_name, warn_if_renamed
 
 log = logging.getLogger(__name__)
 KIND = "tierlog.kind"
@@ -119,6 +119,7 @@ class TopicTables:
             schema, spec = self._schema_and_spec()
             props = {**TABLE_PROPERTIES, KIND: self.kind, TOPIC: topic,
                      "schema.name-mapping.default": schema.name_mapping.model_dump_json()}
+            warn_if_renamed(self._name_template(), topic)
             try:
                 table = self.catalog.create_table(ident, schema=schema, partition_spec=spec, properties=props)
             except TableAlreadyExistsError:  # another broker's tierlog made it first

@@ -19,7 +19,6 @@ log = logging.getLogger(__name__)
 WAREHOUSE_DIR = "_tables"  # in the tier root; the tier's readers glob ``topic=*`` and never see it
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_]")
 OPEN_ATTEMPTS = 5
-_WARNED: set[str] = set()  # topics whose table name was sanitized: said once per process
 
 
 @dataclass(frozen=True)
@@ -53,13 +52,15 @@ def data_location(tier_location: str, name: str) -> str:
 
 
 def table_name(template: str, topic: str) -> str:
-    """The table name for ``topic``; characters engines would need quoted become ``_``, with a warning."""
-    safe = _NOT_IN_NAME.sub("_", topic)
-    if safe != topic and topic not in _WARNED:
-        _WARNED.add(topic)
-        log.warning("topic %r is table %r: characters other than letters, digits and '_' became '_'",
-                    topic, template.format(topic=safe))
-    return template.format(topic=safe)
+    """The table name for ``topic``: characters engines would need quoted become ``_``
+    (``warn_if_renamed`` says so once, when the table is made)."""
+    return template.format(topic=_NOT_IN_NAME.sub("_", topic))
+
+
+def warn_if_renamed(template: str, topic: str) -> None:
+    name = table_name(template, topic)
+    if name != template.format(topic=topic):
+        log.warning("topic %r is table %r: characters other than letters, digits and '_' became '_'", topic, name)
 
 
 def open_catalog(settings: TableSettings):

@@ -124,12 +124,13 @@ class Backend(ABC):
         """Release connections; the backend must not be used afterwards."""
 
 
-def open_backend(location: str) -> Backend:
-    """A backend for ``location``: ``s3://bucket/prefix`` or a directory path."""
+def open_backend(location: str, *, create: bool = True) -> Backend:
+    """A backend for ``location``: ``s3://bucket/prefix`` or a directory path; ``create=False``
+    (readers) never makes the directory."""
     if location.startswith("s3://"):
         from connectors.tier.s3 import S3Backend
 
         return S3Backend(location)
     from connectors.tier.posix import PosixBackend
 
-    return PosixBackend(location)
+    return PosixBackend(location, create=create)

@@ -34,3 +34,7 @@ class InvalidObjectName(TierError):
 class TierRecordError(TierError):
     """The tier's commit records are inconsistent: a gap in sequence numbers, or an unreadable record.
     (Named apart from ``connectors.errors.TierlogError``, the root of every tierlog error.)"""
+
+
+class NotFoundInTier(TierError):
+    """A read named what the tier does not hold: no tier at the location, or no such topic."""

@@ -24,15 +24,25 @@ class PosixBackend(Backend):
     throttling: tiering waits for space instead of failing.
     """
 
-    def __init__(self, root: str, *, retry_deadline_s: float = RETRY_DEADLINE_S):
+    def __init__(self, root: str, *, retry_deadline_s: float = RETRY_DEADLINE_S, create: bool = True):
+        """``create=False`` for readers: a missing root reads as an empty tier and is not made, since
+        a read command pointed at the wrong place must not leave an empty tier behind."""
         self.location = root
         self.retry_deadline_s = retry_deadline_s
         self.root = os.path.abspath(root)
-        try:
-            os.makedirs(self.root, exist_ok=True)
-        except OSError as exc:
-            raise TierError(f"tier.location {root!r} cannot be created: {exc.strerror}") from None
-        self.name_max = os.pathconf(self.root, "PC_NAME_MAX")  # 255 bytes on ext4, xfs, btrfs
+        if create:
+            try:
+                os.makedirs(self.root, exist_ok=True)
+            except OSError as exc:
+                raise TierError(f"tier.location {root!r} cannot be created: {exc.strerror}") from None
+        existing = self.root
+        while not os.path.isdir(existing):
+            existing = os.path.dirname(existing)
+        self.name_max = os.pathconf(existing, "PC_NAME_MAX")  # 255 bytes on ext4, xfs, btrfs
+
+    def exists(self) -> bool:
+        """Whether the root directory is there at all (a reader's wrong ``tier.location``, say)."""
+        return os.path.isdir(self.root)
 
     def _path(self, name: str) -> str:
         path = os.path.join(self.root, check_name(name, max_part_bytes=self.name_max, where=self.root))

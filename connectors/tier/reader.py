@@ -29,7 +29,7 @@ from connectors.brokers import DEFAULT_BROKER
 from connectors.commitlog.arrow import MESSAGE_SCHEMA, epoch_ms_array, project_schema
 from connectors.tier import layout
 from connectors.tier.backend import Backend, open_backend
-from connectors.tier.errors import ObjectNotFound, TierError
+from connectors.tier.errors import NotFoundInTier, ObjectNotFound, TierError
 from connectors.tier.log import TierLog
 from connectors.tier.manifest import QueueKey
 from connectors.tier.view import TierView
@@ -85,7 +85,7 @@ class TierReader:
     """
 
     def __init__(self, location: str | Backend, broker: str | None = None):
-        self.backend = open_backend(location) if isinstance(location, str) else location
+        self.backend = open_backend(location, create=False) if isinstance(location, str) else location
         self.broker = broker
         self._logs: dict[str, TierLog] = {}
         self._pool: ThreadPoolExecutor | None = None  # made on the first read of several objects
@@ -98,6 +98,19 @@ class TierReader:
         if before and not brokers:
             self._log(DEFAULT_BROKER).view()  # refuses, saying how to upgrade
         return brokers
+
+    def topics(self) -> list[str]:
+        """Every topic of the brokers this reader covers (reads every bucket: for listings and errors)."""
+        return sorted({t for view in self.views() for t in view.topics()})
+
+    def require_topic(self, topic: str) -> None:
+        """Raise ``NotFoundInTier`` naming the topics there are, unless the tier holds ``topic``
+        (one bucket read per broker when it does)."""
+        if any(view.queue_ids(topic) > 0 for view in self.views()):
+            return
+        topics = self.topics()
+        there = f"topics: {', '.join(topics)}" if topics else "it holds no topic yet"
+        raise NotFoundInTier(f"no topic {topic!r} in the tier at {self.backend.location}; {there}")
 
     def _log(self, broker: str) -> TierLog:
         if broker not in self._logs:

@@ -7,6 +7,7 @@ import logging
 
 from connectors.errors import ConfigError, TierlogError
 from streaming import config as cfg
+from streaming.cli.found import open_kv, require_kv_topic
 from streaming.cli.output import emit, ms_to_iso
 
 log = logging.getLogger("tierlog")
@@ -21,22 +22,13 @@ def _kv_row(entry) -> dict:
 
 
 def cmd_kv(args, conf: cfg.Config) -> int:
-    from state.kv import KVView
-    from streaming.plan import kv_path
-
     if args.kv_command == "rebuild":
         return _kv_rebuild(args, conf)
     if args.kv_command in ("get", "scan") and not args.topic:
         raise ConfigError(f"`tierlog kv {args.kv_command}` needs a TOPIC")
-    with KVView(kv_path(conf), read_only=True) as kv:
+    with open_kv(conf) as kv:
         if args.kv_command == "snapshot":
-            from streaming.compaction import open_latest_tables, write_snapshot
-            from streaming.settings import tables
-
-            settings = tables(conf)
-            latest = open_latest_tables(settings, conf.tier.location, conf.broker.name) if settings else None
-            rows = write_snapshot(kv, conf.tier.location, conf.broker.name, keep=max(1, conf.compaction.snapshot_keep),
-                                  tables=latest)
+            rows = snapshot_now(conf, kv)
             emit([{"keys": rows, "through_phy": kv.applied_through(), "tier": conf.tier.location}], args.format)
             return 0
         if args.kv_command == "get":
@@ -44,15 +36,29 @@ def cmd_kv(args, conf: cfg.Config) -> int:
                 raise ConfigError("`tierlog kv get` needs a TOPIC and a KEY")
             entry = kv.get(args.topic, args.key)
             if entry is None:
+                require_kv_topic(kv, args.topic)
                 raise TierlogError(f"key {args.key!r} is not in topic {args.topic!r} (the view has applied "
                                    f"messages below physical offset {kv.applied_through()})")
             emit([_kv_row(entry)], args.format, KV_COLUMNS)
             return 0
+        require_kv_topic(kv, args.topic)
         entries = kv.scan(args.topic, args.prefix or "")
         rows = (_kv_row(e) for e in itertools.islice(entries, args.limit or None))
         if emit(rows, args.format, KV_COLUMNS) == 0 and args.format == "table":
             log.info("no live key in topic %r with prefix %r", args.topic, args.prefix or "")
         return 0
+
+
+def snapshot_now(conf: cfg.Config, kv) -> int:
+    """Write every topic's live keys from ``kv`` to the tier now (and to the latest-per-key tables,
+    when tables are on); returns the keys written."""
+    from streaming.compaction import open_latest_tables, write_snapshot
+    from streaming.settings import tables
+
+    settings = tables(conf)
+    latest = open_latest_tables(settings, conf.tier.location, conf.broker.name) if settings else None
+    return write_snapshot(kv, conf.tier.location, conf.broker.name, keep=max(1, conf.compaction.snapshot_keep),
+                          tables=latest)
 
 
 def _kv_rebuild(args, conf: cfg.Config) -> int:

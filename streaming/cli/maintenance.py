@@ -44,13 +44,12 @@ def cmd_commitlog_gc(args, conf: cfg.Config) -> int:
     import os
 
     from connectors.commitlog.reader import list_files
-    from state.metadata import MetadataStore
-    from streaming.plan import enabled_sinks, metadata_path, safepoint
-
+    from streaming.cli.found import open_metadata
+    from streaming.plan import enabled_sinks, safepoint
     from streaming.settings import local_retention_s
 
     retention = local_retention_s(conf)
-    store = MetadataStore(metadata_path(conf), read_only=True)
+    store = open_metadata(conf)
     try:
         sinks = store.sinks()
     finally:

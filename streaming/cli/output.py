@@ -37,9 +37,8 @@ def _json_default(value):
 def _cell(value) -> str:
     if value is None:
         return "-"
-    if isinstance(value, (bytes, bytearray)):
-        preview = bytes(value[:24]).decode("utf-8", "replace").replace("\n", " ")
-        return preview + ("…" if len(value) > 24 else "")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes_cell(bytes(value))
     if isinstance(value, dict):
         return ",".join(f"{k}={v}" for k, v in value.items())
     return str(value)
@@ -47,3 +46,15 @@ def _cell(value) -> str:
 
 def ms_to_iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def bytes_cell(value: bytes, width: int = 24) -> str:
+    """A body in a table: its text when it is UTF-8 (control characters escaped), else ``base64:``
+    and its base64, so binary never reaches a terminal raw; cut at ``width`` characters with ``…``."""
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        encoded = base64.b64encode(value[: width * 3 // 4]).decode()
+        return "base64:" + encoded + ("…" if len(value) > width * 3 // 4 else "")
+    shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text[:width])
+    return shown + ("…" if len(text) > width else "")

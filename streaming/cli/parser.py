@@ -15,29 +15,63 @@ from streaming.cli.status import cmd_status
 from streaming.cli.tables import cmd_table
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors that name the command and its choices, not the parser's internal
+    names (``argument kv_command: invalid choice``), and say where the help is."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {self._plain(message)}; `{self.prog} --help` explains\n")
+
+    def _plain(self, message: str) -> str:
+        import difflib
+        import re
+
+        bad = re.match(r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)$", message)
+        if bad:
+            word, choices = bad.group(2), [c.strip(" '") for c in bad.group(3).split(",")]
+            close = difflib.get_close_matches(word, choices, n=1)
+            guess = f" (did you mean {close[0]}?)" if close else ""
+            return f"{word!r} is not a command of `{self.prog}`{guess}; choose {_one_of(choices)}"
+        missing = re.match(r"the following arguments are required: (.*)$", message)
+        if missing:
+            wanted = []
+            for dest in (d.strip() for d in missing.group(1).split(",")):
+                action = next((a for a in self._actions if dest in (a.dest, a.metavar)), None)
+                if action is not None and action.choices:
+                    wanted.append(f"a command ({_one_of(list(action.choices))})")
+                else:
+                    wanted.append(dest)
+            return f"`{self.prog}` needs {' and '.join(wanted)}"
+        return message
+
+
+def _one_of(choices: list[str]) -> str:
+    return ", ".join(choices[:-1]) + " or " + choices[-1] if len(choices) > 1 else choices[0]
+
+
 EPILOG = """\
 configuration: defaults < tierlog.toml (or --config FILE) < TIERLOG_<SECTION>_<KEY> variables < flags.
 Run `tierlog config show` to see every setting with its documentation."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--config", metavar="FILE", help="TOML configuration file (default: ./tierlog.toml if present)")
     common.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="tierlog's log level (default INFO); DEBUG also shows Spark's start-up notes")
     common.add_argument("--commitlog-dir", dest="commitlog.dir", metavar="DIR", help="override commitlog.dir")
     common.add_argument("--broker-name", dest="broker.name", metavar="NAME",
                         help="override broker.name: the RocketMQ broker whose commitlog this is")
-    tier = argparse.ArgumentParser(add_help=False)
+    tier = Parser(add_help=False)
     tier.add_argument("--tier", dest="tier.location", metavar="LOCATION", help="override tier.location")
-    brokers = argparse.ArgumentParser(add_help=False)
+    brokers = Parser(add_help=False)
     brokers.add_argument("--broker", dest="read_broker", metavar="NAME",
                          help="only this broker's part of the tier (default: every broker; a queue that several "
                          "brokers hold needs it)")
-    printing = argparse.ArgumentParser(add_help=False)
+    printing = Parser(add_help=False)
     printing.add_argument("--format", choices=["table", "json"], default="table", help="table, or one JSON object per line")
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tierlog",
         description="Tier a RocketMQ commitlog to cheap storage, keep the latest value per key, "
         "and replicate it to Kafka, with Spark Structured Streaming.",
@@ -219,5 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dir", default="data/demo", help="where the demo's commitlog, tier and state go (default data/demo)")
     p.add_argument("--messages", type=int, default=50000, help="messages to produce (default 50000)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="workload seed (default 0): the same seed gives the same keys and values, so the README's "
+                        "examples name keys the demo has")
     p.set_defaults(func=cmd_demo)
     return parser

@@ -8,6 +8,7 @@ from typing import Iterator
 
 from connectors.errors import ConfigError, TierlogError
 from streaming import config as cfg
+from streaming.cli.found import open_kv, open_reader
 from streaming.cli.inspect import INSPECT_COLUMNS
 from streaming.cli.output import emit, ms_to_iso
 
@@ -38,12 +39,14 @@ def _parse_time(text: str) -> int:
 
 
 def cmd_get(args, conf: cfg.Config) -> int:
-    from connectors.tier.reader import GetStatus, TierReader
+    from connectors.tier.reader import GetStatus
 
-    result = TierReader(conf.tier.location, broker=args.read_broker).get(args.topic, args.queue, args.offset, args.max)
+    reader = open_reader(conf, args.read_broker, args.topic)
+    result = reader.get(args.topic, args.queue, args.offset, args.max)
     where = f"queue {args.topic}/{args.queue}"
     if result.status is GetStatus.NO_QUEUE:
-        raise TierlogError(f"the tier at {conf.tier.location} has no {where} (`tierlog queues` lists them)")
+        raise TierlogError(f"the tier at {conf.tier.location} has no {where}: `tierlog queues --topic {args.topic}` "
+                           "lists its queues")
     if result.status is GetStatus.OFFSET_TOO_SMALL:
         raise TierlogError(f"offset {args.offset} of {where} is below the lowest retained offset {result.low} "
                            f"(retention or expiry removed it): start at {result.low}")
@@ -58,11 +61,9 @@ def cmd_get(args, conf: cfg.Config) -> int:
 
 
 def cmd_key(args, conf: cfg.Config) -> int:
-    from connectors.tier.reader import TierReader
-
     begin = _parse_time(args.since) if args.since else None
     end = _parse_time(args.until) if args.until else None
-    table = TierReader(conf.tier.location, broker=args.read_broker).by_key(args.topic, args.key, begin, end)
+    table = open_reader(conf, args.read_broker, args.topic).by_key(args.topic, args.key, begin, end)
     emit(_message_rows(table, args.format), args.format, INSPECT_COLUMNS if args.format == "table" else None)
     log.info("%d message(s) with key %r in topic %s in the tier", table.num_rows, args.key, args.topic)
     if args.latest:
@@ -74,14 +75,13 @@ def _print_latest(conf: cfg.Config, topic: str, key: str) -> None:
     """The key's latest value from the local KV view, which is ahead of the tier's history."""
     import os
 
-    from state.kv import KVView
     from streaming.plan import kv_path
 
     if not os.path.isdir(kv_path(conf)):
         log.warning("no local KV view at %s (compaction runs with `tierlog run` on this host): "
                     "the newest message above is the latest the tier holds", kv_path(conf))
         return
-    with KVView(kv_path(conf), read_only=True) as kv:
+    with open_kv(conf) as kv:
         entry = kv.get(topic, key)
     if entry is None:
         log.info("latest (KV view): %s/%s has no value (never written, deleted or expired)", topic, key)
@@ -91,10 +91,8 @@ def _print_latest(conf: cfg.Config, topic: str, key: str) -> None:
 
 
 def cmd_offset_for_time(args, conf: cfg.Config) -> int:
-    from connectors.tier.reader import TierReader
-
     ts = _parse_time(args.timestamp)
-    reader = TierReader(conf.tier.location, broker=args.read_broker)
+    reader = open_reader(conf, args.read_broker, args.topic)
     state = reader.view_for_queue(args.topic, args.queue)
     if state.state_of((args.topic, args.queue)) is None:
         raise TierlogError(f"the tier at {conf.tier.location} has no queue {args.topic}/{args.queue}")
@@ -107,9 +105,7 @@ def cmd_offset_for_time(args, conf: cfg.Config) -> int:
 def cmd_queues(args, conf: cfg.Config) -> int:
     import dataclasses
 
-    from connectors.tier.reader import TierReader
-
-    infos = TierReader(conf.tier.location, broker=args.read_broker).queue_infos(topic=args.topic)
+    infos = open_reader(conf, args.read_broker, args.topic).queue_infos(topic=args.topic)
     rows = [dataclasses.asdict(i) for i in infos[: args.limit]]
     if not emit(rows, args.format, ["broker", "topic", "queue_id", "low", "commit", "sealed", "segments", "bytes"]):
         log.info("the tier at %s holds no queue yet", conf.tier.location)
