@@ -399,7 +399,7 @@ def test_readme_table_examples_run_against_a_real_tier(spark, tmp_path):
 
     [block] = readme_python_blocks("SqlCatalog", "iceberg_scan")
     ns: dict = {}
-    exec(block.replace("data/state", conf.state.dir).replace("rmq_orders", "rmq_topic_0"), ns)
+    exec(block.replace("data/demo/state", conf.state.dir), ns)  # the docs read the demo's tables: this test's
     want = sorted((r["queue_offset"], r["body"]) for r in rows if r["queue_id"] == 1 and r["queue_offset"] >= 100)
     assert want and sorted(zip(ns["recent"]["queue_offset"].to_pylist(), ns["recent"]["body"].to_pylist())) == want
     assert ns["per_queue"] == sorted(Counter(r["queue_id"] for r in rows).items())
@@ -411,7 +411,7 @@ def test_readme_table_examples_run_against_a_real_tier(spark, tmp_path):
     through = int(table.properties[f"tierlog.through-phy.{conf.broker.name}"])
     want = {k: v for (t, k), v in ledger_latest(conf.commitlog.dir, through).items() if t == "topic-0"}
     key = sorted(want)[0]
-    exec(block.replace("rmq_orders", "rmq_topic_0").replace("order-42", key), ns)
+    exec(block.replace("data/demo/state", conf.state.dir).replace("key-00000042", key), ns)
     assert ns["value"]["body"].to_list() == [want[key][0]]
     older = table.snapshots()[-2]  # what the README's `previous` read: the table one snapshot before
     before = ledger_latest(conf.commitlog.dir, int(older.summary["tierlog.through-phy"]))
@@ -419,9 +419,9 @@ def test_readme_table_examples_run_against_a_real_tier(spark, tmp_path):
         sorted((k, v[1]) for (t, k), v in before.items() if t == "topic-0")
 
     # A downstream Spark (4.1: the newest Iceberg publishes a runtime for) runs the README's block.
-    [block] = readme_python_blocks("SparkSession", "tierlog.tierlog.rmq_orders")
-    got = run_spark_reader(block.replace("data/state", conf.state.dir).replace("data/tier", conf.tier.location)
-                           .replace("rmq_orders", "rmq_topic_0").replace("order-42", key), tmp_path)
+    [block] = readme_python_blocks("SparkSession", "tierlog.tierlog.rmq_topic_0")
+    got = run_spark_reader(block.replace("data/demo/state", conf.state.dir)
+                           .replace("data/demo/tier", conf.tier.location).replace("key-00000042", key), tmp_path)
     assert got["per_queue"] == [list(kv) for kv in sorted(Counter(r["queue_id"] for r in rows).items())]
     latest_now = ledger_latest(conf.commitlog.dir, through)
     assert got["value"] == [[base64.b64encode(latest_now[("topic-0", key)][0]).decode()]]

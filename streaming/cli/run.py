@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from streaming import config as cfg
 from streaming.cli.produce import produce
@@ -34,11 +33,12 @@ def cmd_demo(args, conf: cfg.Config) -> int:
         state=dataclasses.replace(conf.state, dir=os.path.join(root, "state")),
         checkpoint=dataclasses.replace(conf.checkpoint, dir=os.path.join(root, "checkpoints")),
         source=dataclasses.replace(conf.source, max_bytes_per_trigger=16 << 20),
+        tables=dataclasses.replace(conf.tables, enabled=True),  # so the Iceberg examples read the demo too
     )
     say = lambda text: print(f"demo: {text}", file=sys.stderr, flush=True)  # noqa: E731
     say(f"1/3 producing {args.messages} messages (3 topics x 4 queues, 2,000 keys, 10% deletes) into {conf.commitlog.dir}")
     workload = Workload(messages=args.messages, topics=3, queues=4, keys=2000, body_size=512, delete_ratio=0.1,
-                        seed=int(time.time()))
+                        seed=args.seed)
     produce(conf, workload.generate(), args.messages)
     say("2/3 tiering and compacting (latest value per key) with Spark until caught up "
         "(the first batch is slow: Spark starts its Python workers)")
@@ -61,6 +61,7 @@ def cmd_demo(args, conf: cfg.Config) -> int:
     try:
         service = Service(conf)
         service.run(until_caught_up=True)
+        _snapshot(written)  # the service snapshots every compaction.snapshot_interval_s: the demo is shorter
         state = TierReader(conf.tier.location).view()
         kafka_line = _kafka_summary(service)
     finally:
@@ -72,24 +73,71 @@ def cmd_demo(args, conf: cfg.Config) -> int:
         f"{len(state.staging)} staging objects; "
         f"the KV view holds the latest value of every key{kafka_line}\n")
     config_file = os.path.join(root, "tierlog.toml")
-    segments = f"{conf.tier.location}/topic=*/broker=*/queue=*/*.parquet"
-    duck = (f"select topic, queue_id, count(*) messages, min(queue_offset) first, max(queue_offset) last "
-            f"from read_parquet('{segments}', hive_partitioning=false) group by all order by all")
     with open(config_file, "w") as fh:
         fh.write(cfg.to_toml(written))
     show_status(argparse.Namespace(format="table"), written)
     key = _some_key(written, "topic-0")
-    print("\nTry next (in a checkout, `./dev tierlog` runs `tierlog`):")
-    print(f"  tierlog status --watch --config {config_file}")
-    print(f"  tierlog get topic-0 0 0 --max 5 --config {config_file}")
-    print(f"  tierlog kv get topic-0 {key} --config {config_file}")
-    print(f"  tierlog key topic-0 {key} --latest --config {config_file}")
-    print(f"  tierlog kv scan topic-0 --prefix key-0000001 --config {config_file}")
-    print(f"  tierlog kv snapshot --config {config_file}    # then: {conf.tier.location}/_compacted/")
-    print(f"  python -c \"import duckdb; duckdb.sql(\\\"{duck}\\\").show()\"")
-    print(f"  python -c \"import pyarrow.dataset as ds; print(ds.dataset('{conf.tier.location}', "
-          f"partitioning='hive').to_table(columns=['topic', 'queue_offset']).num_rows)\"")
+    sealed = sum(q.segments for q in states.values())
+    for line in try_next(os.path.relpath(config_file), os.path.relpath(conf.tier.location), key, sealed):
+        print(line)
     return 0
+
+
+def try_next(config_file: str, tier: str, key: str, sealed: int) -> list[str]:
+    """The demo's last lines: commands that run exactly as printed, from this directory (a test
+    runs each one).  ``tierlog`` and ``python`` are spelled as this shell finds them."""
+    import importlib.util
+
+    tl, py = _command("tierlog", "./dev tierlog"), _command("python", None)
+    lines = ["", f"Try next (from this directory; `{tl}` is the tierlog command):",
+             f"  {tl} status --config {config_file}    # --watch keeps it on screen",
+             f"  {tl} get topic-0 0 0 --max 5 --config {config_file}",
+             f"  {tl} kv get topic-0 {key} --config {config_file}",
+             f"  {tl} key topic-0 {key} --latest --config {config_file}",
+             f"  {tl} kv scan topic-0 --prefix key-0000001 --config {config_file}",
+             f"  {tl} kv snapshot --config {config_file}    # then: {tier}/_compacted/",
+             f"  {py} -c \"from connectors.tier.reader import TierReader; "
+             f"print(TierReader('{tier}').get('topic-0', 0, 0, 5).messages.select(['queue_offset', 'key']))\""]
+    if not sealed:
+        lines.append(f"  (DuckDB and pyarrow read sealed segments, and none is sealed yet: a queue seals at "
+                     f"tier.segment_messages; TierReader above reads what is staged too)")
+        return lines
+    segments = f"{tier}/topic=*/broker=*/queue=*/*.parquet"
+    if importlib.util.find_spec("duckdb") is not None:
+        duck = (f"select topic, queue_id, count(*) AS messages, min(queue_offset) AS first, "
+                f"max(queue_offset) AS last from read_parquet('{segments}', hive_partitioning=false) "
+                f"group by all order by all")
+        lines.append(f"  {py} -c \"import duckdb; duckdb.sql(\\\"{duck}\\\").show()\"")
+    lines.append(f"  {py} -c \"import pyarrow.dataset as ds; print(ds.dataset('{tier}', "
+                 f"partitioning='hive').to_table(columns=['topic', 'queue_offset']).num_rows)\"")
+    return lines
+
+
+def _command(name: str, in_checkout: str | None) -> str:
+    """How to run this installation's ``name`` from here: plain when the shell finds this one, else
+    ``./dev tierlog`` in the checkout, else its path."""
+    import os
+    import shutil
+
+    mine = os.path.join(os.path.dirname(sys.executable), name)
+    found = shutil.which(name)
+    if found and os.path.realpath(found) == os.path.realpath(mine if os.path.exists(mine) else sys.executable):
+        return name
+    if in_checkout and os.path.isfile("dev") and os.path.isfile("pyproject.toml"):
+        return in_checkout
+    path = mine if os.path.exists(mine) else sys.executable
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith("..") else path
+
+
+def _snapshot(conf: cfg.Config) -> None:
+    """One compacted snapshot of the demo's KV view, committed to its latest-per-key tables."""
+    from state.kv import KVView
+    from streaming.cli.kv import snapshot_now
+    from streaming.plan import kv_path
+
+    with KVView(kv_path(conf)) as view:
+        snapshot_now(conf, view)
 
 
 def _some_key(conf: cfg.Config, topic: str) -> str:
