@@ -60,6 +60,7 @@ class CompactionSettings:
     snapshot_interval_s: float = 600.0  # 0: only on demand
     snapshot_keep: int = 2
     on_corrupt: str = "fail"
+    on_missing: str = "fail"
     topics: object = None  # the TopicFilter of [topics] compaction; None takes every topic
     tables: object = None  # TableSettings: each snapshot is committed to the latest-per-key tables; None: off
 
@@ -124,7 +125,8 @@ class CompactionHandler:
         self.changelog = changelog  # a connectors.kafka.changelog.ChangelogSink, or None
         self.key_property = key_property
         self.lock = threading.RLock()  # held while a batch is handed over; a graceful stop waits on it
-        self._reader = CommitLogReader(settings.commitlog_dir, on_corrupt=settings.on_corrupt, broker=settings.broker)
+        self._reader = CommitLogReader(settings.commitlog_dir, on_corrupt=settings.on_corrupt, broker=settings.broker,
+                                       on_missing=settings.on_missing)
         self._apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-apply")
         self._pending: Future | None = None
         self._last_snapshot = self._last_snapshot_time()

@@ -101,6 +101,15 @@ class CommitlogConfig:
         "1h", "`tierlog commitlog gc` deletes files below the safepoint once they are this old (s, m, h, d).",
         check=parsed_by(lambda v, n: parse_duration(v, n)),
     )
+    headroom_warn_fraction: float = setting(
+        0.1, "Warn when the commitlog bytes the broker may delete before it reaches what tierlog has yet to read "
+        "fall under this fraction of the retained bytes (the headroom: `status`, "
+        "tierlog_commitlog_headroom_bytes)."
+    )
+    headroom_warn_s: float = setting(
+        3600.0, "Warn, too, when that headroom in store time falls under this many seconds "
+        "(tierlog_commitlog_headroom_seconds)."
+    )
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,11 @@ class SourceConfig:
     partition_bytes: int = setting(32 << 20, "Split each micro-batch into Spark tasks of about this size.", size=True)
     starting_offset: str = setting(
         "earliest", "Where a query with a new checkpoint starts: earliest, latest or a physical offset."
+    )
+    on_missing: str = setting(
+        "fail", "Commitlog files deleted before tierlog read them (the broker's retention outran it): fail (stop, "
+        "naming the range) or skip (record the range as a gap, which `status` reports until `tierlog gap ack`, "
+        "and go on from the oldest retained file).", choices=("fail", "skip"),
     )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import zlib
 
+from connectors.commitlog.errors import DeletedBeforeReadError
 from connectors.commitlog.reader import CommitLogReader
 from connectors.errors import TierlogError
 
@@ -31,13 +32,17 @@ log = logging.getLogger("tierlog.service")
 class ReplicaMismatchError(TierlogError):
     """``commitlog.dir`` does not hold what the tier committed last (another log, or behind)."""
 
+    exit_code = 5
+
 
 def check_commitlog(commitlog_dir: str, broker: str, last_record: dict | None, committed: dict[str, int],
-                    moved_from: str | None = None, on_corrupt: str = "fail") -> None:
+                    moved_from: str | None = None, on_corrupt: str = "fail", on_missing: str = "fail") -> None:
     """Refuse (``ReplicaMismatchError``) unless ``commitlog_dir`` holds ``last_record``'s bytes and
     reaches every query's committed end (``committed``: query -> physical offset).  ``moved_from``:
     the commitlog the checkpoints were made on, when it is another directory (a failover).
-    ``on_corrupt``: ``commitlog.on_corrupt``, so a walk passes a quarantined record as the queries do.
+    ``on_corrupt``: ``commitlog.on_corrupt``, so a walk passes a quarantined record as the queries do;
+    ``on_missing``: ``source.on_missing``, under which files deleted before a query read them are a gap
+    the queries record and pass, not a refusal.
 
     What is read: the tier's last record, then the records from it up to the furthest query's
     end (what the queries are ahead of the tier by), never the log past them: a corrupt record
@@ -47,6 +52,7 @@ def check_commitlog(commitlog_dir: str, broker: str, last_record: dict | None, c
     needed = {q: e for q, e in committed.items() if e is not None}
     with CommitLogReader(commitlog_dir, on_corrupt=on_corrupt) as reader:
         start = None  # a record boundary the log is known to hold, to walk on from
+        gap = False  # files a query has yet to read are gone, and on_missing = skip goes on past them
         if last_record is not None:
             phy, size = last_record["phy"], last_record["size"]
             needed["tiering"] = max(needed.get("tiering", 0), phy + size)
@@ -59,8 +65,11 @@ def check_commitlog(commitlog_dir: str, broker: str, last_record: dict | None, c
                         "so it cannot be checked to be a replica of the same broker: point commitlog.dir at a "
                         "replica that still has that file"
                     )
-                log.info("commitlog.dir no longer holds the tier's last committed record (physical offset %d): "
-                         "its file was deleted below the safepoint; not checked", phy)
+                gap = _deleted_before_read(what, files, needed, on_missing)
+                if not gap:
+                    log.info("commitlog.dir no longer holds the tier's last committed record (physical offset %d): its "
+                             "file was deleted after every query had read it (by `tierlog commitlog gc` or the "
+                             "broker's retention, below the safepoint), as expected; not checked", phy)
             elif data is None or not any(data):  # not there yet: a replica catching up
                 _behind(what, broker, _end(reader, phy), "tiering", phy + size)
             elif zlib.crc32(data) != last_record["crc32"]:
@@ -74,6 +83,9 @@ def check_commitlog(commitlog_dir: str, broker: str, last_record: dict | None, c
             else:
                 start = phy
         if needed:
+            gap = gap or _deleted_before_read(what, reader.files(), needed, on_missing)
+            if gap:  # the queries go on from the oldest retained file
+                needed = {q: max(e, reader.first_offset()) for q, e in needed.items()}
             target = max(needed.values())
             # Walked as a live log, not as a range known to be complete: a replica still catching up
             # ends in zeros (RocketMQ pre-allocates its files) before the target, which is "behind",
@@ -86,6 +98,33 @@ def check_commitlog(commitlog_dir: str, broker: str, last_record: dict | None, c
     if moved_from and start is not None:
         log.warning("commitlog.dir moved from %s to %s: it holds the tier's last committed record at physical "
                     "offset %d byte for byte; going on from there", moved_from, commitlog_dir, start)
+
+
+def _deleted_before_read(what: str, files, needed: dict[str, int], on_missing: str) -> bool:
+    """Refuse when a file a query has yet to read is gone: everything from where the query goes on to
+    the oldest retained file was deleted unread (the broker's retention outran tierlog).  Under
+    ``on_missing = "skip"`` say so, and go on (True): the queries record the range as a gap."""
+    if not files:
+        return False
+    query, resume = min(needed.items(), key=lambda kv: kv[1])
+    first = files[0]
+    if resume >= first.base:
+        return False
+    if on_missing == "skip":
+        log.warning("%s: physical offsets %d to %d (%s bytes) were deleted before tierlog read them (the broker's "
+                    "retention outran it); under source.on_missing = skip the queries record that range as a gap "
+                    "and go on from %d. `tierlog status` reports it until `tierlog gap ack`",
+                    what, resume, first.base, f"{first.base - resume:,}", first.base)
+        return True
+    raise DeletedBeforeReadError(
+        f"{what}: physical offsets {resume} to {first.base} ({first.base - resume:,} bytes) were deleted before "
+        f"tierlog read them. The {query} query goes on from {resume}, and the oldest retained file, {first.path}, "
+        "starts above it: the broker's retention (fileReservedTime) outran tierlog, and the messages in that "
+        "range are lost to it. Nothing was written. To go on from the oldest retained file, recording the range "
+        "as a gap that `tierlog status` reports until `tierlog gap ack`, run `tierlog run --on-missing skip` (or "
+        "set source.on_missing = \"skip\"); or restore the files from a replica first. Keep the broker's retention "
+        "longer than tierlog can fall behind: `tierlog status` shows the headroom"
+    )
 
 
 def _end(reader: CommitLogReader, at_least: int) -> int:

@@ -53,6 +53,14 @@ class Metrics:
         self.state_memory = Gauge("tierlog_state_memory_bytes",
                                   "Memory a RocksDB store holds: kv and metadata (the driver's), spark (the "
                                   "compaction query's state stores, Spark's estimate).", ["store"], registry=r)
+        self.headroom_bytes = Gauge(
+            "tierlog_commitlog_headroom_bytes", "Commitlog bytes the broker's retention may delete before it "
+            "reaches what tierlog has yet to read (negative: already deleted, unread).", registry=r)
+        self.headroom_seconds = Gauge(
+            "tierlog_commitlog_headroom_seconds", "The same headroom in store time: how much older the oldest "
+            "retained file's first message is than the first of the file tierlog still needs.", registry=r)
+        self.gaps = Gauge("tierlog_commitlog_gaps", "Ranges deleted before tierlog read them (source.on_missing = "
+                          "skip), not yet acknowledged with `tierlog gap ack`.", registry=r)
         self.safepoint = Gauge("tierlog_safepoint_offset",
                                "Lowest physical offset every enabled sink has applied (-1 until each has).", registry=r)
         for query in queries:  # present from the start, so dashboards see 0

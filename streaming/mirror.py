@@ -79,6 +79,7 @@ class SendTask:
     key_property: str
     check_crc: bool
     on_corrupt: str
+    on_missing: str
     partitions: dict  # Kafka topic -> partition count, where known
     positions: dict  # "topic\x00partition" -> position, where known
     topics: TopicFilter | None = None  # the messages of the topics it accepts are sent
@@ -93,7 +94,8 @@ def send_slot(task: SendTask, slot: int) -> dict:
     sink.seed(task.partitions, {tuple(_split(k)): v for k, v in task.positions.items()})
     error, retriable = None, False
     try:
-        with CommitLogReader(task.commitlog_dir, check_crc=task.check_crc, on_corrupt=task.on_corrupt) as reader:
+        with CommitLogReader(task.commitlog_dir, check_crc=task.check_crc, on_corrupt=task.on_corrupt,
+                             on_missing=task.on_missing) as reader:
             sink.publish(lambda: reader.record_batches(
                 task.start, task.end, key_property=task.key_property, columns=MIRROR_COLUMNS), once=True)
     except KafkaSinkError as exc:
@@ -144,7 +146,8 @@ class MirrorHandler:
     """The foreachBatch of the mirror query.  One instance per running query, on the driver."""
 
     def __init__(self, kafka: KafkaSettings, commitlog_dir: str, metadata=None, *,
-                 key_property: str = "KEYS", check_crc: bool = True, on_corrupt: str = "fail", tasks: int = 0,
+                 key_property: str = "KEYS", check_crc: bool = True, on_corrupt: str = "fail",
+                 on_missing: str = "fail", tasks: int = 0,
                  should_stop: Callable[[], bool] = lambda: False,
                  on_batch: Callable[[MirrorReport], None] | None = None,
                  topics: TopicFilter | None = None):
@@ -155,6 +158,7 @@ class MirrorHandler:
         self.key_property = key_property
         self.check_crc = check_crc
         self.on_corrupt = on_corrupt
+        self.on_missing = on_missing
         self.tasks = tasks
         self.should_stop = should_stop
         self.on_batch = on_batch
@@ -195,7 +199,8 @@ class MirrorHandler:
         attempt = 0
         while pending:
             task = SendTask(self.kafka, self.commitlog_dir, start, end, slots_total, self.key_property,
-                            self.check_crc, self.on_corrupt, dict(self._partitions), dict(self._positions),
+                            self.check_crc, self.on_corrupt, self.on_missing, dict(self._partitions),
+                            dict(self._positions),
                             self.topics)
             outcomes = (spark.range(0, len(pending), 1, len(pending))
                         .mapInArrow(make_sender(task, pending), OUTCOME_DDL).toArrow().to_pylist())

@@ -85,6 +85,7 @@ def source_options(conf: cfg.Config) -> dict:
         "startingOffset": s.starting_offset,
         "checkCrc": str(conf.commitlog.check_crc).lower(),
         "onCorrupt": conf.commitlog.on_corrupt,
+        "onMissing": conf.source.on_missing,
         "keyProperty": conf.commitlog.key_property,
     }
 

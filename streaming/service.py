@@ -19,12 +19,14 @@ import logging
 import os
 import re
 import signal
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
 
 from connectors.errors import ConfigError, StopRequested, TierlogError
 from connectors.faults import DRIVER_PID
+from connectors.tier.backend import STOP_FILE, clear_stop
 from connectors.sinks import KV
 from state.kv import KVView
 from state.metadata import MetadataStore
@@ -57,6 +59,7 @@ class Service:
         self._metadata = None  # set while run() runs
         self._seen_progress: dict[str, tuple[str, int]] = {}  # query -> (timestamp, batch) of the progress last counted
         self._entered: set[str] = set()  # queries whose batch function has run, in this run
+        self._headroom_warned = float("-inf")  # when the last low-headroom warning was logged
         self.late = LateStarts(conf.spark.late_start_s, self._late_start)
 
     # ------------------------------------------------------------ running
@@ -79,6 +82,7 @@ class Service:
         self.metrics.serve(conf.metrics.host, conf.metrics.port)
         kv = None
         self.queries = {}
+        owned = None  # the session this run built, stopped before it returns
         try:
             if any(KV in q.sinks(conf) for q in kinds):
                 kv = KVView(plan.kv_path(conf), ttl=settings.ttl)
@@ -91,7 +95,8 @@ class Service:
                 # started without it, and a process that runs a service in-process must not hand it
                 # on to the processes it starts later.
                 os.environ[DRIVER_PID] = str(os.getpid())
-                spark = build_session("tierlog", conf.spark.master, plan.session_conf(conf))
+                os.environ[STOP_FILE] = os.path.join(tempfile.gettempdir(), f"tierlog-stop-{os.getpid()}")
+                spark = owned = build_session("tierlog", conf.spark.master, plan.session_conf(conf))
             committed = {q.name: Checkpoint(plan.checkpoint_path(conf, q.name), spark).last_committed_end()
                          for q in kinds}
             moved_from = self._check_commitlog(spark, committed)
@@ -115,6 +120,16 @@ class Service:
                 kv.close()
             metadata.close()
             self.metrics.close()
+            if owned is not None:
+                clear_stop()  # the stop file, if a stop made one
+                # Stopped here, not left to the interpreter's exit: Spark closes its state stores'
+                # RocksDB instances first, where an exit that tore down the JVM under a maintenance
+                # thread still asking RocksDB for a property crashed it (SIGSEGV in librocksdbjni's
+                # GetPropertyInfo, an hs_err_pid file left behind).
+                try:
+                    owned.stop()
+                except Exception as exc:  # noqa: BLE001 - do not hide the error already on its way out
+                    log.debug("stopping the Spark session failed: %s", exc)
 
     def _check_commitlog(self, spark, committed: dict[str, int | None]) -> str | None:
         """Check ``commitlog.dir`` holds the tier's last committed record and reaches ``committed``
@@ -137,7 +152,8 @@ class Service:
             last = TierLog(backend, conf.broker.name).view().last_record
         finally:
             backend.close()
-        check_commitlog(conf.commitlog.dir, conf.broker.name, last, committed, moved_from, conf.commitlog.on_corrupt)
+        check_commitlog(conf.commitlog.dir, conf.broker.name, last, committed, moved_from, conf.commitlog.on_corrupt,
+                        conf.source.on_missing)
         return moved_from
 
     def _writer(self, spark, query: Query, until_caught_up: bool):
@@ -265,6 +281,33 @@ class Service:
         m.state_memory.labels("metadata").set(self._metadata.memory_bytes())
         point = plan.safepoint(self.conf, self._metadata.sinks())
         m.safepoint.set(-1 if point is None else point)
+        self._watch_retention(point)
+
+    def _watch_retention(self, needed: int | None) -> None:
+        """The commitlog's headroom (``connectors.commitlog.headroom``) as metrics, a warning at most every
+        5 minutes while it is low, and the gaps not acknowledged yet."""
+        from connectors.commitlog.headroom import headroom
+        from connectors.commitlog.reader import CommitLogReader
+        from state import gaps
+
+        c = self.conf.commitlog
+        self.metrics.gaps.set(len(gaps.unacknowledged(self.conf.state.dir, self._metadata.quarantined())))
+        if needed is None:
+            return
+        try:
+            with CommitLogReader(c.dir) as reader:
+                room = headroom(reader, needed)
+        except TierlogError as exc:
+            log.debug("the commitlog's headroom could not be read: %s", exc)
+            return
+        if room is None:
+            return
+        self.metrics.headroom_bytes.set(room.bytes)
+        if room.seconds is not None:
+            self.metrics.headroom_seconds.set(room.seconds)
+        if room.below(c.headroom_warn_fraction, c.headroom_warn_s) and time.monotonic() - self._headroom_warned > 300:
+            self._headroom_warned = time.monotonic()
+            log.warning(room.warning())
 
     def _new_progress(self, name: str, stream, last) -> list:
         """The query's progress reports not counted yet, oldest first.  Usually the last one alone:
@@ -293,41 +336,51 @@ class Service:
             text = str(exc)
             if "StopRequested" in text and self.stopping.is_set():
                 continue
-            return TierlogError(f"the {name} query failed: {_root_cause(text)}")
+            log.debug("the %s query failed: %s", name, text)  # Spark's and Python's traces, for --log-level DEBUG
+            message, kind = _root_cause(text)
+            failure = TierlogError(f"the {name} query failed: {message}")
+            failure.exit_code, failure.retriable = kind.exit_code, kind.retriable  # the kind, for the exit code
+            return failure
         return None
 
     def _install_signals(self) -> None:
+        from connectors.tier.backend import request_stop
+
+        clear_stop()  # a stop an earlier service of this process was asked for is not this one's
+
         def handler(signum, _frame):
             log.info("received %s: finishing the batch in flight, then stopping", signal.Signals(signum).name)
             self.stopping.set()
+            request_stop()  # a batch retrying a full disk or an away store gives up, to be redone
 
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, handler)
             signal.signal(signal.SIGINT, handler)
 
 
-_OUR_TRACEBACK_LINE = re.compile(r"^(?:connectors|streaming|state)\.[\w.]+\.\w+: (.*)$")
+_OUR_TRACEBACK_LINE = re.compile(r"^(?:connectors|streaming|state)\.[\w.]+\.(\w+): (.*)$")
 
 
-def _our_error_names() -> set[str]:
-    """The class names of tierlog's errors: ``TierlogError`` and everything under it (loaded)."""
-    names, todo = set(), [TierlogError]
+def _our_errors() -> dict[str, type[TierlogError]]:
+    """tierlog's error classes by name: ``TierlogError`` and everything under it (loaded)."""
+    found, todo = {}, [TierlogError]
     while todo:
         cls = todo.pop()
-        names.add(cls.__name__)
+        found[cls.__name__] = cls
         todo.extend(cls.__subclasses__())
-    return names
+    return found
 
 
-def _root_cause(text: str) -> str:
-    """The line of a Spark/Python traceback that carries tierlog's own error, else the first line."""
-    ours = _our_error_names()
+def _root_cause(text: str) -> tuple[str, type[TierlogError]]:
+    """The line of a Spark/Python traceback that carries tierlog's own error, and that error's class
+    (``TierlogError`` when it is not one of ours); else the first line."""
+    ours = _our_errors()
     for line in text.splitlines():
         stripped = line.strip()
         qualified = _OUR_TRACEBACK_LINE.match(stripped)  # any error class of tierlog's own packages
         if qualified:
-            return qualified.group(1)
+            return qualified.group(2), ours.get(qualified.group(1), TierlogError)
         name, sep, message = stripped.partition(": ")
         if sep and name in ours:  # a bare class name, as some of Spark's wrappers print it
-            return message
-    return text.strip().splitlines()[0] if text.strip() else "unknown error"
+            return message, ours[name]
+    return (text.strip().splitlines()[0] if text.strip() else "unknown error"), TierlogError

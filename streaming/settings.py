@@ -49,6 +49,7 @@ def derive(conf: cfg.Config) -> Settings:
         reader=reader_options(conf),
         stage=StageSettings(location=t.location, commitlog_dir=c.dir, broker=conf.broker.name,
                             key_property=c.key_property, check_crc=c.check_crc, on_corrupt=c.on_corrupt,
+                            on_missing=conf.source.on_missing,
                             filters=filters),
         writer=WriterSettings(location=t.location, broker=conf.broker.name, segment_bytes=t.segment_bytes,
                               segment_messages=t.segment_messages, segment_age_s=t.segment_age_s,
@@ -61,7 +62,7 @@ def derive(conf: cfg.Config) -> Settings:
 def reader_options(conf: cfg.Config) -> ReaderOptions:
     c = conf.commitlog
     return ReaderOptions(c.dir, check_crc=c.check_crc, on_corrupt=c.on_corrupt, broker=conf.broker.name,
-                         key_property=c.key_property)
+                         key_property=c.key_property, on_missing=conf.source.on_missing)
 
 
 def retention(conf: cfg.Config) -> Retention:
@@ -112,6 +113,7 @@ def compaction_settings(settings: Settings):
     return CompactionSettings(commitlog_dir=conf.commitlog.dir, tier_location=conf.tier.location,
                               broker=conf.broker.name, ttl=settings.ttl, snapshot_interval_s=c.snapshot_interval_s,
                               snapshot_keep=max(1, c.snapshot_keep), on_corrupt=conf.commitlog.on_corrupt,
+                              on_missing=conf.source.on_missing,
                               topics=settings.filters["compaction"], tables=settings.tables)
 
 

@@ -24,6 +24,7 @@ Options (all optional except ``path``):
 ``topics``             a topic filter (``TopicFilter.to_json()``): only messages of the
                        topics it accepts are produced (needs the ``topic`` column)
 ``broker``             the broker name every row carries in ``broker`` (``broker-a``)
+``onMissing``          ``fail`` (default) or ``skip``: files deleted before they were read
 =====================  ====================================================
 """
 
@@ -48,7 +49,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from connectors.commitlog.arrow import MESSAGE_DDL, project_ddl
-from connectors.commitlog.reader import ON_CORRUPT, CommitLogReader
+from connectors.commitlog.reader import ON_CORRUPT, ON_MISSING, CommitLogReader
 from connectors.errors import ConfigError
 
 DEFAULT_PARTITION_BYTES = 64 << 20
@@ -65,11 +66,17 @@ class SourceOptions:
     starting_offset: str = "earliest"
     check_crc: bool = True
     on_corrupt: str = "fail"
+    on_missing: str = "fail"
     key_property: str = "KEYS"
     refs_only: bool = False
     columns: tuple[str, ...] | None = None
     topics: TopicFilter | None = None
     broker: str = DEFAULT_BROKER
+
+    def open(self, check_crc: bool = False) -> CommitLogReader:
+        """A reader of ``path`` as these options read it (the CRC only where bodies are decoded)."""
+        return CommitLogReader(self.path, check_crc=check_crc, on_corrupt=self.on_corrupt, broker=self.broker,
+                               on_missing=self.on_missing)
 
     @classmethod
     def parse(cls, options: dict) -> "SourceOptions":
@@ -93,6 +100,7 @@ class SourceOptions:
             starting_offset=start,
             check_crc=_bool(opts, "checkcrc", "checkCrc", True),
             on_corrupt=_on_corrupt(opts.get("oncorrupt", "fail")),
+            on_missing=_on_missing(opts.get("onmissing", "fail")),
             key_property=opts.get("keyproperty", "KEYS"),
             refs_only=_bool(opts, "refsonly", "refsOnly", False),
             columns=parse_columns(opts.get("columns")),
@@ -117,6 +125,12 @@ def _topics(raw: str | None, columns: tuple[str, ...] | None, refs_only: bool) -
         return TopicFilter.from_json(raw)
     except (ValueError, KeyError) as exc:
         raise ConfigError(f"option topics={raw!r} is not a topic filter: {exc}") from None
+
+
+def _on_missing(value: str) -> str:
+    if value not in ON_MISSING:
+        raise ConfigError(f"option onMissing={value!r}: use fail or skip")
+    return value
 
 
 def _on_corrupt(value: str) -> str:
@@ -185,7 +199,7 @@ REFS_SCHEMA = pa.schema([("phy_offset", pa.int64()), ("size", pa.int32())])
 
 def read_partition(opts: SourceOptions, partition: CommitLogPartition):
     """Decode one partition into Arrow batches; opens the files here, on the executor."""
-    with CommitLogReader(opts.path, check_crc=opts.check_crc, on_corrupt=opts.on_corrupt, broker=opts.broker) as reader:
+    with opts.open(check_crc=opts.check_crc) as reader:
         if opts.refs_only:
             for span in reader.spans(partition.start, partition.end):
                 starts = np.asarray(span.starts, np.int64) + span.file.base
@@ -218,7 +232,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     @property
     def reader(self) -> CommitLogReader:
         if self._reader is None:
-            self._reader = CommitLogReader(self.opts.path, on_corrupt=self.opts.on_corrupt, broker=self.opts.broker)
+            self._reader = self.opts.open()
         return self._reader
 
     def initialOffset(self) -> dict:
@@ -288,7 +302,7 @@ class CommitLogBatchReader(DataSourceReader):
         self.opts = opts
 
     def partitions(self) -> list[CommitLogPartition]:
-        with CommitLogReader(self.opts.path, on_corrupt=self.opts.on_corrupt, broker=self.opts.broker) as reader:
+        with self.opts.open() as reader:
             start = reader.first_offset()
             return plan_partitions(reader, start, reader.end_offset(), self.opts.partition_bytes)
 

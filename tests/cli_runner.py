@@ -33,13 +33,13 @@ def tierlog(*argv: str, stdin: str | None = None, cwd=None, env: dict | None = N
                           capture_output=True, text=True, timeout=timeout)
 
 
-def run_killed_at(config, point: str, nth: int, fault_dir: Path) -> bool:
-    """``tierlog run --until-caught-up`` with a crash point armed; True if it was SIGKILLed there
-    (else it must have exited 0: the point was not reached that many times)."""
+def run_killed_at(config, point: str, nth: int, fault_dir: Path, *flags: str) -> bool:
+    """``tierlog run --until-caught-up [flags]`` with a crash point armed; True if it was SIGKILLed
+    there (else it must have exited 0: the point was not reached that many times)."""
     import signal
 
     fault_dir.mkdir()
-    result = tierlog("run", "--until-caught-up", "--config", str(config),
+    result = tierlog("run", "--until-caught-up", "--config", str(config), *flags,
                      env={"TIERLOG_FAULT": f"{point}:{nth}", "TIERLOG_FAULT_DIR": str(fault_dir)})
     if result.returncode == -signal.SIGKILL:
         return True

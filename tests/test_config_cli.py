@@ -156,7 +156,7 @@ def test_corrupt_log_makes_inspect_fail_with_file_and_offset(tmp_path):
     data[second + 100] ^= 0xFF  # inside the second message's body
     path.write_bytes(bytes(data))
     r = tierlog("inspect", "--commitlog-dir", str(log))
-    assert r.returncode == 1
+    assert r.returncode == 3  # corrupt input: its own exit code
     assert f"{path} at physical offset {second}" in r.stderr and "CRC mismatch" in r.stderr
 
 

@@ -103,6 +103,36 @@ def test_sigterm_finishes_the_batch_and_exits_zero(tmp_path):
     assert_tier_equals_commitlog(conf)
 
 
+def test_sigterm_while_a_batch_waits_for_a_full_disk_stops_in_a_few_lines(tmp_path):
+    """A full tier disk is retried, not failed; a SIGTERM then stops the run at the retry's next wait
+    (the batch is abandoned, to be redone), in at most 3 lines and no traceback."""
+    config = write_config(tmp_path)
+    conf = cfg.load(str(config), env={})
+    produce(conf, 200)
+    flag, hits, err_path = tmp_path / "full", tmp_path / "full.hits", tmp_path / "stderr"
+    flag.write_text("")
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(cli_command("run", "--config", str(config)), stdout=subprocess.DEVNULL, stderr=err,
+                                env=cli_env({"TIERLOG_FAULT_DISK_FULL": str(flag)}))
+    try:
+        deadline = time.time() + 120
+        while (not hits.exists() or hits.stat().st_size < 4) and time.time() < deadline:  # retrying, backing off
+            time.sleep(0.1)
+        assert hits.exists(), err_path.read_text()[-3000:]
+        before = len(err_path.read_text().splitlines())
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    after = err_path.read_text().splitlines()[before:]
+    assert proc.returncode == 0, after
+    assert len(after) <= 3 and "Traceback" not in "\n".join(after), after
+    flag.unlink()
+    r = tierlog("run", "--until-caught-up", "--config", str(config))  # the abandoned batch is redone
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_tier_equals_commitlog(conf)
+
+
 def late_python(tmp_path, starts: int):
     """A Python whose first ``starts`` streaming-source runners start 12 s late, past Spark's fixed
     10 s (each once: ``mkdir`` is atomic)."""

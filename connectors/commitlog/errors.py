@@ -12,10 +12,14 @@ class CommitLogError(TierlogError):
 class CorruptRecordError(CommitLogError):
     """A record that cannot be a message: bad magic, impossible size, CRC mismatch, misplaced.
 
+    Exit code 3.
+
     Corruption is never skipped silently: reading stops here.  ``file`` is the
     mapped file's path, ``offset`` the record's physical offset, ``size`` the
     TOTALSIZE it claims (None when unreadable).
     """
+
+    exit_code = 3
 
     def __init__(self, file: str, offset: int, reason: str, size: int | None = None):
         self.file, self.offset, self.reason, self.size = file, offset, reason, size
@@ -33,6 +37,13 @@ class LogLayoutError(CommitLogError):
 
 class OffsetOutOfRangeError(CommitLogError):
     """A physical offset below the first retained file or beyond the end of the log."""
+
+
+class DeletedBeforeReadError(OffsetOutOfRangeError):
+    """Commitlog files were deleted (the broker's retention, say) before tierlog read them: the
+    messages in them are lost to tierlog.  Exit code 4."""
+
+    exit_code = 4
 
 
 class WriterLockedError(CommitLogError):

@@ -44,7 +44,8 @@ import numpy as np
 
 from connectors.brokers import DEFAULT_BROKER
 from connectors.commitlog import format as fmt
-from connectors.commitlog.errors import CorruptRecordError, LogLayoutError, OffsetOutOfRangeError
+from connectors.commitlog.errors import (CorruptRecordError, DeletedBeforeReadError, LogLayoutError,
+                                         OffsetOutOfRangeError)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -54,6 +55,10 @@ _ZERO8 = bytes(8)
 TAIL_WINDOW = 1 << 20  # bytes after a suspect record checked for later data
 SETTLE_S = 1.0  # how long a suspect record on the live frontier must stay unchanged to be corruption
 ON_CORRUPT = ("fail", "quarantine")
+ON_MISSING = ("fail", "skip")
+# The reason a range deleted before it was read is quarantined with under on_missing = "skip": the
+# mark of a gap (``is_gap``), which `tierlog status` reports until `tierlog gap ack`.
+DELETED_UNREAD = "deleted before it was read (source.on_missing = skip)"
 
 
 @dataclass(frozen=True)
@@ -174,9 +179,11 @@ class ReaderOptions:
     on_corrupt: str = "fail"
     broker: str = DEFAULT_BROKER
     key_property: str = "KEYS"  # for the Arrow rows' key column: pass it to ``record_batches``
+    on_missing: str = "fail"
 
     def open(self, **overrides) -> "CommitLogReader":
-        o = {"check_crc": self.check_crc, "on_corrupt": self.on_corrupt, "broker": self.broker, **overrides}
+        o = {"check_crc": self.check_crc, "on_corrupt": self.on_corrupt, "broker": self.broker,
+             "on_missing": self.on_missing, **overrides}
         return CommitLogReader(self.directory, **o)
 
 
@@ -184,10 +191,13 @@ class CommitLogReader:
     """Reads complete records from a commitlog directory.  Not thread-safe; cheap to create."""
 
     def __init__(self, directory: str, *, check_crc: bool = False, on_corrupt: str = "fail",
-                 broker: str = DEFAULT_BROKER):
+                 broker: str = DEFAULT_BROKER, on_missing: str = "fail"):
         if on_corrupt not in ON_CORRUPT:
             raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, not {on_corrupt!r}")
+        if on_missing not in ON_MISSING:
+            raise ValueError(f"on_missing must be one of {ON_MISSING}, not {on_missing!r}")
         self.directory = directory
+        self.on_missing = on_missing
         self.broker = broker  # the name every Arrow row carries
         self.check_crc = check_crc
         self.on_corrupt = on_corrupt
@@ -244,9 +254,11 @@ class CommitLogReader:
                 return None
             raise OffsetOutOfRangeError(f"physical offset {offset}: the commitlog {self.directory} is empty")
         if offset < files[0].base:
-            raise OffsetOutOfRangeError(
+            raise DeletedBeforeReadError(
                 f"physical offset {offset} is below the first retained commitlog file "
-                f"{files[0].path}: those messages were deleted before they were read"
+                f"{files[0].path}: those messages were deleted before they were read (the broker's retention "
+                "outran tierlog). `tierlog run --on-missing skip` goes on from that file, recording the range as "
+                "a gap that `tierlog status` reports until `tierlog gap ack`"
             )
         if offset >= files[-1].end:
             if offset == files[-1].end:
@@ -309,6 +321,14 @@ class CommitLogReader:
         stop early; at least one record is returned when any is available.
         """
         files = self.files()
+        if self.on_missing == "skip" and files and start < files[0].base:
+            # Deleted before it was read: skipped like a quarantined range, so every reader of the
+            # same bytes skips the same range and the tier records it (a gap).
+            gap_end = files[0].base if end is None else min(files[0].base, end)
+            self._quarantine(MappedFile(0, self.directory, 0), start, gap_end, DELETED_UNREAD)  # absolute offsets
+            if gap_end == end:
+                return
+            start = files[0].base
         idx = self._locate(files, start)
         records_left = max_records if max_records is not None else -1  # -1 never reaches 0
         bytes_left = max_bytes if max_bytes is not None else 1 << 62

@@ -39,6 +39,7 @@ class StageSettings:
     key_property: str = "KEYS"
     check_crc: bool = True
     on_corrupt: str = "fail"
+    on_missing: str = "fail"  # source.on_missing: "skip" records a range deleted before it was read (a gap)
     filters: dict | None = None  # sink -> TopicFilter; the tier keeps what filters["tier"] accepts; all are counted
 
 
@@ -157,7 +158,8 @@ def stage_range(settings: StageSettings, start: int, end: int) -> tuple[StagedPa
     records = 0
     # The header walk only, as the source's references come from; what it skips under quarantine is
     # found again, and recorded, by ``stage``'s own read.
-    with CommitLogReader(settings.commitlog_dir, on_corrupt=settings.on_corrupt, broker=settings.broker) as reader:
+    with CommitLogReader(settings.commitlog_dir, on_corrupt=settings.on_corrupt, broker=settings.broker,
+                         on_missing=settings.on_missing) as reader:
         for span in reader.spans(start, end):
             if span.starts:
                 if first is None:
@@ -183,8 +185,8 @@ class CommitLogGaps:
     A body whose CRC is wrong is always inside a part (the references name it); a gap holds what the
     header walk skips, which ``scan`` finds and, under quarantine, records."""
 
-    def __init__(self, commitlog_dir: str, *, on_corrupt: str = "fail"):
-        self.commitlog_dir, self.on_corrupt = commitlog_dir, on_corrupt
+    def __init__(self, commitlog_dir: str, *, on_corrupt: str = "fail", on_missing: str = "fail"):
+        self.commitlog_dir, self.on_corrupt, self.on_missing = commitlog_dir, on_corrupt, on_missing
 
     def between(self, start: int, end: int) -> Gap:
         from connectors.commitlog.errors import CommitLogError
@@ -193,7 +195,7 @@ class CommitLogGaps:
         if end < start:
             return Gap(f"{start - end} bytes (overlap)", [])
         try:
-            with CommitLogReader(self.commitlog_dir, on_corrupt=self.on_corrupt) as reader:
+            with CommitLogReader(self.commitlog_dir, on_corrupt=self.on_corrupt, on_missing=self.on_missing) as reader:
                 found = reader.scan(start, end).records
                 quarantined = [q.to_json() for q in reader.quarantined]
         except CommitLogError as exc:

@@ -37,7 +37,7 @@ def open_kv(conf: cfg.Config):
     from state.kv import KVView
     from streaming.plan import kv_path
 
-    _require_store(conf, kv_path(conf), "KV view")
+    _require_store(conf, kv_path(conf), "KV view", "the compaction query of `tierlog run` writes it")
     return KVView(kv_path(conf), read_only=True)
 
 
@@ -46,15 +46,15 @@ def open_metadata(conf: cfg.Config):
     from state.metadata import MetadataStore
     from streaming.plan import metadata_path
 
-    _require_store(conf, metadata_path(conf), "metadata store")
+    _require_store(conf, metadata_path(conf), "metadata store", "`tierlog run` writes it")
     return MetadataStore(metadata_path(conf), read_only=True)
 
 
-def _require_store(conf: cfg.Config, path: str, what: str) -> None:
+def _require_store(conf: cfg.Config, path: str, what: str, writer: str) -> None:
     from state import rocks
 
     if not rocks.exists(path):
-        raise NotFoundInTier(f"no {what} at {path} (under state.dir, {conf.origin('state.dir')}): "
+        raise NotFoundInTier(f"no {what} at {path} (under state.dir, {conf.origin('state.dir')}; {writer}): "
                              f"{hint(conf, 'state.dir')}")
 
 

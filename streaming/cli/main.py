@@ -4,7 +4,7 @@ import argparse
 import logging
 import sys
 
-from connectors.errors import ConfigError, TierlogError
+from connectors.errors import TierlogError, exit_code
 from streaming import config as cfg
 from streaming.cli.parser import build_parser
 
@@ -20,7 +20,9 @@ def main(argv: list[str] | None = None) -> int:
         level=getattr(logging, args.log_level), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    # py4j reports the connections a stopping JVM drops, each with a trace: what matters reaches the
+    # runner as the query's failure, one line.
+    logging.getLogger("py4j").setLevel(logging.DEBUG if args.log_level == "DEBUG" else logging.CRITICAL)
     for chatty in ("botocore", "boto3", "urllib3"):  # "Found credentials in environment variables" etc.
         logging.getLogger(chatty).setLevel(logging.WARNING)
     # kafka-python logs every connection, and every refused one with a traceback; the sinks report
@@ -29,12 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         conf = cfg.load(args.config, overrides=overrides_from(args))
         return args.func(args, conf)
-    except ConfigError as exc:
+    except TierlogError as exc:  # one paragraph for a person; the trace only under --log-level DEBUG
+        logging.getLogger("tierlog").debug("the error's trace", exc_info=True)
         print(f"tierlog: error: {exc}", file=sys.stderr)
-        return 2
-    except TierlogError as exc:
-        print(f"tierlog: error: {exc}", file=sys.stderr)
-        return 1
+        return exit_code(exc)
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:

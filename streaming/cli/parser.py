@@ -11,7 +11,7 @@ from streaming.cli.maintenance import cmd_commitlog_gc, cmd_tier
 from streaming.cli.produce import cmd_produce
 from streaming.cli.read import cmd_get, cmd_key, cmd_offset_for_time, cmd_queues
 from streaming.cli.run import cmd_demo, cmd_run
-from streaming.cli.status import cmd_status
+from streaming.cli.status import cmd_gap, cmd_status
 from streaming.cli.tables import cmd_table
 
 
@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--until-caught-up", action="store_true",
                    help="drain what is in the commitlog now (Spark availableNow) and exit 0")
+    p.add_argument("--on-missing", dest="source.on_missing", choices=["fail", "skip"],
+                   help="for this run, override source.on_missing: skip goes on past commitlog files deleted "
+                        "before tierlog read them, recording the range as a gap (`tierlog status`, `tierlog gap ack`)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(
@@ -167,6 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("table_command", choices=["info", "rebuild"])
     p.set_defaults(func=cmd_table)
+
+    p = sub.add_parser(
+        "gap", parents=[common, printing], help="acknowledge commitlog ranges deleted before tierlog read them",
+        description="ack: acknowledge every gap `tierlog status` lists (commitlog ranges the broker deleted before "
+        "tierlog read them, skipped under source.on_missing = skip), once you have dealt with the messages lost "
+        "in them; `status` exits non-zero until then. Works while `tierlog run` runs.",
+    )
+    p.add_argument("gap_command", choices=["ack"])
+    p.set_defaults(func=cmd_gap)
 
     p = sub.add_parser(
         "commitlog", parents=[common, printing], help="local commitlog maintenance: gc",

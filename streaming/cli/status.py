@@ -8,7 +8,9 @@ import sys
 from connectors.errors import ConfigError, TierlogError
 from connectors.sinks import FILTER_OF
 from streaming import config as cfg
+from connectors.commitlog.errors import DeletedBeforeReadError
 from connectors.tier.errors import NotFoundInTier
+from state import gaps
 from streaming.cli.found import open_metadata
 from streaming.cli.output import emit
 
@@ -68,9 +70,15 @@ def show_status(args, conf: cfg.Config) -> int:
             raise NotFoundInTier(f"no topic {topic!r} in the metadata store at {store.path}; {there}")
         sinks, source_end = store.sinks(), store.source_end()
         health, skipped, filtered = store.health(), store.skipped(), store.filtered()
-        quarantined = [{k: v for k, v in q.items() if k != "at"} for q in store.quarantined()]
+        skipped_ranges = store.quarantined()
     finally:
         store.close()
+    gap_list = gaps.gaps(skipped_ranges)
+    acks = gaps.acknowledged(conf.state.dir)
+    gap_rows = [{"start_phy": g["start_phy"], "end_phy": g["end_phy"], "bytes": g["end_phy"] - g["start_phy"],
+                 "found": _iso(g["at"]) if g.get("at") else None, "acknowledged": str(g["start_phy"]) in acks}
+                for g in gap_list]
+    quarantined = [{k: v for k, v in q.items() if k != "at"} for q in skipped_ranges if q not in gap_list]
     try:
         newest, frontier, capped = queue_lag(conf, source_end)
     except TierlogError as exc:
@@ -82,10 +90,14 @@ def show_status(args, conf: cfg.Config) -> int:
         rows.append({"topic": q.topic, "queue": q.queue_id, "dispatch": q.dispatch, "commit": q.commit,
                      "sealed": q.sealed, "low": q.low, "lag": f">={pending}" if capped else max(0, pending),
                      "segments": q.segments})
+    point = safepoint(conf, sinks)
+    room = _headroom(conf, point if point is not None else source_end)
     summary = {"broker": conf.broker.name, "tiered_to_phy": source_end, "commitlog_end_phy": frontier,
                "lag_bytes": None if frontier is None or source_end is None else frontier - source_end,
-               "safepoint": safepoint(conf, sinks), "sinks": sinks, "queues": len(queues),
-               "quarantined": len(quarantined)}
+               "safepoint": point, "headroom_bytes": None if room is None else room.bytes,
+               "headroom_s": None if room is None or room.seconds is None else round(room.seconds),
+               "sinks": sinks, "queues": len(queues), "quarantined": len(quarantined),
+               "gaps": sum(1 for g in gap_rows if not g["acknowledged"])}
     sink_rows = [{"sink": name, "applied_phy": sinks.get(name),
                   "state": health[name]["state"] if name in health else "ok",
                   "since": _iso(health[name]["since"]) if name in health else None,
@@ -98,6 +110,7 @@ def show_status(args, conf: cfg.Config) -> int:
              + [{**r, "table_kind": r["kind"], "kind": "table"} for r in tables]
              + [{"kind": "skipped", **x} for x in skipped]
              + [{"kind": "quarantined", **q} for q in quarantined]
+             + [{"kind": "gap", **g} for g in gap_rows]
              + [{"kind": "summary", **summary}], "json")
     else:
         emit(rows, "table", STATUS_COLUMNS)
@@ -111,8 +124,49 @@ def show_status(args, conf: cfg.Config) -> int:
             print("quarantined (corrupt commitlog ranges skipped under commitlog.on_corrupt = quarantine):")
             emit(quarantined, "table")
             print()
+        if gap_rows:
+            print("gaps (commitlog ranges deleted before tierlog read them, skipped under source.on_missing = skip):")
+            emit(gap_rows, "table")
+            print()
         emit([{k: v for k, v in summary.items() if k != "sinks"}], "table")
+    if room is not None and room.below(conf.commitlog.headroom_warn_fraction, conf.commitlog.headroom_warn_s):
+        log.warning(room.warning())
+    if summary["gaps"]:
+        print(f"tierlog: {summary['gaps']} commitlog range(s) were deleted before tierlog read them (gaps above): "
+              "their messages are not in the tier, the KV view or Kafka. Once you have dealt with them, "
+              "`tierlog gap ack` acknowledges them and `status` exits 0 again", file=sys.stderr)
+        return DeletedBeforeReadError.exit_code
     return 0
+
+
+def cmd_gap(args, conf: cfg.Config) -> int:
+    """``tierlog gap ack``: acknowledge every recorded gap, so ``status`` exits 0 again."""
+    store = open_metadata(conf)
+    try:
+        found = gaps.gaps(store.quarantined())
+    finally:
+        store.close()
+    new = gaps.acknowledge(conf.state.dir, found)
+    emit([{"start_phy": g["start_phy"], "end_phy": g["end_phy"], "bytes": g["end_phy"] - g["start_phy"]}
+          for g in new], args.format)
+    log.info("%d gap(s) acknowledged now, %d before", len(new), len(found) - len(new))
+    return 0
+
+
+def _headroom(conf: cfg.Config, needed: int | None):
+    """The commitlog's headroom for ``needed`` (``connectors.commitlog.headroom``), None when unknown."""
+    from connectors.commitlog.headroom import headroom
+    from streaming.settings import reader_options
+
+    if needed is None:
+        return None
+    try:
+        with reader_options(conf).open(check_crc=False) as reader:
+            return headroom(reader, needed)
+    except TierlogError as exc:
+        log.warning("commitlog not readable for its headroom: %s", exc)
+        return None
+
 
 
 def _shown_sinks(enabled: list[str], recorded: dict) -> list[str]:

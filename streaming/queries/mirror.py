@@ -32,7 +32,8 @@ class MirrorQuery(Query):
         conf = ctx.conf
         self.handler = MirrorHandler(
             ctx.kafka, conf.commitlog.dir, ctx.metadata, key_property=conf.commitlog.key_property,
-            check_crc=conf.commitlog.check_crc, on_corrupt=conf.commitlog.on_corrupt, tasks=conf.kafka.mirror_tasks,
+            check_crc=conf.commitlog.check_crc, on_corrupt=conf.commitlog.on_corrupt,
+            on_missing=conf.source.on_missing, tasks=conf.kafka.mirror_tasks,
             should_stop=ctx.should_stop, on_batch=self.report, topics=ctx.settings.filters["mirror"],
         )
         self.lock = self.handler.lock
