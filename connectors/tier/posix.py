@@ -40,10 +40,6 @@ class PosixBackend(Backend):
             existing = os.path.dirname(existing)
         self.name_max = os.pathconf(existing, "PC_NAME_MAX")  # 255 bytes on ext4, xfs, btrfs
 
-    def exists(self) -> bool:
-        """Whether the root directory is there at all (a reader's wrong ``tier.location``, say)."""
-        return os.path.isdir(self.root)
-
     def _path(self, name: str) -> str:
         path = os.path.join(self.root, check_name(name, max_part_bytes=self.name_max, where=self.root))
         if os.path.commonpath([self.root, os.path.realpath(os.path.dirname(path))]) != self.root:
