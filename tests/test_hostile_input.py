@@ -108,6 +108,7 @@ def test_a_corrupt_commitlog_stops_the_job_naming_the_file_and_offset(tmp_path, 
                      prelude=SLOW_COMPACTION_BATCHES if slow_compaction else None)
     assert result.returncode == 3  # corrupt input: its own exit code, through the failed query
     assert f"{path} at physical offset {victim['phy_offset']}" in result.stderr and "CRC" in result.stderr
+    assert "Traceback" not in result.stderr and "at org.apache" not in result.stderr  # one line, not Spark's trace
     tiered = sorted(TierReader(conf.tier.location).read_all()["phy_offset"].to_pylist())
     assert tiered == [r["phy_offset"] for r in rows[: len(tiered)]] and len(tiered) <= 250  # nothing past it
 

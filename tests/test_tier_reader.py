@@ -124,7 +124,7 @@ def test_get_offset_for_time_and_queues_from_the_command_line(tier):
     past = tierlog("get", "t1", "2", str(len(rows) + 5), "--tier", location)
     assert past.returncode == 1 and f"commit offset {len(rows)}" in past.stderr
     assert tierlog("get", "t1", "2", str(len(rows)), "--tier", location).returncode == 0  # caught up
-    assert "no queue" in tierlog("get", "t9", "0", "0", "--tier", location).stderr
+    assert "no topic 't9' in the tier" in tierlog("get", "t9", "0", "0", "--tier", location).stderr  # and its topics
 
     ts = rows[200]["store_ts"]
     r = tierlog("offset-for-time", "t1", "2", str(ts), "--format", "json", "--tier", location)

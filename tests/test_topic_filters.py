@@ -75,6 +75,7 @@ def test_the_defaults_tier_business_and_retry_and_keep_system_topics_out(tmp_pat
 def test_an_unknown_class_is_refused_naming_the_setting(tmp_path):
     toml = tmp_path / "tierlog.toml"
     toml.write_text('[topics]\nmirror = "business,dlq"\n')
-    with pytest.raises(cfg.ConfigError, match=r"setting topics\.mirror: 'dlq' is not a topic class; use any of "
-                                               r"business, retry, system"):
+    # Refused as the configuration loads, naming where the value came from.
+    with pytest.raises(cfg.ConfigError, match=r"setting topics\.mirror \(from .*tierlog\.toml\): 'dlq' is not a "
+                                               r"topic class; use any of business, retry, system"):
         derive(cfg.load(str(toml), env={}))
