@@ -182,6 +182,14 @@ class CompactionConfig:
                 "service first starts on its KV view (0: only by `tierlog kv snapshot`).")
     )
     snapshot_keep: int = setting(2, "Compacted snapshots kept per topic; older ones are deleted.")
+    min_batch_bytes: int = setting(
+        0, "A compaction micro-batch waits until this many commitlog bytes are there, or until "
+        "compaction.max_batch_delay_s: a micro-batch costs Spark several hundred ms of CPU whatever it holds, so "
+        "a quiet broker's KV view is then updated seconds apart instead of every trigger. 0: every trigger.",
+        size=True)
+    max_batch_delay_s: float = setting(
+        0.0, "The longest a compaction micro-batch below compaction.min_batch_bytes waits: how far the KV view "
+        "and the changelog may trail the tier on a quiet broker.")
 
 
 @dataclass(frozen=True)

@@ -165,3 +165,38 @@ def test_bad_options_name_the_option(log_dir, options, match):
     opts = {"path": log_dir, **options} if "path" not in options and options else dict(options)
     with pytest.raises(ConfigError, match=match):
         SourceOptions.parse(opts)
+
+
+def test_a_small_batch_waits_for_bytes_or_its_delay_and_a_drain_never_waits(log_dir, monkeypatch):
+    """minBytesPerTrigger / maxTriggerDelayMs, as Spark's Kafka source's minOffsetsPerTrigger and
+    maxTriggerDelay: a quiet stream's batch waits (its start returned: no batch), a big enough one
+    or one that waited its delay goes at once, and availableNow drains without waiting."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from streaming.source import CommitLogStreamReader
+
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    produce(log_dir, 20)  # a few hundred bytes
+    opts = SourceOptions.parse({"path": log_dir, "minBytesPerTrigger": "100000", "maxTriggerDelayMs": "5000"})
+    reader = CommitLogStreamReader(opts)
+    start = reader.initialOffset()
+    limit = ReadAllAvailable()
+    assert reader.latestOffset(start, limit) == start  # below the bytes: it waits
+    clock[0] += 4.9
+    assert reader.latestOffset(start, limit) == start
+    clock[0] += 0.2  # the first byte has waited 5.1 s
+    end = reader.latestOffset(start, limit)
+    assert end["phy_offset"] > start["phy_offset"]
+    assert reader.latestOffset(end, limit) == end  # nothing new: no batch either way
+    produce(log_dir, 2000, start=20)  # past the bytes: no wait
+    assert reader.latestOffset(end, limit)["phy_offset"] > end["phy_offset"]
+
+    drain = CommitLogStreamReader(opts)
+    drain.prepareForTriggerAvailableNow()
+    last = drain.latestOffset(end, limit)
+    assert last["phy_offset"] > end["phy_offset"]  # availableNow never holds back
+    produce(log_dir, 1, start=2020)  # past what the drain found there: left to the next run, not waited for
+    assert drain.latestOffset(last, limit) == last
+    reader.stop()
+    drain.stop()

@@ -56,8 +56,11 @@ class CompactionQuery(Query):
         self._kafka_counts = {"sent": 0, "retries": 0}  # the changelog's, as last counted
 
     def stream(self, spark):
+        c = self.ctx.conf.compaction
         return compaction_stream(spark, {**self.ctx.source_options,
-                                         "topics": self.ctx.settings.filters["compaction"].to_json()})
+                                         "topics": self.ctx.settings.filters["compaction"].to_json(),
+                                         "minBytesPerTrigger": c.min_batch_bytes or None,
+                                         "maxTriggerDelayMs": int(c.max_batch_delay_s * 1000) or None})
 
     def start(self, committed_end: int | None) -> None:
         self.handler.catch_up(committed_end)

@@ -1,0 +1,140 @@
+"""What a quiet broker costs: the whole service's CPU at a low, steady append rate.
+
+    ./dev bench quiet [--rate 100] [--seconds 60] [--warmup 30] [--rounds 2] [--kafka]
+
+For each variant, in alternating order over ``--rounds``: a new root; ``tierlog run`` as a process
+(tiering and compaction, with ``--kafka`` the mirror and the changelog into an embedded tansu); a
+separate ``tierlog produce --rate`` process appending 1 KiB messages over 64 queues; after
+``--warmup`` seconds (the JIT, the first batches), the CPU of the service's whole process tree
+(the Python driver, the JVM, Spark's Python workers; what exited is in its parent's children's
+time) over ``--seconds``, read from /proc.  The producer is not in that tree.
+
+variants
+  every-trigger  the compaction query runs a micro-batch at every trigger that finds data (the
+                 behaviour before compaction.min_batch_bytes)
+  batched        compaction.min_batch_bytes = 1 MiB, compaction.max_batch_delay_s = 5: a quiet
+                 broker's compaction runs a micro-batch every 5 s
+  the default    the configuration's defaults, whatever they are now
+
+It prints each round's cores (CPU seconds over wall seconds) and the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+
+from bench.bench_tiering import ServiceProcess
+from bench.common import report
+from streaming import config as cfg
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds of ``root`` and every descendant alive now, with the time of those that exited."""
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(entry)] = fields
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        fields = stats.get(pid)
+        if fields is not None:  # utime, stime, cutime, cstime: fields 14-17 of stat, 12-15 past the name
+            total += sum(int(x) for x in fields[11:15])
+        stack.extend(children.get(pid, []))
+    return total / TICK
+
+
+def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
+    conf = cfg.Config(
+        commitlog=cfg.CommitlogConfig(dir=os.path.join(root, "commitlog"), file_size=256 << 20),
+        tier=cfg.TierConfig(location=os.path.join(root, "tier")),
+        state=cfg.StateConfig(dir=os.path.join(root, "state")),
+        checkpoint=cfg.CheckpointConfig(dir=os.path.join(root, "checkpoints")),
+        metrics=cfg.MetricsConfig(port=0),
+        kafka=cfg.KafkaConfig(bootstrap=kafka, partitions=4) if kafka else cfg.KafkaConfig(),
+    )
+    if name == "every-trigger":
+        conf = dataclasses.replace(conf, compaction=dataclasses.replace(conf.compaction, min_batch_bytes=0,
+                                                                        max_batch_delay_s=0.0))
+    elif name == "batched":
+        conf = dataclasses.replace(conf, compaction=dataclasses.replace(conf.compaction, min_batch_bytes=1 << 20,
+                                                                        max_batch_delay_s=5.0))
+    return conf
+
+
+def measure(name: str, args, kafka: str | None) -> dict:
+    root = tempfile.mkdtemp(prefix="tierlog-quiet-")
+    service = ServiceProcess(root, conf=variant_conf(root, name, kafka))
+    producer = None
+    try:
+        service.produce(100, seed=1)
+        service.start_until_first_commit()
+        producer = subprocess.Popen(service.command("produce", "--messages", str(10**8), "--rate", str(args.rate),
+                                                    "--queues", "64", "--body-size", "1024", "--seed", "2"),
+                                    env=service.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(args.warmup)
+        cpu0, t0 = tree_cpu_s(service.proc.pid), time.monotonic()
+        time.sleep(args.seconds)
+        cpu1, t1 = tree_cpu_s(service.proc.pid), time.monotonic()
+        if service.proc.poll() is not None:
+            raise RuntimeError(f"the service in {root} exited (see {service.log})")
+        return {"variant": name, "cores": round((cpu1 - cpu0) / (t1 - t0), 3)}
+    finally:
+        if producer is not None:
+            producer.kill()
+            producer.wait()
+        service.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=100.0, help="messages per second (default 100)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured window (default 60)")
+    parser.add_argument("--warmup", type=float, default=30.0, help="seconds before the window (default 30)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--kafka", action="store_true", help="the mirror and changelog into an embedded tansu")
+    parser.add_argument("--variants", default="every-trigger,batched")
+    args = parser.parse_args()
+    broker = None
+    if args.kafka:
+        from connectors.kafka.embedded import EmbeddedBroker
+
+        broker = EmbeddedBroker(log_path=os.path.join(tempfile.gettempdir(), "tierlog-quiet-tansu.log")).start()
+    names = args.variants.split(",")
+    rounds: dict[str, list[float]] = {n: [] for n in names}
+    try:
+        for r in range(args.rounds):
+            for name in (names if r % 2 == 0 else list(reversed(names))):  # alternating order
+                rounds[name].append(measure(name, args, broker.bootstrap if broker else None)["cores"])
+    finally:
+        if broker is not None:
+            broker.stop()
+    result = {"benchmark": "quiet", "rate_msgs_s": args.rate, "body_bytes": 1024, "kafka": args.kafka,
+              "window_s": args.seconds, "warmup_s": args.warmup,
+              "cores": {n: {"rounds": v, "median": statistics.median(v)} for n, v in rounds.items()}}
+    if "every-trigger" in rounds and "batched" in rounds:
+        result["ratio_batched_over_every_trigger"] = round(
+            statistics.median(rounds["batched"]) / statistics.median(rounds["every-trigger"]), 3)
+    report(result)
+
+
+if __name__ == "__main__":
+    main()
