@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 
-from bench.common import report
+from bench.common import descendants, report
 from connectors.commitlog.format import Message
 from connectors.commitlog.writer import CommitLogWriter
 from state.kv import KVView
@@ -105,20 +105,8 @@ class RssSampler:
 
 
 def _descendants(root: int):
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    stack, out = list(children.get(root, [])), []
-    while stack:
-        pid = stack.pop()
-        stack.extend(children.get(pid, []))
+    out = []
+    for pid in descendants(root):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")

@@ -31,33 +31,23 @@ import tempfile
 import time
 
 from bench.bench_tiering import ServiceProcess
-from bench.common import report
+from bench.common import descendants, report
 from streaming import config as cfg
 
 TICK = os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu_s(root: int) -> float:
-    """CPU seconds of ``root`` and every descendant alive now, with the time of those that exited."""
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    """CPU seconds of ``root`` and every descendant alive now, with the time of those that exited
+    (in their parent's children's time)."""
+    total = 0
+    for pid in [root, *descendants(root)]:
         try:
-            with open(f"/proc/{entry}/stat") as fh:
+            with open(f"/proc/{pid}/stat") as fh:
                 fields = fh.read().rsplit(")", 1)[1].split()
         except OSError:
-            continue
-        stats[int(entry)] = fields
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    total, stack = 0, [root]
-    while stack:
-        pid = stack.pop()
-        fields = stats.get(pid)
-        if fields is not None:  # utime, stime, cutime, cstime: fields 14-17 of stat, 12-15 past the name
-            total += sum(int(x) for x in fields[11:15])
-        stack.extend(children.get(pid, []))
+            continue  # exited meanwhile
+        total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime: stat's fields 14-17
     return total / TICK
 
 

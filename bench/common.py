@@ -55,3 +55,23 @@ def pin_to_one_core() -> int | None:
 def report(result: dict) -> None:
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process under ``root`` (children, theirs, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    stack, out = list(children.get(root, [])), []
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        stack.extend(children.get(pid, []))
+    return out
