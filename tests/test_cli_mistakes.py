@@ -57,7 +57,7 @@ IN_AN_EMPTY_DIRECTORY = [
     (["key", "topic-0", "k"], 1, ["the tier at 'data/tier' (tier.location, the default) holds nothing",
                                   "--config data/demo/tierlog.toml"]),
     (["queues"], 1, ["holds nothing", "--config"]),
-    (["kv", "get", "topic-0", "k"], 1, ["no KV view at data/state/kv (under state.dir, the default)", "--config"]),
+    (["kv", "get", "topic-0", "k"], 1, ["no KV view at data/state/kv (under state.dir, the default;", "--config"]),
     (["status"], 1, ["no metadata store at data/state/metadata", "--config"]),
     (["commitlog", "gc", "--dry-run"], 1, ["no metadata store", "--config"]),
     (["status", "--config", "missing.toml"], 2, ["config file 'missing.toml' (--config) does not exist"]),
