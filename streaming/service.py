@@ -96,6 +96,7 @@ class Service:
                 # on to the processes it starts later.
                 os.environ[DRIVER_PID] = str(os.getpid())
                 os.environ[STOP_FILE] = os.path.join(tempfile.gettempdir(), f"tierlog-stop-{os.getpid()}")
+                clear_stop()  # one an earlier process of this pid left, before any batch can retry
                 spark = owned = build_session("tierlog", conf.spark.master, plan.session_conf(conf))
             committed = {q.name: Checkpoint(plan.checkpoint_path(conf, q.name), spark).last_committed_end()
                          for q in kinds}

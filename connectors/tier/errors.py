@@ -38,3 +38,9 @@ class TierRecordError(TierError):
 
 class NotFoundInTier(TierError):
     """A read named what the tier does not hold: no tier at the location, or no such topic."""
+
+    @classmethod
+    def topic(cls, topic: str, where: str, topics: list[str]) -> "NotFoundInTier":
+        """No ``topic`` in ``where`` (the tier at X, the KV view at Y, ...), naming the topics there are."""
+        there = f"topics: {', '.join(topics)}" if topics else "it holds no topic yet"
+        return cls(f"no topic {topic!r} in {where}; {there}")

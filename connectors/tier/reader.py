@@ -108,9 +108,7 @@ class TierReader:
         (one bucket read per broker when it does)."""
         if any(view.queue_ids(topic) > 0 for view in self.views()):
             return
-        topics = self.topics()
-        there = f"topics: {', '.join(topics)}" if topics else "it holds no topic yet"
-        raise NotFoundInTier(f"no topic {topic!r} in the tier at {self.backend.location}; {there}")
+        raise NotFoundInTier.topic(topic, f"the tier at {self.backend.location}", self.topics())
 
     def _log(self, broker: str) -> TierLog:
         if broker not in self._logs:

@@ -60,6 +60,4 @@ def _require_store(conf: cfg.Config, path: str, what: str, writer: str) -> None:
 
 def require_kv_topic(kv, topic: str) -> None:
     if not kv.has_topic(topic):
-        topics = kv.topics()
-        there = f"topics: {', '.join(topics)}" if topics else "it holds no key yet"
-        raise NotFoundInTier(f"no topic {topic!r} in the KV view at {kv.path}; {there}")
+        raise NotFoundInTier.topic(topic, f"the KV view at {kv.path}", kv.topics())

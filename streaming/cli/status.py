@@ -65,9 +65,8 @@ def show_status(args, conf: cfg.Config) -> int:
     try:
         queues = store.queues(topic, getattr(args, "limit", None))
         if topic is not None and not queues:
-            topics = sorted({q.topic for q in store.queues()})
-            there = f"topics: {', '.join(topics)}" if topics else "it holds no queue yet"
-            raise NotFoundInTier(f"no topic {topic!r} in the metadata store at {store.path}; {there}")
+            raise NotFoundInTier.topic(topic, f"the metadata store at {store.path}",
+                                       sorted({q.topic for q in store.queues()}))
         sinks, source_end = store.sinks(), store.source_end()
         health, skipped, filtered = store.health(), store.skipped(), store.filtered()
         skipped_ranges = store.quarantined()
@@ -166,7 +165,6 @@ def _headroom(conf: cfg.Config, needed: int | None):
     except TierlogError as exc:
         log.warning("commitlog not readable for its headroom: %s", exc)
         return None
-
 
 
 def _shown_sinks(enabled: list[str], recorded: dict) -> list[str]:
