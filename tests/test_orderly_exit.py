@@ -4,7 +4,9 @@ A clean `./dev test` once crashed a driver JVM 14 s into a service run (SIGSEGV 
 rocksdb::GetPropertyInfo, an hs_err_pid file left in the working directory): the interpreter's exit
 tore the JVM down while a state store's maintenance thread still asked RocksDB for a property.  The
 service now stops the session it started, so Spark closes its state stores first.  A crash like
-that is rare, hence many runs; each leaves its hs_err file, if any, in its working directory."""
+that is rare, hence several runs; each leaves its hs_err file, if any, in its working directory.
+Every other test that runs `tierlog run` checks its exit too, so this one need not be the only net:
+20 runs took over 600 s on a loaded CI host, 6 keep it near 3 minutes."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from tests.cli_runner import ROOT, tierlog, write_config
 from tests.tiering_helpers import assert_tier_equals_commitlog, produce
 
 pytestmark = pytest.mark.heavy
-RUNS = 20
+RUNS = 6
 
 
+@pytest.mark.timeout(1200)
 def test_many_runs_exit_zero_and_leave_no_jvm_crash(tmp_path):
     config = write_config(tmp_path, compaction={"snapshot_interval_s": 0})
     conf = cfg.load(str(config), env={})
