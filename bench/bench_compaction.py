@@ -39,12 +39,13 @@ import threading
 import time
 
 from bench.common import descendants, report
+from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.format import Message
 from connectors.commitlog.writer import CommitLogWriter
 from state.kv import KVView
-from state.latest import SOURCE_COLUMNS, latest_per_key
+from streaming.latest_per_key import SOURCE_COLUMNS, latest_per_key
 from streaming.checkpoints import foreach_batch
-from streaming.compaction import CompactionHandler, CompactionSettings
+from streaming.kv_handler import CompactionHandler, CompactionSettings
 
 
 def produce(directory: str, keys: int, updates: int, body: int) -> int:
@@ -219,7 +220,7 @@ def main() -> None:
             ck = os.path.join(root, f"ck-full-{r}")
             kv = KVView(os.path.join(root, f"kv-{r}"))
             reports = []
-            sink = CompactionHandler(CompactionSettings(log_dir, os.path.join(root, "tier"), snapshot_interval_s=0),
+            sink = CompactionHandler(CompactionSettings(ReaderOptions(log_dir), os.path.join(root, "tier"), snapshot_interval_s=0),
                                      kv, on_batch=reports.append)
             out = run(latest_per_key(source(spark, log_dir, args.batch)), foreach_batch(ck, sink.process), ck,
                       after=sink.flush)

@@ -52,10 +52,11 @@ import tempfile
 import time
 
 from bench.common import report
+from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.format import Message
 from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.writer import CommitLogWriter
-from connectors.kafka.mirror import MIRROR_COLUMNS, MirrorSink
+from connectors.kafka.mirror_sink import MIRROR_COLUMNS, MirrorSink
 from connectors.kafka.producers import kafka_python_options, rdkafka_options
 from connectors.kafka.settings import KafkaSettings
 
@@ -158,12 +159,12 @@ def run_sink(directory: str, end: int, s: KafkaSettings) -> tuple[float, int]:
 
 def run_query(spark, directory: str, s: KafkaSettings, workdir: str) -> dict:
     from streaming.checkpoints import foreach_batch
-    from streaming.mirror import MirrorHandler
-    from streaming.tiering import refs_stream
+    from streaming.mirror_handler import MirrorHandler
+    from streaming.tier_handler import refs_stream
 
     checkpoint = os.path.join(workdir, f"ck-{time.monotonic_ns()}")
     reports, ends = [], []
-    query_sink = MirrorHandler(s, directory, on_batch=lambda r: (reports.append(r), ends.append(time.perf_counter())))
+    query_sink = MirrorHandler(s, ReaderOptions(directory), on_batch=lambda r: (reports.append(r), ends.append(time.perf_counter())))
     stream = refs_stream(spark, {"path": directory, "maxBytesPerTrigger": 64 << 20, "partitionBytes": 32 << 20})
     t = time.perf_counter()
     query = (stream.writeStream.foreachBatch(foreach_batch(checkpoint, query_sink.process)).option("checkpointLocation", checkpoint)
@@ -196,7 +197,7 @@ def run_spark_kafka(spark, directory: str, s: KafkaSettings, workdir: str) -> di
 
     from connectors.kafka.records import QUEUE, QUEUE_OFFSET, STORE_TS, TOPIC, queue_partitions
     from connectors.kafka.sink import BROKER, POSITION, ensure_topic
-    from state.latest import dispatched
+    from streaming.latest_per_key import dispatched
 
     routes = {f"t{i}": s.mirror_topic.replace("{topic}", f"t{i}") for i in range(TOPICS)}
     topics = list(routes.values())

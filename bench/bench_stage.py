@@ -22,6 +22,7 @@ import time
 import pyarrow as pa
 
 from bench.common import report
+from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.arrow import dispatched_only
 from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.workload import Workload, append_in_chunks
@@ -98,7 +99,7 @@ def main() -> None:
         append_in_chunks(writer, w.generate())
     parts = ranges(log_dir, args.part_mb << 20)
     nbytes = sum(end - first for first, end, _ in parts)
-    settings = StageSettings(location=os.path.join(root, "tier"), commitlog_dir=log_dir)
+    settings = StageSettings(location=os.path.join(root, "tier"), reader=ReaderOptions(log_dir))
     stage_s, copy_s = [], []
     for r in range(args.rounds):
         for kind in (("stage", "copy") if r % 2 == 0 else ("copy", "stage")):

@@ -5,7 +5,6 @@ TIER = "tier"  # the tier's commit log (the tiering query)
 KV = "kv"  # the KV view (the compaction query)
 CHANGELOG = "changelog"  # the Kafka changelog topic (the compaction query, with Kafka on)
 MIRROR = "mirror"  # the Kafka mirror topic (the mirror query, with Kafka on)
-SINKS = (TIER, KV, CHANGELOG, MIRROR)
 
 # The topic filters of ``[topics]``: one per query, so the kv and changelog sinks, which the
 # compaction query feeds, share the ``compaction`` one.

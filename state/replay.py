@@ -21,7 +21,7 @@ REPLAY_COLUMNS = ("topic", "key", "phy_offset", "queue_id", "queue_offset", "sto
 
 
 def keyed_rows(table: pa.Table, topics: TopicFilter | None = None) -> pa.Table:
-    """The Arrow twin of ``state.latest.keyed_messages``: keyed messages that entered a queue
+    """The Arrow twin of ``streaming.latest_per_key.keyed_messages``: keyed messages that entered a queue
     (of the topics ``topics`` accepts), with ``deleted`` in place of ``op``."""
     keep = pc.and_(pc.is_valid(table["key"]), dispatched_mask(table["sysflag"]))
     if topics is not None and table.num_rows:

@@ -23,7 +23,7 @@ import logging
 import zlib
 
 from connectors.commitlog.errors import DeletedBeforeReadError
-from connectors.commitlog.reader import CommitLogReader
+from connectors.commitlog.reader import CommitLogReader, ReaderOptions
 from connectors.errors import TierlogError
 
 log = logging.getLogger("tierlog.service")
@@ -35,22 +35,23 @@ class ReplicaMismatchError(TierlogError):
     exit_code = 5
 
 
-def check_commitlog(commitlog_dir: str, broker: str, last_record: dict | None, committed: dict[str, int],
-                    moved_from: str | None = None, on_corrupt: str = "fail", on_missing: str = "fail") -> None:
-    """Refuse (``ReplicaMismatchError``) unless ``commitlog_dir`` holds ``last_record``'s bytes and
-    reaches every query's committed end (``committed``: query -> physical offset).  ``moved_from``:
-    the commitlog the checkpoints were made on, when it is another directory (a failover).
-    ``on_corrupt``: ``commitlog.on_corrupt``, so a walk passes a quarantined record as the queries do;
-    ``on_missing``: ``source.on_missing``, under which files deleted before a query read them are a gap
-    the queries record and pass, not a refusal.
+def check_commitlog(options: ReaderOptions, last_record: dict | None, committed: dict[str, int],
+                    moved_from: str | None = None) -> None:
+    """Refuse (``ReplicaMismatchError``) unless the commitlog ``options`` name holds ``last_record``'s
+    bytes and reaches every query's committed end (``committed``: query -> physical offset).
+    ``moved_from``: the commitlog the checkpoints were made on, when it is another directory (a
+    failover).  The walk reads as the queries do: it passes a record ``on_corrupt`` quarantines, and
+    under ``on_missing = "skip"`` files deleted before a query read them are a gap the queries record
+    and pass, not a refusal.
 
     What is read: the tier's last record, then the records from it up to the furthest query's
     end (what the queries are ahead of the tier by), never the log past them: a corrupt record
     there is the queries' to meet, after they have taken everything before it.
     """
+    commitlog_dir, broker, on_missing = options.directory, options.broker, options.on_missing
     what = f"commitlog.dir {commitlog_dir!r}" + (f" (the checkpoints were made on {moved_from!r})" if moved_from else "")
     needed = {q: e for q, e in committed.items() if e is not None}
-    with CommitLogReader(commitlog_dir, on_corrupt=on_corrupt) as reader:
+    with options.open(check_crc=False, on_missing="fail") as reader:
         start = None  # a record boundary the log is known to hold, to walk on from
         gap = False  # files a query has yet to read are gone, and on_missing = skip goes on past them
         if last_record is not None:

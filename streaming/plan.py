@@ -1,5 +1,5 @@
 """The plan of a run, from the configuration: which queries run and which sinks they feed, where
-each keeps its state and checkpoint, the source's options, the Spark and Kafka settings, and the
+each keeps its state and checkpoint, the Spark settings, and the
 safepoint below which no sink needs the commitlog.
 
 ``tierlog run`` (``streaming.service``) and the CLI's other commands (status, gc, config check)
@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 
 from connectors.errors import TierlogError
-from connectors.kafka.settings import KafkaSettings, parse_topic_map
 from streaming import config as cfg
 from streaming.queries.base import Query
 from streaming.queries.compaction import CompactionQuery
@@ -73,23 +72,6 @@ def checkpoint_path(conf: cfg.Config, query: str) -> str:
     return os.path.join(conf.checkpoint.dir, query)
 
 
-def source_options(conf: cfg.Config) -> dict:
-    """The ``commitlog`` source's options; None values are left out when the stream is built."""
-    s = conf.source
-    return {
-        "path": conf.commitlog.dir,
-        "broker": conf.broker.name,
-        "maxRecordsPerTrigger": s.max_records_per_trigger or None,
-        "maxBytesPerTrigger": s.max_bytes_per_trigger or None,
-        "partitionBytes": s.partition_bytes,
-        "startingOffset": s.starting_offset,
-        "checkCrc": str(conf.commitlog.check_crc).lower(),
-        "onCorrupt": conf.commitlog.on_corrupt,
-        "onMissing": conf.source.on_missing,
-        "keyProperty": conf.commitlog.key_property,
-    }
-
-
 def session_conf(conf: cfg.Config) -> dict:
     """The Spark settings of the run's session."""
     from streaming.checkpoints import LOCAL_FILE_MANAGER, is_local, s3a_settings
@@ -107,32 +89,3 @@ def session_conf(conf: cfg.Config) -> dict:
     return out
 
 
-def kafka_settings(conf: cfg.Config) -> KafkaSettings | None:
-    """The Kafka sinks' settings; None when ``kafka.bootstrap`` is empty (the sinks are off)."""
-    k = conf.kafka
-    if not k.bootstrap.strip():
-        return None
-    client = {"bootstrap_servers": cfg.bootstrap_servers(k.bootstrap),
-              "client_id": k.client_id, "security_protocol": k.security_protocol}
-    optional = {"sasl_mechanism": k.sasl_mechanism, "sasl_plain_username": k.sasl_username,
-                "sasl_plain_password": k.sasl_password, "ssl_cafile": k.ssl_cafile, "ssl_certfile": k.ssl_certfile,
-                "ssl_keyfile": k.ssl_keyfile}
-    client.update({name: value for name, value in optional.items() if value})
-    return KafkaSettings(
-        client=client,
-        broker=conf.broker.name,
-        mirror_topic=k.mirror_topic,
-        mirror_topic_map=parse_topic_map(k.mirror_topic_map, "kafka.mirror_topic_map"),
-        changelog_topic=k.changelog_topic,
-        changelog_topic_map=parse_topic_map(k.changelog_topic_map, "kafka.changelog_topic_map"),
-        auto_create_topics=k.auto_create_topics,
-        partitions=max(1, k.partitions),
-        replication_factor=max(1, k.replication_factor),
-        compression=k.compression,
-        linger_ms=k.linger_ms,
-        batch_bytes=k.batch_bytes,
-        max_request_size=k.max_request_size,
-        delivery_timeout_s=max(2.0 + k.linger_ms / 1000, k.delivery_timeout_s),
-        on_too_large=k.on_too_large,
-        producer=k.producer,
-    )

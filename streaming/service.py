@@ -61,6 +61,7 @@ class Service:
         self._entered: set[str] = set()  # queries whose batch function has run, in this run
         self._headroom_warned = float("-inf")  # when the last low-headroom warning was logged
         self.late = LateStarts(conf.spark.late_start_s, self._late_start)
+        self.settings = None  # streaming.settings.Settings, parsed when run starts
 
     # ------------------------------------------------------------ running
 
@@ -76,7 +77,7 @@ class Service:
         problem = location_problem(conf)
         if problem:
             raise ConfigError(problem)
-        settings = derive(conf)  # every setting parsed, and refused, before anything opens
+        settings = self.settings = derive(conf)  # every setting parsed, and refused, before anything opens
         kinds = plan.queries(conf)
         metadata = self._metadata = MetadataStore(plan.metadata_path(conf))
         self.metrics.serve(conf.metrics.host, conf.metrics.port)
@@ -106,7 +107,7 @@ class Service:
                                 movable=("commitlog.dir",) if moved_from else ())
             ctx = RunContext(conf=conf, settings=settings, metadata=metadata, kv=kv, metrics=self.metrics,
                              should_stop=self.stopping.is_set,
-                             source_options=plan.source_options(conf), kafka=plan.kafka_settings(conf))
+                             source_options=settings.source, kafka=settings.kafka)
             for kind in kinds:
                 query = self.queries[kind.name] = kind(ctx)
                 query.start(committed[kind.name])
@@ -153,8 +154,7 @@ class Service:
             last = TierLog(backend, conf.broker.name).view().last_record
         finally:
             backend.close()
-        check_commitlog(conf.commitlog.dir, conf.broker.name, last, committed, moved_from, conf.commitlog.on_corrupt,
-                        conf.source.on_missing)
+        check_commitlog(self.settings.reader, last, committed, moved_from)
         return moved_from
 
     def _writer(self, spark, query: Query, until_caught_up: bool):
@@ -288,7 +288,6 @@ class Service:
         """The commitlog's headroom (``connectors.commitlog.headroom``) as metrics, a warning at most every
         5 minutes while it is low, and the gaps not acknowledged yet."""
         from connectors.commitlog.headroom import headroom
-        from connectors.commitlog.reader import CommitLogReader
         from state import gaps
 
         c = self.conf.commitlog
@@ -296,7 +295,7 @@ class Service:
         if needed is None:
             return
         try:
-            with CommitLogReader(c.dir) as reader:
+            with self.settings.reader.open(check_crc=False, on_missing="fail") as reader:
                 room = headroom(reader, needed)
         except TierlogError as exc:
             log.debug("the commitlog's headroom could not be read: %s", exc)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.topics import CLASSES, TopicFilter
 from connectors.errors import ConfigError
+from connectors.kafka.settings import KafkaSettings, parse_topic_map
 from connectors.sinks import FILTERED_SINKS
 from connectors.tables.catalog import TableSettings, default_settings
 from connectors.tier.retention import Retention
@@ -34,28 +35,29 @@ class Settings:
     writer: WriterSettings  # the tier writer
     tables: TableSettings | None  # the Iceberg message tables; None: tables.enabled is off
     driver_stage_bytes: int  # tier.stage_on_driver: tiering batches up to this size are staged by the driver; 0: none
+    kafka: KafkaSettings | None  # the Kafka sinks'; None when kafka.bootstrap is empty (they are off)
+    source: dict  # the commitlog source's options (strings, as Spark hands them over), from ``reader``
 
 
 def derive(conf: cfg.Config) -> Settings:
     """Every typed setting of ``conf``; raises ``ConfigError`` naming the first bad one."""
-    t, c = conf.tier, conf.commitlog
-    filters, kept = topic_filters(conf), retention(conf)
+    t = conf.tier
+    filters, kept, reader = topic_filters(conf), retention(conf), reader_options(conf)
     return Settings(
         conf=conf,
         filters=filters,
         ttl=ttl(conf),
         retention=kept,
         local_retention_s=local_retention_s(conf),
-        reader=reader_options(conf),
-        stage=StageSettings(location=t.location, commitlog_dir=c.dir, broker=conf.broker.name,
-                            key_property=c.key_property, check_crc=c.check_crc, on_corrupt=c.on_corrupt,
-                            on_missing=conf.source.on_missing,
-                            filters=filters),
+        reader=reader,
+        stage=StageSettings(location=t.location, reader=reader, filters=filters),
         writer=WriterSettings(location=t.location, broker=conf.broker.name, segment_bytes=t.segment_bytes,
                               segment_messages=t.segment_messages, segment_age_s=t.segment_age_s,
                               retention=kept, fold_every=max(1, t.fold_every), delete_grace_s=t.delete_grace_s),
         tables=tables(conf),
         driver_stage_bytes=conf.source.partition_bytes if t.stage_on_driver else 0,
+        kafka=kafka_settings(conf),
+        source=source_options(conf, reader),
     )
 
 
@@ -63,6 +65,54 @@ def reader_options(conf: cfg.Config) -> ReaderOptions:
     c = conf.commitlog
     return ReaderOptions(c.dir, check_crc=c.check_crc, on_corrupt=c.on_corrupt, broker=conf.broker.name,
                          key_property=c.key_property, on_missing=conf.source.on_missing)
+
+
+def source_options(conf: cfg.Config, reader: ReaderOptions) -> dict:
+    """The ``commitlog`` source's options; None values are left out when the stream is built."""
+    s = conf.source
+    return {
+        "path": reader.directory,
+        "broker": reader.broker,
+        "maxRecordsPerTrigger": s.max_records_per_trigger or None,
+        "maxBytesPerTrigger": s.max_bytes_per_trigger or None,
+        "partitionBytes": s.partition_bytes,
+        "startingOffset": s.starting_offset,
+        "checkCrc": str(reader.check_crc).lower(),
+        "onCorrupt": reader.on_corrupt,
+        "onMissing": reader.on_missing,
+        "keyProperty": reader.key_property,
+    }
+
+
+def kafka_settings(conf: cfg.Config) -> KafkaSettings | None:
+    """The Kafka sinks' settings; None when ``kafka.bootstrap`` is empty (the sinks are off)."""
+    k = conf.kafka
+    if not k.bootstrap.strip():
+        return None
+    client = {"bootstrap_servers": cfg.bootstrap_servers(k.bootstrap),
+              "client_id": k.client_id, "security_protocol": k.security_protocol}
+    optional = {"sasl_mechanism": k.sasl_mechanism, "sasl_plain_username": k.sasl_username,
+                "sasl_plain_password": k.sasl_password, "ssl_cafile": k.ssl_cafile, "ssl_certfile": k.ssl_certfile,
+                "ssl_keyfile": k.ssl_keyfile}
+    client.update({name: value for name, value in optional.items() if value})
+    return KafkaSettings(
+        client=client,
+        broker=conf.broker.name,
+        mirror_topic=k.mirror_topic,
+        mirror_topic_map=parse_topic_map(k.mirror_topic_map, "kafka.mirror_topic_map"),
+        changelog_topic=k.changelog_topic,
+        changelog_topic_map=parse_topic_map(k.changelog_topic_map, "kafka.changelog_topic_map"),
+        auto_create_topics=k.auto_create_topics,
+        partitions=max(1, k.partitions),
+        replication_factor=max(1, k.replication_factor),
+        compression=k.compression,
+        linger_ms=k.linger_ms,
+        batch_bytes=k.batch_bytes,
+        max_request_size=k.max_request_size,
+        delivery_timeout_s=max(2.0 + k.linger_ms / 1000, k.delivery_timeout_s),
+        on_too_large=k.on_too_large,
+        producer=k.producer,
+    )
 
 
 def retention(conf: cfg.Config) -> Retention:
@@ -106,14 +156,12 @@ def tables(conf: cfg.Config) -> TableSettings | None:
 
 
 def compaction_settings(settings: Settings):
-    """The compaction query's handler settings (``streaming.compaction.CompactionSettings``)."""
-    from streaming.compaction import CompactionSettings
+    """The compaction query's handler settings (``streaming.kv_handler.CompactionSettings``)."""
+    from streaming.kv_handler import CompactionSettings
 
     conf, c = settings.conf, settings.conf.compaction
-    return CompactionSettings(commitlog_dir=conf.commitlog.dir, tier_location=conf.tier.location,
-                              broker=conf.broker.name, ttl=settings.ttl, snapshot_interval_s=c.snapshot_interval_s,
-                              snapshot_keep=max(1, c.snapshot_keep), on_corrupt=conf.commitlog.on_corrupt,
-                              on_missing=conf.source.on_missing,
+    return CompactionSettings(reader=settings.reader, tier_location=conf.tier.location, ttl=settings.ttl,
+                              snapshot_interval_s=c.snapshot_interval_s, snapshot_keep=max(1, c.snapshot_keep),
                               topics=settings.filters["compaction"], tables=settings.tables)
 
 
@@ -138,4 +186,4 @@ def topic_filters(conf: cfg.Config) -> dict[str, TopicFilter]:
 
 
 # Each part on its own, so `tierlog config check` can list every bad setting, not only the first.
-PARTS = (topic_filters, retention, ttl, local_retention_s, tables)
+PARTS = (topic_filters, retention, ttl, local_retention_s, tables, kafka_settings)

@@ -57,7 +57,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from connectors.commitlog.arrow import MESSAGE_DDL, project_ddl
-from connectors.commitlog.reader import ON_CORRUPT, ON_MISSING, CommitLogReader
+from connectors.commitlog.reader import ON_CORRUPT, ON_MISSING, CommitLogReader, ReaderOptions
 from connectors.errors import ConfigError
 
 DEFAULT_PARTITION_BYTES = 64 << 20
@@ -67,26 +67,20 @@ DEFAULT_PARTITION_BYTES = 64 << 20
 class SourceOptions:
     """The data source's options, parsed and checked once, on the driver."""
 
-    path: str
+    reader: ReaderOptions  # the commitlog (option path) and how it is read
     max_records: int | None = None
     max_bytes: int | None = None
     partition_bytes: int = DEFAULT_PARTITION_BYTES
     starting_offset: str = "earliest"
-    check_crc: bool = True
-    on_corrupt: str = "fail"
-    on_missing: str = "fail"
-    key_property: str = "KEYS"
     refs_only: bool = False
     columns: tuple[str, ...] | None = None
     topics: TopicFilter | None = None
-    broker: str = DEFAULT_BROKER
     min_bytes: int = 0  # minBytesPerTrigger: 0 runs a batch as soon as anything is there
     max_delay_s: float = 0.0  # maxTriggerDelayMs, in seconds
 
     def open(self, check_crc: bool = False) -> CommitLogReader:
-        """A reader of ``path`` as these options read it (the CRC only where bodies are decoded)."""
-        return CommitLogReader(self.path, check_crc=check_crc, on_corrupt=self.on_corrupt, broker=self.broker,
-                               on_missing=self.on_missing)
+        """A reader of the commitlog as these options read it (the CRC only where bodies are decoded)."""
+        return self.reader.open(check_crc=check_crc and self.reader.check_crc)
 
     @classmethod
     def parse(cls, options: dict) -> "SourceOptions":
@@ -103,19 +97,18 @@ class SourceOptions:
         if start not in ("earliest", "latest") and not start.isdigit():
             raise ConfigError(f"option startingOffset={start!r}: use earliest, latest or a physical offset")
         return cls(
-            path=path,
+            reader=ReaderOptions(path, check_crc=_bool(opts, "checkcrc", "checkCrc", True),
+                                 on_corrupt=_on_corrupt(opts.get("oncorrupt", "fail")),
+                                 broker=_broker(opts.get("broker", DEFAULT_BROKER)),
+                                 key_property=opts.get("keyproperty", "KEYS"),
+                                 on_missing=_on_missing(opts.get("onmissing", "fail"))),
             max_records=_positive(opts, "maxrecordspertrigger", "maxRecordsPerTrigger"),
             max_bytes=_positive(opts, "maxbytespertrigger", "maxBytesPerTrigger"),
             partition_bytes=_positive(opts, "partitionbytes", "partitionBytes") or DEFAULT_PARTITION_BYTES,
             starting_offset=start,
-            check_crc=_bool(opts, "checkcrc", "checkCrc", True),
-            on_corrupt=_on_corrupt(opts.get("oncorrupt", "fail")),
-            on_missing=_on_missing(opts.get("onmissing", "fail")),
-            key_property=opts.get("keyproperty", "KEYS"),
             refs_only=_bool(opts, "refsonly", "refsOnly", False),
             columns=parse_columns(opts.get("columns")),
             topics=_topics(opts.get("topics"), parse_columns(opts.get("columns")), _bool(opts, "refsonly", "refsOnly", False)),
-            broker=_broker(opts.get("broker", DEFAULT_BROKER)),
             min_bytes=_positive(opts, "minbytespertrigger", "minBytesPerTrigger") or 0,
             max_delay_s=(_positive(opts, "maxtriggerdelayms", "maxTriggerDelayMs") or 0) / 1000,
         )
@@ -211,7 +204,7 @@ REFS_SCHEMA = pa.schema([("phy_offset", pa.int64()), ("size", pa.int32())])
 
 def read_partition(opts: SourceOptions, partition: CommitLogPartition):
     """Decode one partition into Arrow batches; opens the files here, on the executor."""
-    with opts.open(check_crc=opts.check_crc) as reader:
+    with opts.open(check_crc=True) as reader:
         if opts.refs_only:
             for span in reader.spans(partition.start, partition.end):
                 starts = np.asarray(span.starts, np.int64) + span.file.base
@@ -220,7 +213,7 @@ def read_partition(opts: SourceOptions, partition: CommitLogPartition):
                 )
         else:
             for batch in reader.record_batches(
-                partition.start, partition.end, key_property=opts.key_property, columns=opts.columns
+                partition.start, partition.end, key_property=opts.reader.key_property, columns=opts.columns
             ):
                 if opts.topics is not None and batch.num_rows:
                     batch = batch.filter(opts.topics.mask(batch.column("topic")))

@@ -9,7 +9,7 @@ from connectors.commitlog.writer import CommitLogWriter
 from connectors.tier import snapshots
 from connectors.tier.backend import open_backend
 from state.kv import KVView
-from state.latest import read_state
+from streaming.latest_per_key import read_state
 from streaming import config as cfg
 from streaming.plan import checkpoint_path, kv_path
 from tests import ledger

@@ -72,7 +72,7 @@ MUTANTS = (
     Mutant(
         "mirror_sends_a_record_twice",
         "the mirror sends the message at queue offset 5 of every queue twice",
-        "connectors/kafka/mirror.py",
+        "connectors/kafka/mirror_sink.py",
         """            self.send(route[0], partition, None if key is None else key.encode(), body, headers, phy, ts)""",
         """            self.send(route[0], partition, None if key is None else key.encode(), body, headers, phy, ts)
             if queue_offset == 5:

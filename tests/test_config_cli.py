@@ -199,7 +199,7 @@ def test_kafka_settings_are_checked_one_line_each(tmp_path):
 
 
 def test_the_kafka_password_never_shows(tmp_path):
-    from streaming.plan import kafka_settings
+    from streaming.settings import kafka_settings
 
     env = {"TIERLOG_KAFKA_BOOTSTRAP": "127.0.0.1:1", "TIERLOG_KAFKA_SASL_PASSWORD": "canary-5ecret"}
     conf = cfg.load(env=env)

@@ -8,6 +8,7 @@ import zlib
 
 import pytest
 
+from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.workload import Workload
 from connectors.commitlog.writer import CommitLogWriter
 from streaming.failover import ReplicaMismatchError, check_commitlog
@@ -42,8 +43,8 @@ def test_a_replica_behind_a_querys_checkpoint_is_behind_not_corrupt(tmp_path, ma
     with pytest.raises(ReplicaMismatchError,
                        match=f"ends at physical offset {written[cut].phy_offset}, but broker 'broker-a''s compaction "
                              f"query got to {query_end}: the log is behind. If it is a replica catching up, wait"):
-        check_commitlog(replica, "broker-a", fingerprint(directory, tier_last), {"compaction": query_end},
-                        moved_from=directory, on_corrupt=on_corrupt)
+        check_commitlog(ReaderOptions(replica, on_corrupt=on_corrupt), fingerprint(directory, tier_last),
+                        {"compaction": query_end}, moved_from=directory)
 
 
 @pytest.mark.parametrize("on_corrupt", ["fail", "quarantine"])
@@ -52,8 +53,8 @@ def test_a_replica_that_has_caught_up_passes(tmp_path, master, on_corrupt):
     replica = str(tmp_path / "replica")
     copy_log(directory, replica, cut_at=written[850].phy_offset)
     query_end = written[800].phy_offset + written[800].size
-    check_commitlog(replica, "broker-a", fingerprint(directory, written[300]), {"compaction": query_end},
-                    moved_from=directory, on_corrupt=on_corrupt)
+    check_commitlog(ReaderOptions(replica, on_corrupt=on_corrupt), fingerprint(directory, written[300]),
+                    {"compaction": query_end}, moved_from=directory)
 
 
 def test_a_corrupt_record_before_the_querys_end_is_still_named(tmp_path, master):
@@ -65,5 +66,5 @@ def test_a_corrupt_record_before_the_querys_end_is_still_named(tmp_path, master)
         fh.seek(bad.phy_offset % FILE + 4)
         fh.write(b"\xde\xad\xbe\xef")  # its magic code
     with pytest.raises(CommitLogError, match=f"physical offset {bad.phy_offset}"):
-        check_commitlog(directory, "broker-a", fingerprint(directory, written[300]),
+        check_commitlog(ReaderOptions(directory), fingerprint(directory, written[300]),
                         {"compaction": written[800].phy_offset + written[800].size})

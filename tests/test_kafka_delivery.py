@@ -22,9 +22,9 @@ from connectors.commitlog.reader import CommitLogReader
 from connectors.errors import StopRequested
 from connectors.kafka.embedded import free_port
 from connectors.kafka.errors import ForeignRecordError, RecordTooLargeError
-from connectors.kafka.mirror import MIRROR_COLUMNS, MirrorSink
+from connectors.kafka.mirror_sink import MIRROR_COLUMNS, MirrorSink
 from connectors.kafka.records import key_hashes
-from streaming.plan import kafka_settings
+from streaming.settings import kafka_settings
 from tests.kafka_helpers import kafka_conf, mirror_contents, mirror_oracle
 from tests.kv_helpers import append, kv_messages
 from tests.tiering_helpers import make_conf

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.workload import Workload
 from connectors.commitlog.writer import CommitLogWriter
 from connectors.tier.reader import TierReader
@@ -41,7 +42,7 @@ def tier_of_five_segments(tmp_path, retention: str):
     for i in range(SEGMENTS):
         batch = written[i * PER_SEGMENT:(i + 1) * PER_SEGMENT]
         part = stage(plain.stage, batch[0].phy_offset, batch[-1].phy_offset + batch[-1].size, batch[-1].phy_offset)
-        building.commit(i, [part], CommitLogGaps(str(tmp_path / "commitlog")).between)
+        building.commit(i, [part], CommitLogGaps(ReaderOptions(str(tmp_path / "commitlog"))).between)
         assert building.maintain() == 1
     building.close()
     sizes = [s.size for s in store.segments("topic-0", 0)]

@@ -1,7 +1,7 @@
 """Each settings group, from a ``tierlog.toml`` to the typed settings its handler receives.
 
-``streaming.settings.derive`` (and ``plan.kafka_settings`` / ``plan.source_options`` for the
-parts Spark and kafka-python take as they are) is the only parser of a setting's text; these tests
+``streaming.settings.derive`` (its ``kafka`` and ``source`` parts too, which Spark and the Kafka
+clients take as they are) is the only parser of a setting's text; these tests
 write every value of a group away from its default, with units and per-topic maps, and assert the
 fields the tier writer, the stager, the commitlog readers, compaction and the Kafka sinks get.
 The expected values are written out here, not computed by the code under test.
@@ -14,7 +14,6 @@ import pytest
 from connectors.commitlog.topics import TopicFilter
 from connectors.errors import ConfigError
 from streaming import config as cfg
-from streaming import plan
 from streaming.settings import compaction_settings, derive
 
 DAY, HOUR, MIB, GIB = 86_400.0, 3_600.0, 1 << 20, 1 << 30
@@ -34,9 +33,13 @@ def test_the_commitlog_group_reaches_every_reader_and_the_stager(tmp_path):
                               'key_property = "ORDER_ID"\nlocal_retention = "2h"\n'))
     assert (s.reader.directory, s.reader.check_crc, s.reader.on_corrupt, s.reader.broker, s.reader.key_property) == (
         str(tmp_path / "log"), False, "quarantine", "broker-b", "ORDER_ID")
-    assert (s.stage.commitlog_dir, s.stage.location, s.stage.broker, s.stage.key_property, s.stage.check_crc,
-            s.stage.on_corrupt) == (str(tmp_path / "log"), str(tmp_path / "tier"), "broker-b", "ORDER_ID", False,
-                                    "quarantine")
+    # One object carries how the commitlog is read, to every reader of it (it used to be six copies
+    # whose check_crc defaults differed, some without the broker or on_corrupt).
+    assert s.stage.reader is s.reader and s.stage.location == str(tmp_path / "tier")
+    assert compaction_settings(s).reader is s.reader
+    assert (s.source["path"], s.source["checkCrc"], s.source["onCorrupt"], s.source["broker"],
+            s.source["keyProperty"], s.source["onMissing"]) == (str(tmp_path / "log"), "false", "quarantine",
+                                                                "broker-b", "ORDER_ID", "fail")
     assert s.local_retention_s == 2 * HOUR
     reader = s.reader.open(check_crc=True)  # a reader that needs more than the settings say
     try:
@@ -72,7 +75,7 @@ def test_the_compaction_group_reaches_the_compaction_handler(tmp_path):
                               '[topics]\ncompaction_exclude = "audit-*"\n'))
     c = compaction_settings(s)
     assert c.ttl == {"sessions": 1800.0, "*": 7 * DAY}
-    assert (c.commitlog_dir, c.tier_location, c.broker, c.snapshot_interval_s, c.snapshot_keep) == (
+    assert (c.reader.directory, c.tier_location, c.reader.broker, c.snapshot_interval_s, c.snapshot_keep) == (
         str(tmp_path / "log"), str(tmp_path / "tier"), "broker-b", 45.0, 4)
     assert isinstance(c.topics, TopicFilter) and c.topics is s.filters["compaction"]
     assert not c.topics.accepts("audit-eu") and c.topics.accepts("orders")
@@ -86,7 +89,7 @@ def test_the_kafka_group_reaches_the_sinks_and_keeps_the_password_out_of_repr(tm
                           'replication_factor = 0\nbatch_bytes = "1MiB"\nlinger_ms = 20\ndelivery_timeout_s = 1\n'
                           'security_protocol = "SASL_SSL"\nsasl_mechanism = "PLAIN"\nsasl_username = "u"\n'
                           'sasl_password = "s3cret"\n')
-    k = plan.kafka_settings(conf)
+    k = derive(conf).kafka
     assert k.client["bootstrap_servers"] == ["k1:9092", "k2:9093"]
     assert (k.client["security_protocol"], k.client["sasl_mechanism"], k.client["sasl_plain_username"],
             k.client["sasl_plain_password"]) == ("SASL_SSL", "PLAIN", "u", "s3cret")
@@ -96,12 +99,12 @@ def test_the_kafka_group_reaches_the_sinks_and_keeps_the_password_out_of_repr(tm
     assert k.mirror_topic_map == {"orders": "orders-mirror", "%DLQ%g": "dlq-g"}
     assert k.delivery_timeout_s == pytest.approx(2.02)  # never below the linger plus two seconds
     assert "s3cret" not in repr(k)
-    assert plan.kafka_settings(load(tmp_path, "")) is None  # no bootstrap: the sinks are off
+    assert derive(load(tmp_path, "")).kafka is None  # no bootstrap: the sinks are off
 
 
 def test_the_source_group_reaches_the_commitlog_source(tmp_path):
-    opts = plan.source_options(load(tmp_path, rest='[source]\nmax_records_per_trigger = 0\nmax_bytes_per_trigger = "64MiB"\n'
-                                              'partition_bytes = "8MiB"\nstarting_offset = "latest"\n'))
+    opts = derive(load(tmp_path, rest='[source]\nmax_records_per_trigger = 0\nmax_bytes_per_trigger = "64MiB"\n'
+                                              'partition_bytes = "8MiB"\nstarting_offset = "latest"\n')).source
     assert opts["maxRecordsPerTrigger"] is None  # 0: no cap, left out of the stream's options
     assert (opts["maxBytesPerTrigger"], opts["partitionBytes"], opts["startingOffset"], opts["broker"]) == (
         64 * MIB, 8 * MIB, "latest", "broker-b")
@@ -118,3 +121,10 @@ def test_the_source_group_reaches_the_commitlog_source(tmp_path):
 def test_a_bad_value_is_refused_naming_its_setting(tmp_path, where, body, setting):
     with pytest.raises(ConfigError, match=setting.replace(".", r"\.")):
         derive(load(tmp_path, **{where: body}))
+
+
+def test_a_bad_kafka_setting_is_refused_with_the_rest_before_spark_starts(tmp_path):
+    # derive runs before `tierlog run` builds its Spark session (streaming.service): the Kafka part
+    # is one of the settings it parses, no longer built once the session is up.
+    with pytest.raises(ConfigError, match="kafka.mirror_topic_map"):
+        derive(load(tmp_path, rest='[kafka]\nbootstrap = "k1:9092"\nmirror_topic_map = "orders"\n'))

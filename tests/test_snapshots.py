@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from connectors.commitlog.reader import ReaderOptions
 from connectors.tier import snapshots
 from connectors.tier.backend import open_backend
 from state.kv import Change, KVView
@@ -35,10 +36,10 @@ def test_the_first_snapshot_comes_an_interval_after_the_first_start_and_restarts
         tier_location, tmp_path, monkeypatch):
     import time
 
-    from streaming import compaction
+    from streaming import kv_handler as compaction
 
     (tmp_path / "commitlog").mkdir()
-    settings = compaction.CompactionSettings(str(tmp_path / "commitlog"), tier_location, snapshot_interval_s=600)
+    settings = compaction.CompactionSettings(ReaderOptions(str(tmp_path / "commitlog")), tier_location, snapshot_interval_s=600)
     with KVView(str(tmp_path / "kv")) as kv:
         kv.apply([Change("t", "k", "put", 5, body=b"v")], applied_through=10)
         first = compaction.CompactionHandler(settings, kv)

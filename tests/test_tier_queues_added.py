@@ -18,6 +18,7 @@ import random
 import pytest
 from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In
 
+from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.format import Message
 from connectors.commitlog.writer import CommitLogWriter
 from connectors.tier.backend import open_backend
@@ -56,7 +57,7 @@ def write_log(log_dir: str, rng: random.Random, phases: int) -> list[tuple[int, 
 class Tier:
     def __init__(self, root):
         self.root, self.log_dir, self.location = root, str(root / "commitlog"), str(root / "tier")
-        self.stage_settings = StageSettings(location=self.location, commitlog_dir=self.log_dir)
+        self.stage_settings = StageSettings(location=self.location, reader=ReaderOptions(self.log_dir))
         self.settings = WriterSettings(location=self.location, segment_messages=6, segment_age_s=1e9,
                                        fold_every=3, delete_grace_s=0)
         self.store = self.writer = None
@@ -64,7 +65,7 @@ class Tier:
     def open(self) -> None:
         self.store = MetadataStore(str(self.root / "metadata"))
         self.writer = TierWriter(self.settings, self.store, open_backend(self.location))
-        self.gaps = CommitLogGaps(self.log_dir)
+        self.gaps = CommitLogGaps(ReaderOptions(self.log_dir))
 
     def close(self) -> None:
         self.writer.close()

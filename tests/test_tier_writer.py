@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.workload import Workload
 from connectors.commitlog.writer import CommitLogWriter
 from connectors.tier.backend import open_backend
@@ -87,11 +88,11 @@ class Run:
             ledger.append(w, Workload(messages=messages, topics=2, queues=3, keys=40, body_size=150,
                                       delete_ratio=0.1, seed=seed).generate())
         self.written = ledger.stored(self.log_dir)
-        self.stage_settings = StageSettings(location=self.location, commitlog_dir=self.log_dir)
+        self.stage_settings = StageSettings(location=self.location, reader=ReaderOptions(self.log_dir))
         self.settings = WriterSettings(location=self.location, segment_messages=15, segment_age_s=1e9,
                                        retention=Retention(messages={"topic-1": 20}, check_s=0),
                                        fold_every=6, delete_grace_s=0)
-        self.gaps = CommitLogGaps(self.log_dir)
+        self.gaps = CommitLogGaps(ReaderOptions(self.log_dir))
         self.store = self.writer = None
         self.open()
 

@@ -171,11 +171,13 @@ class ScanResult:
 
 @dataclass(frozen=True)
 class ReaderOptions:
-    """How one broker's commitlog is read, from the settings (``streaming.settings``); ``open`` a
-    reader with them, overriding a field where a reader needs less (no CRC check to find an end)."""
+    """How one broker's commitlog is read: the one object every reader of it is built from (the
+    stagers, the source, the gap checks, the compaction and mirror handlers, the CLI), made once
+    from the settings (``streaming.settings``).  ``open`` a reader with them, overriding a field
+    only where a reader needs less (no CRC check for a header walk that decodes no body)."""
 
     directory: str
-    check_crc: bool = False
+    check_crc: bool = True
     on_corrupt: str = "fail"
     broker: str = DEFAULT_BROKER
     key_property: str = "KEYS"  # for the Arrow rows' key column: pass it to ``record_batches``

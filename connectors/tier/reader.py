@@ -127,13 +127,6 @@ class TierReader:
             broker = brokers[0] if brokers else DEFAULT_BROKER
         return self._log(broker).view()
 
-    # The names of older releases, for scripts written against them.
-    def state(self, broker: str | None = None) -> TierView:
-        return self.view(broker)
-
-    def states(self) -> list[TierView]:
-        return self.views()
-
     def views(self) -> list[TierView]:
         """The committed view of each broker this reader covers, by broker name."""
         return [self._log(b).view() for b in self.brokers()]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.brokers import DEFAULT_BROKER
+from connectors.commitlog.reader import ReaderOptions
 from connectors.errors import TierlogError
 from connectors.faults import crash_point
 from connectors.tier import layout
@@ -31,15 +31,10 @@ from connectors.tier.records import LastRecord
 
 @dataclass(frozen=True)
 class StageSettings:
-    """What a stager needs: where to read, how, what the tier keeps, where to upload."""
+    """What a stager needs: where to upload, how to read, what the tier keeps."""
 
     location: str
-    commitlog_dir: str
-    broker: str = DEFAULT_BROKER
-    key_property: str = "KEYS"
-    check_crc: bool = True
-    on_corrupt: str = "fail"
-    on_missing: str = "fail"  # source.on_missing: "skip" records a range deleted before it was read (a gap)
+    reader: ReaderOptions
     filters: dict | None = None  # sink -> TopicFilter; the tier keeps what filters["tier"] accepts; all are counted
 
 
@@ -106,16 +101,15 @@ def queue_stats(table: pa.Table) -> list[list]:
 def stage(settings: StageSettings, first_phy: int, end_phy: int, last_phy: int) -> StagedPart:
     """Stage the records in ``[first_phy, end_phy)``, the last of which starts at ``last_phy``."""
     from connectors.commitlog.arrow import dispatched_only
-    from connectors.commitlog.reader import CommitLogReader
     from connectors.commitlog.topics import filtered_counts
 
-    with CommitLogReader(settings.commitlog_dir, check_crc=settings.check_crc, on_corrupt=settings.on_corrupt,
-                         broker=settings.broker) as reader:
-        batches = list(reader.record_batches(first_phy, end_phy, key_property=settings.key_property))
+    options = settings.reader
+    with options.open() as reader:
+        batches = list(reader.record_batches(first_phy, end_phy, key_property=options.key_property))
         last = reader.read_bytes(last_phy, end_phy - last_phy)
         quarantined = [q.to_json() for q in reader.quarantined]
     if last is None:
-        raise TierlogError(f"the commitlog {settings.commitlog_dir} no longer holds physical offsets "
+        raise TierlogError(f"the commitlog {options.directory} no longer holds physical offsets "
                                 f"{last_phy}-{end_phy}, which this stager just read: was it replaced?")
     table = dispatched_only(pa.Table.from_batches(batches, schema=batches[0].schema if batches else None))
     filters = settings.filters
@@ -128,7 +122,7 @@ def stage(settings: StageSettings, first_phy: int, end_phy: int, last_phy: int) 
     if table.num_rows:
         table = layout.sort_rows(table)
         data = layout.to_staging_parquet(table)
-        part.name = layout.Names(settings.broker).staging(first_phy)
+        part.name = layout.Names(options.broker).staging(first_phy)
         backend = open_backend(settings.location)
         started = time.monotonic()
         try:
@@ -152,14 +146,11 @@ def stage_range(settings: StageSettings, start: int, end: int) -> tuple[StagedPa
     Why: under ``tierlog run`` a small batch is staged this way by the driver itself
     (``tier.stage_on_driver``), without a Spark job, whose own cost was most of such a batch's time
     (``docs/benchmarks.md``)."""
-    from connectors.commitlog.reader import CommitLogReader
-
     first = last = None
     records = 0
     # The header walk only, as the source's references come from; what it skips under quarantine is
     # found again, and recorded, by ``stage``'s own read.
-    with CommitLogReader(settings.commitlog_dir, on_corrupt=settings.on_corrupt, broker=settings.broker,
-                         on_missing=settings.on_missing) as reader:
+    with settings.reader.open(check_crc=False) as reader:
         for span in reader.spans(start, end):
             if span.starts:
                 if first is None:
@@ -185,17 +176,16 @@ class CommitLogGaps:
     A body whose CRC is wrong is always inside a part (the references name it); a gap holds what the
     header walk skips, which ``scan`` finds and, under quarantine, records."""
 
-    def __init__(self, commitlog_dir: str, *, on_corrupt: str = "fail", on_missing: str = "fail"):
-        self.commitlog_dir, self.on_corrupt, self.on_missing = commitlog_dir, on_corrupt, on_missing
+    def __init__(self, reader: ReaderOptions):
+        self.reader = reader
 
     def between(self, start: int, end: int) -> Gap:
         from connectors.commitlog.errors import CommitLogError
-        from connectors.commitlog.reader import CommitLogReader
 
         if end < start:
             return Gap(f"{start - end} bytes (overlap)", [])
         try:
-            with CommitLogReader(self.commitlog_dir, on_corrupt=self.on_corrupt, on_missing=self.on_missing) as reader:
+            with self.reader.open(check_crc=False) as reader:
                 found = reader.scan(start, end).records
                 quarantined = [q.to_json() for q in reader.quarantined]
         except CommitLogError as exc:

@@ -1,5 +1,5 @@
 """The compaction query as the runner sees it: commitlog -> latest value per key -> the KV view,
-compacted snapshots and, when Kafka is on, the changelog topic (``streaming.compaction``)."""
+compacted snapshots and, when Kafka is on, the changelog topic (``streaming.kv_handler``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from connectors.kafka.changelog import ChangelogSink
 from connectors.sinks import CHANGELOG, KV
 from streaming import config as cfg
 from streaming.checkpoints import SHUFFLE_PARTITIONS, STATE_PROVIDER, Batch
-from streaming.compaction import CompactionReport, CompactionHandler, compaction_stream
+from streaming.kv_handler import CompactionReport, CompactionHandler, compaction_stream
 from streaming.queries.base import Query, RunContext
 from streaming.settings import compaction_settings
 
@@ -51,7 +51,7 @@ class CompactionQuery(Query):
                 on_skip=lambda phy, why: metadata.record_skip(CHANGELOG, phy, why),
             )
         self.handler = CompactionHandler(compaction_settings(ctx.settings), ctx.kv, metadata, on_batch=self.report,
-                                      changelog=changelog, key_property=conf.commitlog.key_property)
+                                      changelog=changelog)
         self.lock = self.handler.lock
         self._kafka_counts = {"sent": 0, "retries": 0}  # the changelog's, as last counted
 

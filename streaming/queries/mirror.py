@@ -1,5 +1,5 @@
 """The mirror query as the runner sees it: commitlog -> one Kafka record per message
-(``streaming.mirror``)."""
+(``streaming.mirror_handler``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from connectors.sinks import MIRROR
 from streaming import config as cfg
 from streaming.checkpoints import Batch
 from streaming.queries.base import Query, RunContext
-from streaming.mirror import MirrorHandler, MirrorReport
-from streaming.tiering import refs_stream
+from streaming.mirror_handler import MirrorHandler, MirrorReport
+from streaming.tier_handler import refs_stream
 
 log = logging.getLogger("tierlog.service")
 
@@ -29,11 +29,8 @@ class MirrorQuery(Query):
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
-        conf = ctx.conf
         self.handler = MirrorHandler(
-            ctx.kafka, conf.commitlog.dir, ctx.metadata, key_property=conf.commitlog.key_property,
-            check_crc=conf.commitlog.check_crc, on_corrupt=conf.commitlog.on_corrupt,
-            on_missing=conf.source.on_missing, tasks=conf.kafka.mirror_tasks,
+            ctx.kafka, ctx.settings.reader, ctx.metadata, tasks=ctx.conf.kafka.mirror_tasks,
             should_stop=ctx.should_stop, on_batch=self.report, topics=ctx.settings.filters["mirror"],
         )
         self.lock = self.handler.lock

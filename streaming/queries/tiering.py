@@ -1,4 +1,4 @@
-"""The tiering query as the runner sees it: commitlog -> the tier (``streaming.tiering``)."""
+"""The tiering query as the runner sees it: commitlog -> the tier (``streaming.tier_handler``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from connectors.sinks import TIER
 from connectors.errors import TierlogError
 from streaming import config as cfg
 from streaming.queries.base import Batch, Query, RunContext
-from streaming.tiering import BatchReport, TieringSettings, TieringHandler, refs_stream
+from streaming.tier_handler import BatchReport, TieringSettings, TieringHandler, refs_stream
 
 log = logging.getLogger("tierlog.service")
 

@@ -106,8 +106,7 @@ class TieringHandler:
     def __init__(self, settings: TieringSettings, metadata, on_batch=None):
         self.settings = settings
         self.writer = TierWriter(settings.writer, metadata, tables=open_tables(settings))
-        self.gaps = CommitLogGaps(settings.stage.commitlog_dir, on_corrupt=settings.stage.on_corrupt,
-                                  on_missing=settings.stage.on_missing)
+        self.gaps = CommitLogGaps(settings.stage.reader)
         self.lock = threading.RLock()  # held while a batch is processed; graceful stop waits on it
         self.writer_lock = threading.Lock()  # the writer is not thread-safe: a commit or a maintenance
         self.on_batch = on_batch

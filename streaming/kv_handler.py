@@ -1,7 +1,7 @@
 """The compaction query: commitlog -> latest value per key -> KV view and compacted snapshots.
 
     spark.readStream.format("commitlog")  (only the columns it needs)
-      -> latest_per_key (Spark's RocksDB state store; state/latest.py)
+      -> latest_per_key (Spark's RocksDB state store; streaming/latest_per_key.py)
       -> foreachBatch(CompactionHandler.process)
 
 Per micro-batch, the sink:
@@ -35,15 +35,14 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.brokers import DEFAULT_BROKER
 from connectors.changes import CHANGE_REF, CHANGE_ROW
-from connectors.commitlog.reader import CommitLogReader
+from connectors.commitlog.reader import CommitLogReader, ReaderOptions
 from connectors.errors import ConfigError, TierlogError
 from connectors.sinks import CHANGELOG, KV
 from connectors.tier import snapshots
 from connectors.tier.backend import open_backend
 from state.kv import Change, KVView
-from state.latest import SOURCE_COLUMNS, latest_per_key
+from streaming.latest_per_key import SOURCE_COLUMNS, latest_per_key
 from streaming.checkpoints import Batch
 from connectors.faults import crash_point
 
@@ -53,14 +52,11 @@ log = logging.getLogger("tierlog.compaction")
 
 @dataclass(frozen=True)
 class CompactionSettings:
-    commitlog_dir: str
+    reader: ReaderOptions  # its broker names the snapshots too: each broker's tierlog keeps its own keys'
     tier_location: str
-    broker: str = DEFAULT_BROKER  # each broker's tierlog keeps the snapshots of its own keys
     ttl: dict[str, float] | None = None  # topic -> seconds; "*" for every other topic
     snapshot_interval_s: float = 600.0  # 0: only on demand
     snapshot_keep: int = 2
-    on_corrupt: str = "fail"
-    on_missing: str = "fail"
     topics: object = None  # the TopicFilter of [topics] compaction; None takes every topic
     tables: object = None  # TableSettings: each snapshot is committed to the latest-per-key tables; None: off
 
@@ -117,16 +113,17 @@ class CompactionHandler:
 
     def __init__(self, settings: CompactionSettings, kv: KVView, metadata=None,
                  on_batch: Callable[[CompactionReport], None] | None = None,
-                 changelog=None, key_property: str = "KEYS"):
+                 changelog=None):
         self.settings = settings
         self.kv = kv
         self.metadata = metadata
         self.on_batch = on_batch
         self.changelog = changelog  # a connectors.kafka.changelog.ChangelogSink, or None
-        self.key_property = key_property
+        self.key_property = settings.reader.key_property
         self.lock = threading.RLock()  # held while a batch is handed over; a graceful stop waits on it
-        self._reader = CommitLogReader(settings.commitlog_dir, on_corrupt=settings.on_corrupt, broker=settings.broker,
-                                       on_missing=settings.on_missing)
+        # The stager checked every body's CRC on its way to the tier; reading one again here by its
+        # offset does not check it twice.
+        self._reader = settings.reader.open(check_crc=False)
         self._apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-apply")
         self._pending: Future | None = None
         self._last_snapshot = self._last_snapshot_time()
@@ -275,8 +272,8 @@ class CompactionHandler:
             return None
         if self.settings.tables is not None and self._tables is None:
             self._tables = open_latest_tables(self.settings.tables, self.settings.tier_location,
-                                              self.settings.broker)
-        rows = write_snapshot(self.kv, self.settings.tier_location, self.settings.broker, through_phy,
+                                              self.settings.reader.broker)
+        rows = write_snapshot(self.kv, self.settings.tier_location, self.settings.reader.broker, through_phy,
                               self.settings.snapshot_keep, self._tables)
         self._last_snapshot = time.time()
         return rows

@@ -26,7 +26,7 @@ and the executors do the sending.  Per batch:
    bounds the safepoint.
 
 The changelog sink rides on the compaction query instead (see
-``streaming.compaction``).
+``streaming.kv_handler``).
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from typing import Callable, Iterator
 
 import pyarrow as pa
 
-from connectors.commitlog.reader import CommitLogReader
+from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.topics import TopicFilter
 from connectors.kafka.errors import KafkaSinkError, KafkaUnavailable
-from connectors.kafka.mirror import MIRROR_COLUMNS, MirrorSink, slot_of
+from connectors.kafka.mirror_sink import MIRROR_COLUMNS, MirrorSink, slot_of
 from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.sink import Health, backoff
 from streaming.checkpoints import Batch
@@ -72,14 +72,10 @@ class SendTask:
     """What one sender task needs; pickled into the Spark job."""
 
     kafka: KafkaSettings
-    commitlog_dir: str
+    reader: ReaderOptions
     start: int
     end: int
     slots: int
-    key_property: str
-    check_crc: bool
-    on_corrupt: str
-    on_missing: str
     partitions: dict  # Kafka topic -> partition count, where known
     positions: dict  # "topic\x00partition" -> position, where known
     topics: TopicFilter | None = None  # the messages of the topics it accepts are sent
@@ -94,10 +90,9 @@ def send_slot(task: SendTask, slot: int) -> dict:
     sink.seed(task.partitions, {tuple(_split(k)): v for k, v in task.positions.items()})
     error, retriable = None, False
     try:
-        with CommitLogReader(task.commitlog_dir, check_crc=task.check_crc, on_corrupt=task.on_corrupt,
-                             on_missing=task.on_missing) as reader:
+        with task.reader.open() as reader:
             sink.publish(lambda: reader.record_batches(
-                task.start, task.end, key_property=task.key_property, columns=MIRROR_COLUMNS), once=True)
+                task.start, task.end, key_property=task.reader.key_property, columns=MIRROR_COLUMNS), once=True)
     except KafkaSinkError as exc:
         error, retriable = str(exc), exc.retriable
     finally:
@@ -145,20 +140,14 @@ _OUTCOME_SCHEMA = pa.schema([("slot", pa.int32()), ("sent", pa.int64()), ("skipp
 class MirrorHandler:
     """The foreachBatch of the mirror query.  One instance per running query, on the driver."""
 
-    def __init__(self, kafka: KafkaSettings, commitlog_dir: str, metadata=None, *,
-                 key_property: str = "KEYS", check_crc: bool = True, on_corrupt: str = "fail",
-                 on_missing: str = "fail", tasks: int = 0,
+    def __init__(self, kafka: KafkaSettings, reader: ReaderOptions, metadata=None, *, tasks: int = 0,
                  should_stop: Callable[[], bool] = lambda: False,
                  on_batch: Callable[[MirrorReport], None] | None = None,
                  topics: TopicFilter | None = None):
         self.kafka = kafka
         self.topics = topics
-        self.commitlog_dir = commitlog_dir
+        self.reader = reader
         self.metadata = metadata
-        self.key_property = key_property
-        self.check_crc = check_crc
-        self.on_corrupt = on_corrupt
-        self.on_missing = on_missing
         self.tasks = tasks
         self.should_stop = should_stop
         self.on_batch = on_batch
@@ -198,10 +187,8 @@ class MirrorHandler:
         pending = list(range(slots_total))
         attempt = 0
         while pending:
-            task = SendTask(self.kafka, self.commitlog_dir, start, end, slots_total, self.key_property,
-                            self.check_crc, self.on_corrupt, self.on_missing, dict(self._partitions),
-                            dict(self._positions),
-                            self.topics)
+            task = SendTask(self.kafka, self.reader, start, end, slots_total, dict(self._partitions),
+                            dict(self._positions), self.topics)
             outcomes = (spark.range(0, len(pending), 1, len(pending))
                         .mapInArrow(make_sender(task, pending), OUTCOME_DDL).toArrow().to_pylist())
             report.attempts += 1
