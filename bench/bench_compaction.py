@@ -45,7 +45,8 @@ from connectors.commitlog.writer import CommitLogWriter
 from state.kv import KVView
 from streaming.latest_per_key import SOURCE_COLUMNS, latest_per_key
 from streaming.checkpoints import foreach_batch
-from streaming.kv_handler import CompactionHandler, CompactionSettings
+from state.kv_writer import CompactionSettings
+from streaming.kv_handler import CompactionHandler
 
 
 def produce(directory: str, keys: int, updates: int, body: int) -> int:

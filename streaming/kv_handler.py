@@ -1,76 +1,30 @@
-"""The compaction query: commitlog -> latest value per key -> KV view and compacted snapshots.
+"""The compaction query's foreachBatch: Spark finds the changed keys, ``KVWriter`` applies them.
 
     spark.readStream.format("commitlog")  (only the columns it needs)
       -> latest_per_key (Spark's RocksDB state store; streaming/latest_per_key.py)
       -> foreachBatch(CompactionHandler.process)
 
-Per micro-batch, the sink:
-
-1. collects the changed keys (small references, one row per key) to the driver;
-2. reads their latest messages from the local commitlog by physical offset
-   (body, queue offset, store time, put or delete);
-3. applies them to the KV view in one synced WriteBatch, together with the
-   physical offset the batch ends at (from the query's own offset log, handed
-   over with the batch);
-4. expires keys whose time to live has passed, records the view's applied
-   offset as the ``kv`` sink (it bounds the safepoint), and writes compacted
-   snapshots to the tier when one is due.
-
-Replays are no-ops: the view applies a change only if it is newer (by
-physical offset) than what it holds, so a batch Spark re-runs after a crash
-changes nothing twice.  Steps 2-4 run on an apply thread, overlapped with
-the next batch; see ``CompactionHandler``.
+Per micro-batch the handler collects the changed keys (small references, one row per key) to the
+driver and hands them, with the offset the batch ends at (from the query's own offset log), to
+``state.kv_writer.KVWriter``, which reads their messages, writes the view, the changelog and
+snapshots.  This module adds only what needs Spark, and the thread the writer runs on.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Callable
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from connectors.changes import CHANGE_REF, CHANGE_ROW
-from connectors.commitlog.reader import CommitLogReader, ReaderOptions
-from connectors.errors import ConfigError, TierlogError
-from connectors.sinks import CHANGELOG, KV
-from connectors.tier import snapshots
-from connectors.tier.backend import open_backend
-from state.kv import Change, KVView
-from streaming.latest_per_key import SOURCE_COLUMNS, latest_per_key
-from streaming.checkpoints import Batch
 from connectors.faults import crash_point
+from state.kv import KVView
+from state.kv_writer import CompactionReport, CompactionSettings, KVWriter
+from streaming.checkpoints import Batch
+from streaming.latest_per_key import SOURCE_COLUMNS, latest_per_key
 
 log = logging.getLogger("tierlog.compaction")
-
-
-
-@dataclass(frozen=True)
-class CompactionSettings:
-    reader: ReaderOptions  # its broker names the snapshots too: each broker's tierlog keeps its own keys'
-    tier_location: str
-    ttl: dict[str, float] | None = None  # topic -> seconds; "*" for every other topic
-    snapshot_interval_s: float = 600.0  # 0: only on demand
-    snapshot_keep: int = 2
-    topics: object = None  # the TopicFilter of [topics] compaction; None takes every topic
-    tables: object = None  # TableSettings: each snapshot is committed to the latest-per-key tables; None: off
-
-
-@dataclass
-class CompactionReport:
-    batch_id: int
-    changes: int  # changed keys the batch emitted
-    applied: int  # of which the view took (fewer on a replay)
-    expired: int
-    source_end: int
-    seconds: float
-    snapshot_rows: int | None = None
-    phases: dict = field(default_factory=dict)
 
 
 def compaction_stream(spark, options: dict):
@@ -84,106 +38,45 @@ def compaction_stream(spark, options: dict):
     return latest_per_key(messages)
 
 
-# What the KV view needs of each changed key's latest message, read from the commitlog.
-RECORD_COLUMNS = ("queue_id", "queue_offset", "store_ts", "op", "body")
-
-
-def resolve(changes: pa.Table, reader: CommitLogReader) -> pa.Table:
-    """Changed keys (``CHANGE_REF``) with their latest message's fields: ``CHANGE_ROW``s, for
-    ``KVView.apply_table`` and the changelog."""
-    records = reader.records_at(changes["phy_offset"].to_numpy(), RECORD_COLUMNS)
-    table = changes.select(list(CHANGE_REF))
-    for name in ("queue_id", "queue_offset", "store_ts", "body"):
-        table = table.append_column(name, records[name])
-    return table.append_column("deleted", pc.equal(records["op"], "delete")).select(list(CHANGE_ROW))
-
-
 class CompactionHandler:
-    """The foreachBatch of the compaction query; see the module docstring for the steps.
+    """The foreachBatch of the compaction query.
 
-    The driver's share of a batch (reading the changed messages, writing the
-    view, snapshots) runs on one apply thread, overlapped with Spark's work on
-    the next batch; at most one batch is in flight there, and the next batch
-    waits for it.  So Spark may commit a batch the view has not applied yet:
-    ``catch_up`` closes that gap at start from the commitlog (which the
-    safepoint keeps), replaying ``[view's applied offset, Spark's last
-    commit)`` with the same latest-wins rule.  The apply thread is the only
-    writer of the view, TTL sweeps included.
+    The writer's share of a batch (reading the changed messages, writing the view, snapshots) runs
+    on one apply thread, overlapped with Spark's work on the next batch; at most one batch is in
+    flight there, and the next batch waits for it.  So Spark may commit a batch the view has not
+    applied yet: ``catch_up`` closes that gap at start (``KVWriter.catch_up``).  The apply thread
+    is the only user of the writer, TTL sweeps included.
     """
 
     def __init__(self, settings: CompactionSettings, kv: KVView, metadata=None,
                  on_batch: Callable[[CompactionReport], None] | None = None,
                  changelog=None):
+        self.writer = KVWriter(settings, kv, metadata, changelog)
         self.settings = settings
         self.kv = kv
-        self.metadata = metadata
+        self.changelog = changelog
         self.on_batch = on_batch
-        self.changelog = changelog  # a connectors.kafka.changelog.ChangelogSink, or None
-        self.key_property = settings.reader.key_property
         self.lock = threading.RLock()  # held while a batch is handed over; a graceful stop waits on it
-        # The stager checked every body's CRC on its way to the tier; reading one again here by its
-        # offset does not check it twice.
-        self._reader = settings.reader.open(check_crc=False)
         self._apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-apply")
         self._pending: Future | None = None
-        self._last_snapshot = self._last_snapshot_time()
-        self._tables = None  # LatestTables, opened at the first snapshot (pyiceberg loads only then)
-
-    # ------------------------------------------------------------ driver thread
 
     def catch_up(self, committed: int | None) -> int:
-        """Replay what Spark committed (through ``committed``, where its last committed batch ends)
-        but the view (or the changelog) has not applied; returns messages replayed into the view."""
-        from state.replay import replay_commitlog
-
-        applied = self.kv.applied_through()
-        if self.changelog is not None:
-            self._catch_up_changelog(applied, committed)
-        if committed is None or (applied is not None and applied >= committed):
-            return 0
-        start = self._reader.first_offset() if applied is None else applied
-        count = replay_commitlog(self.kv, self._reader, start, committed, self.key_property, self.settings.topics)
-        self.kv.apply([], applied_through=committed)
-        self._record_sink(KV, committed)
-        log.info("the KV view was behind the compaction checkpoint: replayed %d message(s) from physical "
-                 "offset %d to %d from the commitlog", count, start, committed)
-        return count
-
-    def _catch_up_changelog(self, applied: int | None, committed: int | None) -> None:
-        """Bring the changelog to Spark's last commit.  A changelog new to a view that has data
-        starts from the view's keys, so its compacted topic holds every live key."""
-        from state.replay import latest_changes
-
-        sent_through = self.metadata.sinks().get(CHANGELOG) if self.metadata is not None else None
-        if sent_through is None and applied is not None:
-            entries = sorted((e for _, e in self.kv.entries() if e is not None), key=lambda e: e.phy_offset)
-            rows = [(e.topic, e.key, e.phy_offset, e.queue_id, e.queue_offset, e.store_ts, False, e.body)
-                    for e in entries]  # in CHANGE_ROW order
-            self.changelog.publish_rows(rows)
-            log.info("changelog: started from the KV view's %d live key(s)", len(rows))
-            sent_through = applied
-            self._record_sink(CHANGELOG, applied)
-        if sent_through is not None:
-            self.changelog.floor = sent_through - 1
-        if committed is None:
-            return
-        start = self._reader.first_offset() if sent_through is None else sent_through
-        if start < committed:
-            changes = latest_changes(self._reader, start, committed, self.key_property, self.settings.topics)
-            self.changelog.publish(changes)
-            log.info("changelog: caught up %d changed key(s) from physical offset %d to %d", changes.num_rows,
-                     start, committed)
-        self._record_sink(CHANGELOG, max(start, committed))
+        """Before the stream starts: what Spark committed but the view has not applied."""
+        return self.writer.catch_up(committed)
 
     def process(self, batch: Batch) -> None:
         with self.lock:
             t0 = time.monotonic()
-            batch_id, end = batch.batch_id, batch.end
             changes = batch.df.toArrow()  # runs this batch's Spark job while the apply thread works on the last one
             collect_s = time.monotonic() - t0
             crash_point("collected")
             self.flush()  # batches reach the view in order, one at a time
-            self._pending = self._apply_thread.submit(self._apply, batch_id, changes, end, collect_s)
+            self._pending = self._apply_thread.submit(self._apply, batch.batch_id, changes, batch.end, collect_s)
+
+    def _apply(self, batch_id: int, changes, end: int, collect_s: float) -> None:
+        report = self.writer.apply(batch_id, changes, end, collect_s)
+        if self.on_batch:
+            self.on_batch(report)
 
     def flush(self) -> None:
         """Wait for the batch on the apply thread; raise what it raised."""
@@ -197,126 +90,11 @@ class CompactionHandler:
             return 0
         with self.lock:
             self.flush()
-            return len(self._apply_thread.submit(self._expire).result())
+            return len(self._apply_thread.submit(self.writer.expire).result())
 
     def close(self) -> None:
         try:
             self.flush()
         finally:
             self._apply_thread.shutdown(wait=True)
-            self._reader.close()
-            if self.changelog is not None:
-                self.changelog.close()
-
-    # ------------------------------------------------------------ apply thread
-
-    def _apply(self, batch_id: int, changes: pa.Table, end: int, collect_s: float) -> None:
-        t0 = time.monotonic()
-        table = resolve(changes, self._reader)
-        t1 = time.monotonic()
-        if self.changelog is not None:  # before the view: a crash in between re-sends, never loses
-            self.changelog.publish(table)
-            crash_point("changelogged")
-        t2 = time.monotonic()
-        applied = self.kv.apply_table(table, applied_through=end)
-        crash_point("kv_applied")
-        expired = self._expire()
-        self._record_sink(KV, end)
-        if self.changelog is not None:
-            self._record_sink(CHANGELOG, end)
-            self.changelog.floor = end - 1
-        t3 = time.monotonic()
-        snapshot_rows = self._maybe_snapshot(end)
-        report = CompactionReport(
-            batch_id, changes.num_rows, applied, len(expired), end, collect_s + time.monotonic() - t0, snapshot_rows,
-            {"collect": round(collect_s, 3), "resolve": round(t1 - t0, 3), "changelog": round(t2 - t1, 3),
-             "apply": round(t3 - t2, 3)},
-        )
-        if self.on_batch:
-            self.on_batch(report)
-
-    def _record_sink(self, name: str, end: int) -> None:
-        if self.metadata is not None:
-            self.metadata.record_sink(name, end)
-
-    def _expire(self) -> list[Change]:
-        if not self.settings.ttl:
-            return []
-        tombstones = None
-        if self.changelog is not None:  # sent before the view forgets the keys
-            applied = self.kv.applied_through()
-            tombstones = lambda changes: self.changelog.expire(changes, applied)  # noqa: E731
-        expired = self.kv.expire(int(time.time() * 1000), before_write=tombstones)
-        if expired:
-            log.info("expired %d key(s) past their time to live", len(expired))
-        return expired
-
-    # ------------------------------------------------------------ snapshots
-
-    def _last_snapshot_time(self) -> float:
-        """When the last snapshot was written; for a view that has none, when a service first
-        started on it.  So the first snapshot comes an interval in, not at the first batch of a
-        view still catching up (105k keys of 2 KB took 1.4 s of the apply thread there, holding
-        the next batch), and restarts do not put it off."""
-        raw = self.kv.meta("snapshot") or self.kv.meta("snapshot_clock")
-        if raw:
-            return json.loads(raw)["at"]
-        now = time.time()
-        if self.settings.snapshot_interval_s > 0:
-            self.kv.put_meta("snapshot_clock", json.dumps({"at": now}))
-        return now
-
-    def _maybe_snapshot(self, through_phy: int) -> int | None:
-        interval = self.settings.snapshot_interval_s
-        if interval <= 0 or time.time() - self._last_snapshot < interval:
-            return None
-        if self.settings.tables is not None and self._tables is None:
-            self._tables = open_latest_tables(self.settings.tables, self.settings.tier_location,
-                                              self.settings.reader.broker)
-        rows = write_snapshot(self.kv, self.settings.tier_location, self.settings.reader.broker, through_phy,
-                              self.settings.snapshot_keep, self._tables)
-        self._last_snapshot = time.time()
-        return rows
-
-
-def _snapshotted(topic: str, rows: int, through: int) -> None:
-    log.info("snapshot of %s: %d key(s) through physical offset %d", topic, rows, through)
-    crash_point("snapshotted")
-
-
-def open_latest_tables(settings, tier_location: str, broker: str):
-    """The latest-per-key tables, or None when their catalog is away: this snapshot goes on
-    without them, and the next one tries again."""
-    from connectors.tables.latest import LatestTables
-
-    try:
-        return LatestTables(settings, tier_location, broker)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        log.warning("the latest-per-key tables missed a snapshot: their catalog %s could not be opened (%s: %s); "
-                    "the next snapshot tries again", settings.catalog_uri, type(exc).__name__, exc)
-        return None
-
-
-def write_snapshot(kv: KVView, tier_location: str, broker: str, through_phy: int | None = None, keep: int = 2,
-                   tables=None) -> int:
-    """Write every topic's live keys from ``kv`` (``broker``'s) to the tier, and commit them to
-    ``tables`` (``LatestTables``) if given; returns the rows written."""
-    through = kv.applied_through() if through_phy is None else through_phy
-    if through is None:
-        raise TierlogError("the KV view has applied nothing yet: there is nothing to snapshot")
-    t0 = time.monotonic()
-    backend = open_backend(tier_location)
-    try:
-        written = snapshots.write_snapshots(
-            backend, broker, kv.entries(), through, keep=keep,
-            on_topic=lambda topic, n: _snapshotted(topic, n, through), tables=tables,
-        )
-    finally:
-        backend.close()
-    if not kv.read_only:
-        kv.put_meta("snapshot", json.dumps({"at": time.time(), "through_phy": through}))
-    total = sum(written.values())
-    log.info("compacted snapshot: %d topic(s), %d key(s) in %.1f s", len(written), total, time.monotonic() - t0)
-    return total
+            self.writer.close()

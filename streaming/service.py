@@ -61,7 +61,7 @@ class Service:
         self._entered: set[str] = set()  # queries whose batch function has run, in this run
         self._headroom_warned = float("-inf")  # when the last low-headroom warning was logged
         self.late = LateStarts(conf.spark.late_start_s, self._late_start)
-        self.settings = None  # streaming.settings.Settings, parsed when run starts
+        self.settings = derive(conf)  # every setting parsed, and refused, before anything opens
 
     # ------------------------------------------------------------ running
 
@@ -77,7 +77,7 @@ class Service:
         problem = location_problem(conf)
         if problem:
             raise ConfigError(problem)
-        settings = self.settings = derive(conf)  # every setting parsed, and refused, before anything opens
+        settings = self.settings
         kinds = plan.queries(conf)
         metadata = self._metadata = MetadataStore(plan.metadata_path(conf))
         self.metrics.serve(conf.metrics.host, conf.metrics.port)

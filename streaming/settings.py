@@ -156,8 +156,8 @@ def tables(conf: cfg.Config) -> TableSettings | None:
 
 
 def compaction_settings(settings: Settings):
-    """The compaction query's handler settings (``streaming.kv_handler.CompactionSettings``)."""
-    from streaming.kv_handler import CompactionSettings
+    """The compaction query's handler settings (``state.kv_writer.CompactionSettings``)."""
+    from state.kv_writer import CompactionSettings
 
     conf, c = settings.conf, settings.conf.compaction
     return CompactionSettings(reader=settings.reader, tier_location=conf.tier.location, ttl=settings.ttl,

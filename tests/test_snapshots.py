@@ -36,18 +36,18 @@ def test_the_first_snapshot_comes_an_interval_after_the_first_start_and_restarts
         tier_location, tmp_path, monkeypatch):
     import time
 
-    from streaming import kv_handler as compaction
+    from state import kv_writer
 
     (tmp_path / "commitlog").mkdir()
-    settings = compaction.CompactionSettings(ReaderOptions(str(tmp_path / "commitlog")), tier_location, snapshot_interval_s=600)
+    settings = kv_writer.CompactionSettings(ReaderOptions(str(tmp_path / "commitlog")), tier_location, snapshot_interval_s=600)
     with KVView(str(tmp_path / "kv")) as kv:
         kv.apply([Change("t", "k", "put", 5, body=b"v")], applied_through=10)
-        first = compaction.CompactionHandler(settings, kv)
+        first = kv_writer.KVWriter(settings, kv)
         assert first._maybe_snapshot(10) is None  # a view catching up is not snapshotted at its first batch
         first.close()
         started = time.time()
-        monkeypatch.setattr(compaction.time, "time", lambda: started + 601)
-        restarted = compaction.CompactionHandler(settings, kv)  # the clock runs from the first start
+        monkeypatch.setattr(kv_writer.time, "time", lambda: started + 601)
+        restarted = kv_writer.KVWriter(settings, kv)  # the clock runs from the first start
         assert restarted._maybe_snapshot(10) == 1
         assert restarted._maybe_snapshot(10) is None
         restarted.close()

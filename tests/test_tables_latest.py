@@ -21,7 +21,7 @@ from connectors.tier.backend import open_backend
 from state.kv import KVView
 from state.replay import replay_commitlog
 from streaming import config as cfg
-from streaming.kv_handler import write_snapshot
+from state.kv_writer import write_snapshot
 from tests.kv_helpers import append, kv_messages
 from tests.oracle import view_fields, written_messages
 from tests.test_tables import duckdb_rows

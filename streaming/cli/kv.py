@@ -52,7 +52,7 @@ def cmd_kv(args, conf: cfg.Config) -> int:
 def snapshot_now(conf: cfg.Config, kv) -> int:
     """Write every topic's live keys from ``kv`` to the tier now (and to the latest-per-key tables,
     when tables are on); returns the keys written."""
-    from streaming.kv_handler import open_latest_tables, write_snapshot
+    from state.kv_writer import open_latest_tables, write_snapshot
     from streaming.settings import tables
 
     settings = tables(conf)

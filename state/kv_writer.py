@@ -1,0 +1,257 @@
+"""The KV writer: a micro-batch's changed keys -> the KV view, the changelog, compacted snapshots.
+
+No engine in it: the compaction query (``streaming.kv_handler``) hands it each batch's changed keys
+as Arrow (``CHANGE_REF``: topic, key, the physical offset of its latest message) and the offset the
+batch ends at; a test, a benchmark or an offline tool can do the same.  Per batch (``apply``):
+
+1. read the changed keys' latest messages from the commitlog by physical offset
+   (body, queue offset, store time, put or delete): ``resolve``;
+2. send them to the changelog first, when Kafka is on (a crash in between sends again, never loses);
+3. apply them to the KV view in one synced WriteBatch with the batch's end offset;
+4. expire keys whose time to live has passed, record the ``kv`` (and ``changelog``) sink's
+   applied offset (it bounds the safepoint), and write a compacted snapshot when one is due.
+
+Replays are no-ops: the view takes a change only if it is newer (by physical offset) than what it
+holds, so a batch applied again after a crash changes nothing twice.  ``catch_up`` closes the gap
+at start between what the query committed and what the view applied, from the commitlog (which the
+safepoint keeps), with the same latest-wins rule.
+
+Not thread-safe: one thread applies, sweeps and snapshots (the handler's apply thread).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors.changes import CHANGE_REF, CHANGE_ROW
+from connectors.commitlog.reader import CommitLogReader, ReaderOptions
+from connectors.errors import ConfigError, TierlogError
+from connectors.faults import crash_point
+from connectors.sinks import CHANGELOG, KV
+from connectors.tier import snapshots
+from connectors.tier.backend import open_backend
+from state.kv import Change, KVView
+
+log = logging.getLogger("tierlog.compaction")
+
+
+@dataclass(frozen=True)
+class CompactionSettings:
+    reader: ReaderOptions  # its broker names the snapshots too: each broker's tierlog keeps its own keys
+    tier_location: str
+    ttl: dict[str, float] | None = None  # topic -> seconds; "*" for every other topic
+    snapshot_interval_s: float = 600.0  # 0: only on demand
+    snapshot_keep: int = 2
+    topics: object = None  # the TopicFilter of [topics] compaction; None takes every topic
+    tables: object = None  # TableSettings: each snapshot is committed to the latest-per-key tables; None: off
+
+
+@dataclass
+class CompactionReport:
+    batch_id: int
+    changes: int  # changed keys the batch emitted
+    applied: int  # of which the view took (fewer on a replay)
+    expired: int
+    source_end: int
+    seconds: float
+    snapshot_rows: int | None = None
+    phases: dict = field(default_factory=dict)
+
+
+# What the KV view needs of each changed key's latest message, read from the commitlog.
+RECORD_COLUMNS = ("queue_id", "queue_offset", "store_ts", "op", "body")
+
+
+def resolve(changes: pa.Table, reader: CommitLogReader) -> pa.Table:
+    """Changed keys (``CHANGE_REF``) with their latest message's fields: ``CHANGE_ROW``s, for
+    ``KVView.apply_table`` and the changelog."""
+    records = reader.records_at(changes["phy_offset"].to_numpy(), RECORD_COLUMNS)
+    table = changes.select(list(CHANGE_REF))
+    for name in ("queue_id", "queue_offset", "store_ts", "body"):
+        table = table.append_column(name, records[name])
+    return table.append_column("deleted", pc.equal(records["op"], "delete")).select(list(CHANGE_ROW))
+
+
+class KVWriter:
+    """Applies changed keys to the KV view (and the changelog), expires keys, records the sinks
+    and writes compacted snapshots; see the module docstring."""
+
+    def __init__(self, settings: CompactionSettings, kv: KVView, metadata=None, changelog=None):
+        self.settings = settings
+        self.kv = kv
+        self.metadata = metadata  # a state.metadata.MetadataStore, or None (no sink is recorded)
+        self.changelog = changelog  # a connectors.kafka.changelog.ChangelogSink, or None
+        self.key_property = settings.reader.key_property
+        # The stager checked every body's CRC on its way to the tier; reading one again here by its
+        # offset does not check it twice.
+        self._reader = settings.reader.open(check_crc=False)
+        self._last_snapshot = self._last_snapshot_time()
+        self._tables = None  # LatestTables, opened at the first snapshot (pyiceberg loads only then)
+
+    def catch_up(self, committed: int | None) -> int:
+        """Replay what the query committed (through ``committed``, where its last committed batch
+        ends) but the view (or the changelog) has not applied; returns messages replayed into the view."""
+        from state.replay import replay_commitlog
+
+        applied = self.kv.applied_through()
+        if self.changelog is not None:
+            self._catch_up_changelog(applied, committed)
+        if committed is None or (applied is not None and applied >= committed):
+            return 0
+        start = self._reader.first_offset() if applied is None else applied
+        count = replay_commitlog(self.kv, self._reader, start, committed, self.key_property, self.settings.topics)
+        self.kv.apply([], applied_through=committed)
+        self._record_sink(KV, committed)
+        log.info("the KV view was behind the compaction checkpoint: replayed %d message(s) from physical "
+                 "offset %d to %d from the commitlog", count, start, committed)
+        return count
+
+    def _catch_up_changelog(self, applied: int | None, committed: int | None) -> None:
+        """Bring the changelog to the query's last commit.  A changelog new to a view that has data
+        starts from the view's keys, so its compacted topic holds every live key."""
+        from state.replay import latest_changes
+
+        sent_through = self.metadata.sinks().get(CHANGELOG) if self.metadata is not None else None
+        if sent_through is None and applied is not None:
+            entries = sorted((e for _, e in self.kv.entries() if e is not None), key=lambda e: e.phy_offset)
+            rows = [(e.topic, e.key, e.phy_offset, e.queue_id, e.queue_offset, e.store_ts, False, e.body)
+                    for e in entries]  # in CHANGE_ROW order
+            self.changelog.publish_rows(rows)
+            log.info("changelog: started from the KV view's %d live key(s)", len(rows))
+            sent_through = applied
+            self._record_sink(CHANGELOG, applied)
+        if sent_through is not None:
+            self.changelog.floor = sent_through - 1
+        if committed is None:
+            return
+        start = self._reader.first_offset() if sent_through is None else sent_through
+        if start < committed:
+            changes = latest_changes(self._reader, start, committed, self.key_property, self.settings.topics)
+            self.changelog.publish(changes)
+            log.info("changelog: caught up %d changed key(s) from physical offset %d to %d", changes.num_rows,
+                     start, committed)
+        self._record_sink(CHANGELOG, max(start, committed))
+
+    def apply(self, batch_id: int, changes: pa.Table, end: int, collect_s: float = 0.0) -> CompactionReport:
+        """Apply one batch's changed keys (``CHANGE_REF``) that ends at physical offset ``end``."""
+        t0 = time.monotonic()
+        table = resolve(changes, self._reader)
+        t1 = time.monotonic()
+        if self.changelog is not None:  # before the view: a crash in between re-sends, never loses
+            self.changelog.publish(table)
+            crash_point("changelogged")
+        t2 = time.monotonic()
+        applied = self.kv.apply_table(table, applied_through=end)
+        crash_point("kv_applied")
+        expired = self.expire()
+        self._record_sink(KV, end)
+        if self.changelog is not None:
+            self._record_sink(CHANGELOG, end)
+            self.changelog.floor = end - 1
+        t3 = time.monotonic()
+        snapshot_rows = self._maybe_snapshot(end)
+        return CompactionReport(
+            batch_id, changes.num_rows, applied, len(expired), end, collect_s + time.monotonic() - t0, snapshot_rows,
+            {"collect": round(collect_s, 3), "resolve": round(t1 - t0, 3), "changelog": round(t2 - t1, 3),
+             "apply": round(t3 - t2, 3)},
+        )
+
+    def _record_sink(self, name: str, end: int) -> None:
+        if self.metadata is not None:
+            self.metadata.record_sink(name, end)
+
+    def expire(self) -> list[Change]:
+        """Forget the keys past their topic's time to live (tombstones to the changelog first)."""
+        if not self.settings.ttl:
+            return []
+        tombstones = None
+        if self.changelog is not None:  # sent before the view forgets the keys
+            applied = self.kv.applied_through()
+            tombstones = lambda changes: self.changelog.expire(changes, applied)  # noqa: E731
+        expired = self.kv.expire(int(time.time() * 1000), before_write=tombstones)
+        if expired:
+            log.info("expired %d key(s) past their time to live", len(expired))
+        return expired
+
+    def close(self) -> None:
+        try:
+            self._reader.close()
+        finally:
+            if self.changelog is not None:
+                self.changelog.close()
+
+    # ------------------------------------------------------------ snapshots
+
+    def _last_snapshot_time(self) -> float:
+        """When the last snapshot was written; for a view that has none, when a service first
+        started on it.  So the first snapshot comes an interval in, not at the first batch of a
+        view still catching up (105k keys of 2 KB took 1.4 s of the apply thread there, holding
+        the next batch), and restarts do not put it off."""
+        raw = self.kv.meta("snapshot") or self.kv.meta("snapshot_clock")
+        if raw:
+            return json.loads(raw)["at"]
+        now = time.time()
+        if self.settings.snapshot_interval_s > 0:
+            self.kv.put_meta("snapshot_clock", json.dumps({"at": now}))
+        return now
+
+    def _maybe_snapshot(self, through_phy: int) -> int | None:
+        interval = self.settings.snapshot_interval_s
+        if interval <= 0 or time.time() - self._last_snapshot < interval:
+            return None
+        if self.settings.tables is not None and self._tables is None:
+            self._tables = open_latest_tables(self.settings.tables, self.settings.tier_location,
+                                              self.settings.reader.broker)
+        rows = write_snapshot(self.kv, self.settings.tier_location, self.settings.reader.broker, through_phy,
+                              self.settings.snapshot_keep, self._tables)
+        self._last_snapshot = time.time()
+        return rows
+
+
+def _snapshotted(topic: str, rows: int, through: int) -> None:
+    log.info("snapshot of %s: %d key(s) through physical offset %d", topic, rows, through)
+    crash_point("snapshotted")
+
+
+def open_latest_tables(settings, tier_location: str, broker: str):
+    """The latest-per-key tables, or None when their catalog is away: this snapshot goes on
+    without them, and the next one tries again."""
+    from connectors.tables.latest import LatestTables
+
+    try:
+        return LatestTables(settings, tier_location, broker)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        log.warning("the latest-per-key tables missed a snapshot: their catalog %s could not be opened (%s: %s); "
+                    "the next snapshot tries again", settings.catalog_uri, type(exc).__name__, exc)
+        return None
+
+
+def write_snapshot(kv: KVView, tier_location: str, broker: str, through_phy: int | None = None, keep: int = 2,
+                   tables=None) -> int:
+    """Write every topic's live keys from ``kv`` (``broker``'s) to the tier, and commit them to
+    ``tables`` (``LatestTables``) if given; returns the rows written."""
+    through = kv.applied_through() if through_phy is None else through_phy
+    if through is None:
+        raise TierlogError("the KV view has applied nothing yet: there is nothing to snapshot")
+    t0 = time.monotonic()
+    backend = open_backend(tier_location)
+    try:
+        written = snapshots.write_snapshots(
+            backend, broker, kv.entries(), through, keep=keep,
+            on_topic=lambda topic, n: _snapshotted(topic, n, through), tables=tables,
+        )
+    finally:
+        backend.close()
+    if not kv.read_only:
+        kv.put_meta("snapshot", json.dumps({"at": time.time(), "through_phy": through}))
+    total = sum(written.values())
+    log.info("compacted snapshot: %d topic(s), %d key(s) in %.1f s", len(written), total, time.monotonic() - t0)
+    return total
