@@ -21,7 +21,7 @@ from typing import Iterator
 from rocksdict import WriteBatch
 
 from connectors.errors import TierlogError
-from connectors.tier.manifest import Segment
+from connectors.tier.manifest import Segment, record_keys
 from state import rocks
 
 SEP = "\x00"
@@ -164,36 +164,36 @@ class MetadataStore:
             puts[_qkey(topic, q)] = cur
         self._write(puts)
 
-    def record_commit(
-        self,
-        head,
-        *,
-        queues,
-        segments: list[Segment] = (),
-        removed_segments: list[Segment] = (),
-        deletes: dict[str, float] = (),
-        filtered: dict[str, dict[str, int]] | None = None,
-    ) -> None:
-        """Mirror ``head`` (a ``TierHead`` just advanced by a commit record) in one atomic, synced
-        WriteBatch: the offsets of ``queues``, the segments the record added and removed, and
-        ``filtered``, how many messages of the batch each sink left out, by topic class."""
+    def apply(self, head, record: dict, now: float) -> None:
+        """Take in one commit record of the tier's log (``connectors.tier.records``), which ``head``
+        (a ``TierHead``) has just applied, in one atomic, synced WriteBatch: the offsets of the
+        queues it changes, the segments it seals or expires, the objects it retires (to delete once
+        the grace after ``now`` has passed), the messages each sink's filter left out, and the
+        corrupt ranges it skipped.  Everything comes from the record: a commit, a seal, an expiry
+        and a catch-up after a crash are the same call, so they cannot disagree."""
+        kind = record["type"]
+        segments = [Segment.from_json(d) for d in record.get("segments", ())]
+        sealed = segments if kind == "seal" else []
+        expired = segments if kind == "expire" else []
+        deletes = {n: now for n in record.get("retire", ())} | {n: now for s in expired for n in (s.name, s.keys) if n}
         puts: dict[str, object] = {
             "meta" + SEP + "last_seq": head.seq,
             "meta" + SEP + "source_end": head.source_end,
         }
         if head.source_end is not None:
             puts["sink" + SEP + "tier"] = head.source_end
-        for topic, q in queues:
+        for topic, q in record_keys(record):
             puts[_qkey(topic, q)] = self._queue_value(topic, q, head.queues[(topic, q)])
-        for seg in segments:
+        for seg in sealed:
             puts[_segkey(seg.topic, seg.queue_id, seg.base)] = seg.to_json()
-        for name, when in dict(deletes).items():
+        for name, when in deletes.items():
             puts["del" + SEP + name] = when
-        for sink, by_class in (filtered or {}).items():
+        for sink, by_class in (record.get("filtered") or {}).items():
             for cls, n in by_class.items():
                 key = f"filtered{SEP}{sink}{SEP}{cls}"
                 puts[key] = (self._get(key) or 0) + n
-        self._write(puts, [_segkey(s.topic, s.queue_id, s.base) for s in removed_segments])
+        puts.update(self._quarantine_puts(record.get("quarantined", ())))
+        self._write(puts, [_segkey(s.topic, s.queue_id, s.base) for s in expired])
 
     def _queue_value(self, topic: str, q: int, state) -> dict:
         cur = self._get(_qkey(topic, q)) or {}
@@ -216,9 +216,10 @@ class MetadataStore:
         self._write({f"skip{SEP}{sink}{SEP}{phy_offset:020d}": {"sink": sink, "phy_offset": phy_offset,
                                                                  "reason": reason, "at": time.time()}})
 
-    def record_quarantine(self, ranges: list[dict]) -> None:
+    @staticmethod
+    def _quarantine_puts(ranges) -> dict[str, dict]:
         """Corrupt ranges a batch skipped (``file``, ``start_phy``, ``end_phy``, ``reason``); a replay rewrites them."""
-        self._write({f"quarantine{SEP}{r['start_phy']:020d}": {**r, "at": time.time()} for r in ranges})
+        return {f"quarantine{SEP}{r['start_phy']:020d}": {**r, "at": time.time()} for r in ranges}
 
     def forget_deletes(self, names: list[str]) -> None:
         self._write({}, ["del" + SEP + n for n in names])
@@ -234,6 +235,6 @@ class MetadataStore:
                          **{_segkey(*key, s.base): s.to_json() for s in view.segments_for(key)}})
         self._write({"meta" + SEP + "last_seq": view.seq, "meta" + SEP + "source_end": view.source_end,
                      **({"sink" + SEP + "tier": view.source_end} if view.source_end is not None else {})})
-        self.record_quarantine(list(view.quarantined.values()))
+        self._write(self._quarantine_puts(view.quarantined.values()))
         self._write({f"filtered{SEP}{sink}{SEP}{cls}": n for sink, by_class in view.filtered.items()
                      for cls, n in by_class.items()})

@@ -62,7 +62,7 @@ class FaultyBackend:
 
 
 class FaultyIndex:
-    WRITES = ("record_dispatch", "record_commit", "record_quarantine", "schedule_deletes", "forget_deletes", "rebuild")
+    WRITES = ("record_dispatch", "apply", "schedule_deletes", "forget_deletes", "rebuild")
 
     def __init__(self, store: MetadataStore, faults: Faults):
         self._store, self._faults, self.path = store, faults, store.path
@@ -227,7 +227,7 @@ def test_a_crash_before_any_write_of_the_protocol_loses_and_duplicates_nothing(t
             run.close()
     # every kind of write the protocol makes was crashed at, at least once
     assert {"put _log", "put topic=test", "put _keys", "put _meta", "delete _log", "delete _staging",
-            "index record_dispatch", "index record_commit", "index forget_deletes"} <= {
+            "index record_dispatch", "index apply", "index forget_deletes"} <= {
         k.replace("topic=topic-0", "topic=test").replace("topic=topic-1", "topic=test") for k in kinds}, kinds
 
 

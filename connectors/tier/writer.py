@@ -41,7 +41,7 @@ from connectors.faults import crash_point
 from connectors.tier import layout
 from connectors.tier.backend import Backend, open_backend
 from connectors.tier.log import TierHead, TierLog
-from connectors.tier.manifest import Segment, add_counts, record_keys
+from connectors.tier.manifest import Segment, add_counts
 from connectors.tier.records import batch_record, expire_record, seal_record
 from connectors.tier.retention import Retention
 from connectors.tier.staging import Gap, StagedPart
@@ -62,9 +62,7 @@ class TierIndex(Protocol):
     def last_seq(self) -> int: ...
     def rebuild(self, view: TierView) -> None: ...
     def record_dispatch(self, offsets: dict[tuple[str, int], int]) -> None: ...
-    def record_commit(self, head: TierHead, *, queues, segments=(), removed_segments=(), deletes=(),
-                      filtered=None) -> None: ...
-    def record_quarantine(self, ranges: list[dict]) -> None: ...
+    def apply(self, head: TierHead, record: dict, now: float) -> None: ...
     def oldest_segments(self, topic: str, queue_id: int) -> Iterator[Segment]: ...
     def schedule_deletes(self, deletes: dict[str, float]) -> None: ...
     def pending_deletes(self) -> dict[str, float]: ...
@@ -137,11 +135,7 @@ class TierWriter:
         log.info("metadata store is at commit record %d, tier at %d: catching up", meta_seq, head.seq)
         now = time.time()
         for record in behind:
-            sealed = [Segment.from_json(d) for d in record["segments"]] if record["type"] == "seal" else []
-            expired = [Segment.from_json(d) for d in record["segments"]] if record["type"] == "expire" else []
-            deletes = {n: now for n in record.get("retire", ())} | {n: now for s in expired for n in (s.name, s.keys) if n}
-            self.index.record_commit(head, queues=record_keys(record), segments=sealed, removed_segments=expired,
-                                     deletes=deletes, filtered=record.get("filtered"))
+            self.index.apply(head, record, now)
 
     # ------------------------------------------------------------ commit
 
@@ -179,9 +173,7 @@ class TierWriter:
                               parts[-1].last_record, quarantined, filtered)
         self.log.append(self.head, record)
         crash_point("logged")
-        self.index.record_commit(self.head, queues=touched, filtered=filtered)
-        if quarantined:
-            self.index.record_quarantine(quarantined)
+        self.index.apply(self.head, record, time.time())
         lap("commit")
         crash_point("committed")
         return Committed(rows=sum(p.rows for p in parts), bytes=sum(p.bytes for p in parts), objects=len(objects),
@@ -276,12 +268,10 @@ class TierWriter:
             o.name for o in holding
             if all(st["last"] < sealed_after.get(k, self.head.queues[k].sealed) for k, st in o.queues.items())
         ]
-        self.log.append(self.head, seal_record([s.to_json() for s in segments], retire))
+        record = seal_record([s.to_json() for s in segments], retire)
+        self.log.append(self.head, record)
         crash_point("sealed")
-        now = time.time()
-        self.index.record_commit(
-            self.head, queues=list(sealed_after), segments=segments, deletes={n: now for n in retire}
-        )
+        self.index.apply(self.head, record, time.time())
         return len(segments)
 
     def _write_segment(self, key: tuple[str, int], pieces: list[pa.Table]) -> Segment | None:
@@ -324,15 +314,12 @@ class TierWriter:
                                                  now_ms))
         if not expired:
             return
-        self.log.append(self.head, expire_record([seg.to_json() for seg in expired]))
+        record = expire_record([seg.to_json() for seg in expired])
+        self.log.append(self.head, record)
         # Retired at this maintain's own clock, which delete_retired compares with: time.time() here
         # could be later than the next maintain's whole-millisecond now_ms, so with no grace the next
         # call left the objects (a flaky test_retention_expires_old_segments).  fold() does the same.
-        now = now_ms / 1000
-        self.index.record_commit(
-            self.head, queues={seg.key for seg in expired}, removed_segments=expired,
-            deletes={n: now for seg in expired for n in (seg.name, seg.keys) if n},
-        )
+        self.index.apply(self.head, record, now_ms / 1000)
 
     def delete_retired(self, now_ms: int) -> None:
         """Delete objects retired more than ``delete_grace_s`` ago (readers still on them had time),
