@@ -102,7 +102,7 @@ def lag_samples(root: Root, producer: subprocess.Popen, minutes: float) -> list[
             hint = end = reader.end_offset(hint)
             store = MetadataStore(metadata_path(root.conf), read_only=True)
             try:
-                applied = store.sinks()
+                applied = store.journal.sinks()
             finally:
                 store.close()
             lags = {s: end - applied.get(s, 0) for s in sinks}
@@ -132,7 +132,7 @@ def probe(body: int, rate_mb: float, minutes: float, bootstrap: str | None,
             if os.path.exists(store_path):
                 store = MetadataStore(store_path, read_only=True)
                 try:
-                    if all(s in store.sinks() for s in enabled_sinks(root.conf)):
+                    if all(s in store.journal.sinks() for s in enabled_sinks(root.conf)):
                         break
                 finally:
                     store.close()

@@ -117,7 +117,7 @@ class KVWriter:
         starts from the view's keys, so its compacted topic holds every live key."""
         from state.replay import latest_changes
 
-        sent_through = self.metadata.sinks().get(CHANGELOG) if self.metadata is not None else None
+        sent_through = self.metadata.journal.sinks().get(CHANGELOG) if self.metadata is not None else None
         if sent_through is None and applied is not None:
             entries = sorted((e for _, e in self.kv.entries() if e is not None), key=lambda e: e.phy_offset)
             rows = [(e.topic, e.key, e.phy_offset, e.queue_id, e.queue_offset, e.store_ts, False, e.body)
@@ -164,7 +164,7 @@ class KVWriter:
 
     def _record_sink(self, name: str, end: int) -> None:
         if self.metadata is not None:
-            self.metadata.record_sink(name, end)
+            self.metadata.journal.record_sink(name, end)
 
     def expire(self) -> list[Change]:
         """Forget the keys past their topic's time to live (tombstones to the changelog first)."""

@@ -1,10 +1,14 @@
-"""The metadata store: the service's fast index of offsets and segments, in RocksDB (rocksdict).
+"""The metadata store: the service's fast index of the tier, and the journal of its sinks, in
+RocksDB (rocksdict).
 
-It holds, per queue, RocketMQ's *dispatch* offset (rows handed to upload) and
-*commit* offset (rows durable in the tier and recorded), the sealed offset;
-the segment index; and each sink's applied physical offset.  Every change is
-one WriteBatch written with the WAL on and synced, so a crash leaves either
-all of a commit or none of it.
+The tier index (this class) holds, per queue, RocketMQ's *dispatch* offset (rows handed to upload)
+and *commit* offset (rows durable in the tier and recorded), the sealed offset; the segment index;
+the objects to delete; the quarantined ranges and the filter counts.  It changes only through the
+tier writer (``apply`` takes in one commit record).  The journal (``state.journal``, ``.journal``)
+holds each sink's applied physical offset, its health and what it skipped: what the queries write
+as they go, apart from the tier's index.  Both live in one RocksDB so the tier's own progress is
+written in the commit's WriteBatch.  Every change is one WriteBatch written with the WAL on and
+synced, so a crash leaves either all of a commit or none of it.
 
 It is an index, not the source of truth: the tier's commit log is.
 ``rebuild`` recreates it from the tier alone, and the service brings it up to
@@ -23,6 +27,7 @@ from rocksdict import WriteBatch
 from connectors.errors import TierlogError
 from connectors.tier.manifest import Segment, record_keys
 from state import rocks
+from state.journal import SinkJournal
 
 SEP = "\x00"
 
@@ -72,6 +77,7 @@ class MetadataStore:
                 ) from None
             raise MetadataError(f"cannot open metadata store {path}: {exc}") from None
         self._sync = rocks.synced_writes()
+        self.journal = SinkJournal(self)
 
     def close(self) -> None:
         self.db.close()
@@ -82,27 +88,27 @@ class MetadataStore:
 
     # ------------------------------------------------------------ reading
 
-    def _get(self, key: str):
+    def get_json(self, key: str):
         raw = self.db.get(key)
         return None if raw is None else json.loads(raw)
 
-    def _prefix(self, prefix: str) -> Iterator[tuple[str, dict]]:
+    def prefix_json(self, prefix: str) -> Iterator[tuple[str, dict]]:
         for key, raw in self.db.items(from_key=prefix):
             if not key.startswith(prefix):
                 break
             yield key, json.loads(raw)
 
     def last_seq(self) -> int:
-        value = self._get("meta" + SEP + "last_seq")
+        value = self.get_json("meta" + SEP + "last_seq")
         return -1 if value is None else value
 
     def source_end(self) -> int | None:
-        return self._get("meta" + SEP + "source_end")
+        return self.get_json("meta" + SEP + "source_end")
 
     def queues(self, topic: str | None = None, limit: int | None = None) -> list[QueueOffsets]:
         """Queues (of ``topic``) in name order, at most ``limit``: one read per queue listed."""
         out = []
-        for key, v in self._prefix("q" + SEP + (topic + SEP if topic is not None else "")):
+        for key, v in self.prefix_json("q" + SEP + (topic + SEP if topic is not None else "")):
             if limit is not None and len(out) >= limit:
                 break
             _, t, q = key.split(SEP)
@@ -115,37 +121,27 @@ class MetadataStore:
     def oldest_segments(self, topic: str, queue_id: int) -> Iterator[Segment]:
         """A queue's retained segments, oldest first, read as the caller goes (retention stops early)."""
         prefix = f"seg{SEP}{topic}{SEP}{queue_id:010d}{SEP}"
-        return (Segment.from_json(v) for _, v in self._prefix(prefix))
-
-    def sinks(self) -> dict[str, int]:
-        return {key.split(SEP)[1]: v for key, v in self._prefix("sink" + SEP)}
-
-    def health(self) -> dict[str, dict]:
-        """Sinks that are waiting (for a broker that is away, say): name -> state, since, error."""
-        return {key.split(SEP)[1]: v for key, v in self._prefix("health" + SEP)}
+        return (Segment.from_json(v) for _, v in self.prefix_json(prefix))
 
     def filtered(self) -> dict[str, dict[str, int]]:
         """Per sink, per topic class: messages its topic filter left out (counted as the tier commits)."""
         out: dict[str, dict[str, int]] = {}
-        for key, n in self._prefix("filtered" + SEP):
+        for key, n in self.prefix_json("filtered" + SEP):
             _, sink, cls = key.split(SEP)
             out.setdefault(sink, {})[cls] = n
         return out
 
-    def skipped(self) -> list[dict]:
-        """Messages a sink skipped on purpose (``kafka.on_too_large = "skip"``), oldest first."""
-        return [v for _, v in self._prefix("skip" + SEP)]
-
     def quarantined(self) -> list[dict]:
         """Corrupt commitlog ranges skipped under ``commitlog.on_corrupt = "quarantine"``, in offset order."""
-        return [v for _, v in self._prefix("quarantine" + SEP)]
+        return [v for _, v in self.prefix_json("quarantine" + SEP)]
 
     def pending_deletes(self) -> dict[str, float]:
-        return {key.split(SEP, 1)[1]: v for key, v in self._prefix("del" + SEP)}
+        return {key.split(SEP, 1)[1]: v for key, v in self.prefix_json("del" + SEP)}
 
     # ------------------------------------------------------------ writing
 
-    def _write(self, puts: dict[str, object], deletes: list[str] = ()) -> None:
+    def write_json(self, puts: dict[str, object], deletes: list[str] = ()) -> None:
+        """``puts`` (as JSON) and ``deletes`` in one synced WriteBatch."""
         if self.read_only:
             raise MetadataError("metadata store opened read-only")
         wb = WriteBatch()
@@ -159,10 +155,10 @@ class MetadataStore:
         """Queues whose rows up to ``offsets[key] - 1`` have been handed to upload."""
         puts = {}
         for (topic, q), dispatch in offsets.items():
-            cur = self._get(_qkey(topic, q)) or {"commit": None, "sealed": None, "low": None, "dispatch": 0}
+            cur = self.get_json(_qkey(topic, q)) or {"commit": None, "sealed": None, "low": None, "dispatch": 0}
             cur["dispatch"] = max(cur["dispatch"], dispatch)
             puts[_qkey(topic, q)] = cur
-        self._write(puts)
+        self.write_json(puts)
 
     def apply(self, head, record: dict, now: float) -> None:
         """Take in one commit record of the tier's log (``connectors.tier.records``), which ``head``
@@ -191,30 +187,18 @@ class MetadataStore:
         for sink, by_class in (record.get("filtered") or {}).items():
             for cls, n in by_class.items():
                 key = f"filtered{SEP}{sink}{SEP}{cls}"
-                puts[key] = (self._get(key) or 0) + n
+                puts[key] = (self.get_json(key) or 0) + n
         puts.update(self._quarantine_puts(record.get("quarantined", ())))
-        self._write(puts, [_segkey(s.topic, s.queue_id, s.base) for s in expired])
+        self.write_json(puts, [_segkey(s.topic, s.queue_id, s.base) for s in expired])
 
     def _queue_value(self, topic: str, q: int, state) -> dict:
-        cur = self._get(_qkey(topic, q)) or {}
+        cur = self.get_json(_qkey(topic, q)) or {}
         return {"dispatch": max(cur.get("dispatch") or 0, state.commit), "commit": state.commit,
                 "sealed": state.sealed, "low": state.low, "segments": state.segments, "bytes": state.bytes}
 
     def schedule_deletes(self, deletes: dict[str, float]) -> None:
         """Objects to delete once the grace period after ``when`` has passed."""
-        self._write({"del" + SEP + name: when for name, when in deletes.items()})
-
-    def record_sink(self, name: str, applied_phy: int) -> None:
-        self._write({"sink" + SEP + name: applied_phy})
-
-    def record_health(self, sink: str, health: dict | None) -> None:
-        """``health`` while ``sink`` waits; None once it is healthy again."""
-        key = "health" + SEP + sink
-        self._write({key: health}) if health is not None else self._write({}, [key])
-
-    def record_skip(self, sink: str, phy_offset: int, reason: str) -> None:
-        self._write({f"skip{SEP}{sink}{SEP}{phy_offset:020d}": {"sink": sink, "phy_offset": phy_offset,
-                                                                 "reason": reason, "at": time.time()}})
+        self.write_json({"del" + SEP + name: when for name, when in deletes.items()})
 
     @staticmethod
     def _quarantine_puts(ranges) -> dict[str, dict]:
@@ -222,19 +206,19 @@ class MetadataStore:
         return {f"quarantine{SEP}{r['start_phy']:020d}": {**r, "at": time.time()} for r in ranges}
 
     def forget_deletes(self, names: list[str]) -> None:
-        self._write({}, ["del" + SEP + n for n in names])
+        self.write_json({}, ["del" + SEP + n for n in names])
 
     def rebuild(self, view) -> None:
         """Replace everything tier-derived with what ``view`` (a ``TierView`` of the tier) says,
         quarantined commitlog ranges included.  Reads the whole tier: an offline repair."""
         stale = [k for k in self.db.keys()
                  if k.startswith(("q" + SEP, "seg" + SEP, "meta" + SEP, "quarantine" + SEP, "filtered" + SEP))]
-        self._write({}, stale)
+        self.write_json({}, stale)
         for key in view.queue_keys():
-            self._write({_qkey(*key): self._queue_value(*key, view.state_of(key)),
+            self.write_json({_qkey(*key): self._queue_value(*key, view.state_of(key)),
                          **{_segkey(*key, s.base): s.to_json() for s in view.segments_for(key)}})
-        self._write({"meta" + SEP + "last_seq": view.seq, "meta" + SEP + "source_end": view.source_end,
+        self.write_json({"meta" + SEP + "last_seq": view.seq, "meta" + SEP + "source_end": view.source_end,
                      **({"sink" + SEP + "tier": view.source_end} if view.source_end is not None else {})})
-        self._write(self._quarantine_puts(view.quarantined.values()))
-        self._write({f"filtered{SEP}{sink}{SEP}{cls}": n for sink, by_class in view.filtered.items()
+        self.write_json(self._quarantine_puts(view.quarantined.values()))
+        self.write_json({f"filtered{SEP}{sink}{SEP}{cls}": n for sink, by_class in view.filtered.items()
                      for cls, n in by_class.items()})

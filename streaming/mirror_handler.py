@@ -153,7 +153,7 @@ class MirrorHandler:
         self.on_batch = on_batch
         self.lock = threading.RLock()  # held while a batch is sent; a graceful stop waits on it
         self.health = Health(MIRROR, None if metadata is None else
-                             lambda h: metadata.record_health(MIRROR, h))
+                             lambda h: metadata.journal.record_health(MIRROR, h))
         # What the last batch's tasks reached: the next batch's tasks start from it.
         self._partitions: dict[str, int] = {}
         self._positions: dict[str, int] = {}
@@ -169,7 +169,7 @@ class MirrorHandler:
                 self._send(df.sparkSession, start, end, report)
             crash_point("mirrored")
             if self.metadata is not None:
-                self.metadata.record_sink(MIRROR, end)
+                self.metadata.journal.record_sink(MIRROR, end)
             self.sent += report.sent
             report.seconds = time.monotonic() - started
             if self.on_batch:
@@ -212,7 +212,7 @@ class MirrorHandler:
             for phy, why in json.loads(o["too_large"]):
                 log.warning("mirror: skipped the message at physical offset %d: too large for Kafka (%s)", phy, why)
                 if self.metadata is not None:
-                    self.metadata.record_skip(MIRROR, phy, why)
+                    self.metadata.journal.record_skip(MIRROR, phy, why)
             self._partitions.update(json.loads(o["partitions"]))
             if o["error"] is None:
                 self._positions.update(json.loads(o["positions"]))

@@ -254,7 +254,7 @@ class Service:
         if text is not None:
             self.metrics.late_starts.labels(name).inc()
         for sink in self.queries[name].sinks(self.conf):
-            self._metadata.record_health(sink, None if text is None else
+            self._metadata.journal.record_health(sink, None if text is None else
                                          {"state": "starting", "since": time.time(), "error": text})
 
     def _tick(self, streams: dict, work: bool = True) -> None:
@@ -280,7 +280,7 @@ class Service:
         if spark_state is not None:
             m.state_memory.labels("spark").set(spark_state)
         m.state_memory.labels("metadata").set(self._metadata.memory_bytes())
-        point = plan.safepoint(self.conf, self._metadata.sinks())
+        point = plan.safepoint(self.conf, self._metadata.journal.sinks())
         m.safepoint.set(-1 if point is None else point)
         self._watch_retention(point)
 

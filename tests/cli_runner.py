@@ -54,7 +54,7 @@ def sink_offsets(conf) -> dict[str, int]:
 
     store = MetadataStore(metadata_path(conf), read_only=True)
     try:
-        return store.sinks()
+        return store.journal.sinks()
     finally:
         store.close()
 

@@ -79,6 +79,6 @@ def test_sigkill_at_every_point_then_restart_loses_and_duplicates_nothing(tmp_pa
             tier_q = state.queues[(q.topic, q.queue_id)]
             assert (q.commit, q.sealed) == (tier_q.commit, tier_q.sealed)
             assert q.low <= q.sealed <= q.commit <= q.dispatch
-        assert store.sinks()["tier"] == state.source_end
+        assert store.journal.sinks()["tier"] == state.source_end
     finally:
         store.close()

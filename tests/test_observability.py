@@ -77,7 +77,7 @@ def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafk
         status = [json.loads(line) for line in tierlog("status", "--format", "json", "--config", str(config)).stdout.splitlines()]
         store = MetadataStore(metadata_path(conf), read_only=True)
         try:
-            queues, sinks = store.queues(), store.sinks()
+            queues, sinks = store.queues(), store.journal.sinks()
         finally:
             store.close()
     finally:

@@ -67,9 +67,9 @@ def test_tier_holds_exactly_the_commitlog_and_seals_segments(spark, tmp_path, ti
     # The metadata store mirrors the tier, and is rebuilt from it identically.
     store = MetadataStore(metadata_path(conf))
     try:
-        before = (store.queues(), store.sinks(), store.last_seq())
+        before = (store.queues(), store.journal.sinks(), store.last_seq())
         store.rebuild(state)
-        assert (store.queues(), store.sinks(), store.last_seq()) == before
+        assert (store.queues(), store.journal.sinks(), store.last_seq()) == before
         for q in before[0]:
             assert q.low <= q.sealed <= q.commit <= q.dispatch  # invariant 2
             assert q.segments == len(state.segments_for((q.topic, q.queue_id)))

@@ -51,7 +51,7 @@ def cmd_commitlog_gc(args, conf: cfg.Config) -> int:
     retention = local_retention_s(conf)
     store = open_metadata(conf)
     try:
-        sinks = store.sinks()
+        sinks = store.journal.sinks()
     finally:
         store.close()
     point = safepoint(conf, sinks)

@@ -67,8 +67,8 @@ def show_status(args, conf: cfg.Config) -> int:
         if topic is not None and not queues:
             raise NotFoundInTier.topic(topic, f"the metadata store at {store.path}",
                                        sorted({q.topic for q in store.queues()}))
-        sinks, source_end = store.sinks(), store.source_end()
-        health, skipped, filtered = store.health(), store.skipped(), store.filtered()
+        sinks, source_end = store.journal.sinks(), store.source_end()
+        health, skipped, filtered = store.journal.health(), store.journal.skipped(), store.filtered()
         skipped_ranges = store.quarantined()
     finally:
         store.close()

@@ -47,8 +47,8 @@ class CompactionQuery(Query):
         if changelog_enabled(conf):
             changelog = ChangelogSink(
                 ctx.kafka, should_stop=ctx.should_stop,
-                on_health=lambda h: metadata.record_health(CHANGELOG, h),
-                on_skip=lambda phy, why: metadata.record_skip(CHANGELOG, phy, why),
+                on_health=lambda h: metadata.journal.record_health(CHANGELOG, h),
+                on_skip=lambda phy, why: metadata.journal.record_skip(CHANGELOG, phy, why),
             )
         self.handler = CompactionHandler(compaction_settings(ctx.settings), ctx.kv, metadata, on_batch=self.report,
                                       changelog=changelog)

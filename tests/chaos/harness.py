@@ -508,7 +508,7 @@ class ChaosRun:
         store = self._metadata()
         try:
             have = {(q.topic, q.queue_id): (q.dispatch, q.commit) for q in store.queues()}
-            sinks = store.sinks()
+            sinks = store.journal.sinks()
         finally:
             store.close()
         for key, n in want.queue_ends.items():
@@ -607,7 +607,7 @@ class ChaosRun:
         if store is None:
             return
         try:
-            queues, sinks, source_end = store.queues(), store.sinks(), store.source_end()
+            queues, sinks, source_end = store.queues(), store.journal.sinks(), store.source_end()
         except Exception:  # noqa: BLE001 - a read-only RocksDB can lose a file to the writer's compaction
             return
         finally:
@@ -695,7 +695,7 @@ class ChaosRun:
         if store is None:
             return {}
         try:
-            return store.sinks()
+            return store.journal.sinks()
         except Exception:  # noqa: BLE001 - as in _sample
             return {}
         finally:
