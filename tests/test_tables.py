@@ -84,7 +84,8 @@ class TablesRun(tw.Run):
         tier, state, broker = self.shared
         if tier is not None:
             self.location = str(tier)
-            self.stage_settings = replace(self.stage_settings, location=self.location, broker=broker)
+            self.stage_settings = replace(self.stage_settings, location=self.location,
+                                          reader=replace(self.stage_settings.reader, broker=broker))
             self.settings = replace(self.settings, location=self.location, broker=broker)
         self.store = MetadataStore(str(self.root / "metadata"))
         backend = tw.FaultyBackend(open_backend(self.location), self.faults)
