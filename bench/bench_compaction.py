@@ -8,18 +8,14 @@ puts and deletes of random keys among them.  Every run reads it with the same
 source, ``maxRecordsPerTrigger = --batch``, and availableNow:
 
 read        the same columns, no state, a noop sink: the baseline.
-state_every_row  the latest-per-key aggregation (RocksDB state store), noop sink, every keyed
-            message a row into Spark (as before ``latestPerKey``).
-state       the same with the source's ``latestPerKey``, as the compaction query reads: each key
-            once per partition.
+state       the latest-per-key aggregation (RocksDB state store), noop sink.
 full        the compaction query as ``tierlog run`` runs it: aggregation, bodies
             read from the commitlog, the KV view (rocksdict), TTL sweep.
 python      (``--python-batches`` batches only) the same state kept by a Python
             ``transformWithStateInPandas`` processor: the alternative the
             issue asks to compare with.
 
-Throughput is marginal and wall clock: commitlog messages of every batch but the first (not
-Spark's input rows, which ``latestPerKey`` makes fewer than the messages read)
+Throughput is marginal and wall clock: input rows of every batch but the first
 (Spark's first batch starts workers and compiles plans), over the time from the
 end of the first batch to the end of the run, Spark's planning between batches
 included, and for ``full`` the last batch's view update on the apply thread
@@ -124,18 +120,14 @@ def _descendants(root: int):
     return out
 
 
-def source(spark, directory: str, batch: int, latest: bool = False):
+def source(spark, directory: str, batch: int):
     return (spark.readStream.format("commitlog").option("path", directory)
-            .option("maxRecordsPerTrigger", batch).option("columns", ",".join(SOURCE_COLUMNS))
-            .option("latestPerKey", str(latest).lower()).load())
+            .option("maxRecordsPerTrigger", batch).option("columns", ",".join(SOURCE_COLUMNS)).load())
 
 
-def run(stream, process, checkpoint: str, update: bool = True, max_batches: int | None = None, after=None,
-        messages: int | None = None, first_batch: int = 0) -> dict:
+def run(stream, process, checkpoint: str, update: bool = True, max_batches: int | None = None, after=None) -> dict:
     """Run to the end of the log (or ``max_batches``); ``after()`` is part of the run (the last
-    batch's apply).  Rows/s over the wall clock from the first batch's end: the commitlog's
-    ``messages`` less the ``first_batch`` (maxRecordsPerTrigger counts commitlog records), when
-    given, else Spark's input rows."""
+    batch's apply).  Rows/s over the wall clock from the first batch's end."""
     ends: list[float] = []
 
     def timed(df, batch_id):
@@ -161,8 +153,6 @@ def run(stream, process, checkpoint: str, update: bool = True, max_batches: int 
         raise RuntimeError(f"the benchmark query failed: {query.exception()}")
     progress = [p for p in query.recentProgress if p["numInputRows"]][: len(ends)]
     rows = sum(p["numInputRows"] for p in progress[1:])
-    if messages is not None:
-        rows = messages - first_batch
     seconds = done - ends[0]
     out = {"batches": len(progress), "rows_per_s": round(rows / seconds) if rows and seconds > 0 else None,
            "steady_rows": rows, "steady_s": round(seconds, 2),
@@ -220,18 +210,11 @@ def main() -> None:
         run(latest_per_key(source(spark, log_dir, args.batch)), noop, os.path.join(root, "ck-warm"), max_batches=3)
         keys_in_view = None
 
-        counted = {"messages": messages, "first_batch": min(args.batch, messages)}
-
         def read(r):
-            return run(source(spark, log_dir, args.batch), noop, os.path.join(root, f"ck-read-{r}"), update=False, **counted)
-
-        def state_every_row(r):
-            return run(latest_per_key(source(spark, log_dir, args.batch)), noop,
-                       os.path.join(root, f"ck-state-all-{r}"), **counted)
+            return run(source(spark, log_dir, args.batch), noop, os.path.join(root, f"ck-read-{r}"), update=False)
 
         def state(r):
-            return run(latest_per_key(source(spark, log_dir, args.batch, latest=True)), noop,
-                       os.path.join(root, f"ck-state-{r}"), **counted)
+            return run(latest_per_key(source(spark, log_dir, args.batch)), noop, os.path.join(root, f"ck-state-{r}"))
 
         def full(r):
             nonlocal keys_in_view
@@ -240,8 +223,8 @@ def main() -> None:
             reports = []
             sink = CompactionHandler(CompactionSettings(ReaderOptions(log_dir), os.path.join(root, "tier"), snapshot_interval_s=0),
                                      kv, on_batch=reports.append)
-            out = run(latest_per_key(source(spark, log_dir, args.batch, latest=True)), foreach_batch(ck, sink.process),
-                      ck, after=sink.flush, **counted)
+            out = run(latest_per_key(source(spark, log_dir, args.batch)), foreach_batch(ck, sink.process), ck,
+                      after=sink.flush)
             steady = reports[1:] or reports
             out["sink_phases_s_median"] = {phase: statistics.median(r.phases[phase] for r in steady)
                                            for phase in reports[0].phases}
@@ -250,8 +233,8 @@ def main() -> None:
             kv.close()
             return out
 
-        runs = {"read": [], "state_every_row": [], "state": [], "full": []}
-        steps = [read, state_every_row, state, full]
+        runs = {"read": [], "state": [], "full": []}
+        steps = [read, state, full]
         for r in range(args.rounds):
             for step in (steps if r % 2 == 0 else steps[::-1]):
                 runs[step.__name__].append(step(r))

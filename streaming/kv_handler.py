@@ -33,7 +33,6 @@ def compaction_stream(spark, options: dict):
         spark.readStream.format("commitlog")
         .options(**{k: v for k, v in options.items() if v is not None})
         .option("columns", ",".join(SOURCE_COLUMNS))
-        .option("latestPerKey", "true")  # each key once per partition: fewer rows into the JVM
         .load()
     )
     return latest_per_key(messages)

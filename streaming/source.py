@@ -25,18 +25,10 @@ Options (all optional except ``path``):
                        topics it accepts are produced (needs the ``topic`` column)
 ``broker``             the broker name every row carries in ``broker`` (``broker-a``)
 ``onMissing``          ``fail`` (default) or ``skip``: files deleted before they were read
-``latestPerKey``       ``true``: of the keyed messages that entered a queue, only each
-                       ``(topic, key)``'s last one in the partition (needs exactly the
-                       columns ``topic,key,phy_offset,sysflag``; the compaction query's)
 ``minBytesPerTrigger``    a micro-batch waits until this many bytes are there ...
 ``maxTriggerDelayMs``     ... or until the first of them has waited this long (both, as
                        Spark's Kafka source's ``minOffsetsPerTrigger`` and ``maxTriggerDelay``)
 =====================  ====================================================
-
-Why ``latestPerKey``: the compaction query keeps each key's highest physical offset; a key
-that changed many times in a partition reaches Spark once instead, so fewer rows cross from
-Python into the JVM and meet the aggregation.  Its result is the same: the maximum of the
-maxima is the maximum.
 
 Why the last two: a micro-batch costs Spark several hundred ms of CPU whatever it holds (a
 stateful one most), so on a quiet broker a query that runs one a second costs most of a core for
@@ -51,7 +43,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from connectors.brokers import DEFAULT_BROKER, broker_name_problem
 from connectors.commitlog.topics import TopicFilter
@@ -65,11 +56,9 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from connectors.commitlog import format as fmt
-from connectors.commitlog.arrow import MESSAGE_DDL, dispatched_mask, project_ddl
+from connectors.commitlog.arrow import MESSAGE_DDL, project_ddl
 from connectors.commitlog.reader import ON_CORRUPT, ON_MISSING, CommitLogReader, ReaderOptions
 from connectors.errors import ConfigError
-from streaming.latest_per_key import SOURCE_COLUMNS
 
 DEFAULT_PARTITION_BYTES = 64 << 20
 
@@ -86,7 +75,6 @@ class SourceOptions:
     refs_only: bool = False
     columns: tuple[str, ...] | None = None
     topics: TopicFilter | None = None
-    latest_per_key: bool = False
     min_bytes: int = 0  # minBytesPerTrigger: 0 runs a batch as soon as anything is there
     max_delay_s: float = 0.0  # maxTriggerDelayMs, in seconds
 
@@ -120,18 +108,10 @@ class SourceOptions:
             starting_offset=start,
             refs_only=_bool(opts, "refsonly", "refsOnly", False),
             columns=parse_columns(opts.get("columns")),
-            latest_per_key=_latest_per_key(opts),
             topics=_topics(opts.get("topics"), parse_columns(opts.get("columns")), _bool(opts, "refsonly", "refsOnly", False)),
             min_bytes=_positive(opts, "minbytespertrigger", "minBytesPerTrigger") or 0,
             max_delay_s=(_positive(opts, "maxtriggerdelayms", "maxTriggerDelayMs") or 0) / 1000,
         )
-
-
-def _latest_per_key(opts: dict) -> bool:
-    on = _bool(opts, "latestperkey", "latestPerKey", False)
-    if on and parse_columns(opts.get("columns")) != SOURCE_COLUMNS:
-        raise ConfigError(f"option latestPerKey needs option columns={','.join(SOURCE_COLUMNS)}")
-    return on
 
 
 def _broker(value: str) -> str:
@@ -232,28 +212,12 @@ def read_partition(opts: SourceOptions, partition: CommitLogPartition):
                     [pa.array(starts), pa.array(np.asarray(span.sizes, np.int32))], schema=REFS_SCHEMA
                 )
         else:
-            batches = reader.record_batches(partition.start, partition.end, key_property=opts.reader.key_property,
-                                            columns=opts.columns)
-            if opts.topics is not None:
-                batches = (b.filter(opts.topics.mask(b.column("topic"))) if b.num_rows else b for b in batches)
-            if opts.latest_per_key:
-                yield from latest_in_partition(list(batches))
-            else:
-                yield from batches
-
-
-def latest_in_partition(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
-    """Of the keyed messages that entered a queue, each (topic, key)'s highest physical offset;
-    ``sysflag`` is then NOT_TYPE, since only such messages are left (``latestPerKey``)."""
-    if not batches:
-        return []
-    table = pa.Table.from_batches(batches)
-    table = table.filter(pc.and_(pc.is_valid(table["key"]), dispatched_mask(table["sysflag"])))
-    latest = table.group_by(["topic", "key"]).aggregate([("phy_offset", "max")])
-    out = pa.table({"topic": latest["topic"], "key": latest["key"], "phy_offset": latest["phy_offset_max"],
-                    "sysflag": pa.array(np.full(latest.num_rows, fmt.TRANSACTION_NOT_TYPE, np.int32))},
-                   schema=batches[0].schema)
-    return out.to_batches()
+            for batch in reader.record_batches(
+                partition.start, partition.end, key_property=opts.reader.key_property, columns=opts.columns
+            ):
+                if opts.topics is not None and batch.num_rows:
+                    batch = batch.filter(opts.topics.mask(batch.column("topic")))
+                yield batch
 
 
 class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -200,35 +200,3 @@ def test_a_small_batch_waits_for_bytes_or_its_delay_and_a_drain_never_waits(log_
     assert drain.latestOffset(last, limit) == last
     reader.stop()
     drain.stop()
-
-
-def test_latest_per_key_keeps_each_keys_last_message_of_the_partition(tmp_path):
-    """``latestPerKey`` against the ledger: of the keyed messages that entered a queue, each
-    (topic, key)'s highest physical offset, once; keyless and PREPARED/ROLLBACK records drop out."""
-    import random
-
-    from streaming.source import CommitLogPartition, read_partition
-
-    rng = random.Random(5)
-    messages = []
-    for i in range(3000):
-        props = {} if rng.random() < 0.05 else {"KEYS": f"k{rng.randrange(300)}"}
-        flag = rng.choice([0, 0, 0, 0x4, 0x8, 0xC])  # NOT_TYPE, PREPARED, COMMIT, ROLLBACK
-        messages.append(Message(topic=f"t{rng.randrange(3)}", body=b"x" * rng.randrange(50), properties=props,
-                                sysflag=flag))
-    with CommitLogWriter(str(tmp_path), file_size=1 << 20, fsync="never") as writer:  # one file: one partition
-        ledger.append(writer, messages)
-    expected = {}
-    for m in ledger.stored(str(tmp_path)):
-        if "KEYS" in m.properties and m.sysflag & 0xC in (0, 0x8):
-            expected[(m.topic, m.properties["KEYS"])] = m.phy_offset
-    opts = SourceOptions.parse({"path": str(tmp_path), "columns": "topic,key,phy_offset,sysflag",
-                                "latestPerKey": "true"})
-    with CommitLogReader(str(tmp_path)) as reader:
-        partitions = plan_partitions(reader, 0, reader.end_offset(), 1 << 30)
-    assert len(partitions) == 1
-    rows = [r for b in read_partition(opts, partitions[0]) for r in b.to_pylist()]
-    assert {(r["topic"], r["key"]): r["phy_offset"] for r in rows} == expected
-    assert len(rows) == len(expected) and {r["sysflag"] for r in rows} == {0}
-    with pytest.raises(ConfigError, match="latestPerKey needs option columns"):
-        SourceOptions.parse({"path": str(tmp_path), "columns": "topic,key", "latestPerKey": "true"})
