@@ -52,9 +52,6 @@ class CompactionHandler:
                  on_batch: Callable[[CompactionReport], None] | None = None,
                  changelog=None):
         self.writer = KVWriter(settings, kv, metadata, changelog)
-        self.settings = settings
-        self.kv = kv
-        self.changelog = changelog
         self.on_batch = on_batch
         self.lock = threading.RLock()  # held while a batch is handed over; a graceful stop waits on it
         self._apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-apply")
@@ -86,7 +83,7 @@ class CompactionHandler:
 
     def sweep(self) -> int:
         """Expire keys between batches (a quiet stream runs no batches); returns how many expired."""
-        if not self.settings.ttl:
+        if not self.writer.settings.ttl:
             return 0
         with self.lock:
             self.flush()

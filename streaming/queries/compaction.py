@@ -75,7 +75,7 @@ class CompactionQuery(Query):
         m, kv = self.ctx.metrics, self.ctx.kv
         m.state_rows.labels("kv").set(kv.estimated_keys())  # Spark's own count is off: it costs a read per write
         m.state_memory.labels("kv").set(kv.memory_bytes())
-        changelog = self.handler.changelog
+        changelog = self.handler.writer.changelog
         if changelog is not None:
             stats = changelog.stats
             m.kafka_sent.labels("changelog").inc(stats.sent - self._kafka_counts["sent"])
