@@ -153,7 +153,7 @@ def _kafka_summary(service) -> str:
     """What the Kafka sinks sent, for the demo's last line."""
     mirror = service.queries.get("mirror")
     compaction = service.queries.get("compaction")
-    changelog = compaction.handler.changelog if compaction is not None else None
+    changelog = compaction.handler.writer.changelog if compaction is not None else None
     parts = []
     if mirror is not None:
         parts.append(f"{mirror.handler.sent} messages mirrored")
