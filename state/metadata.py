@@ -27,6 +27,7 @@ from rocksdict import WriteBatch
 from connectors.errors import TierlogError
 from connectors.tier.manifest import Segment, record_keys
 from state import rocks
+from state.feed import TierFeed
 from state.journal import SinkJournal
 
 SEP = "\x00"
@@ -78,6 +79,7 @@ class MetadataStore:
             raise MetadataError(f"cannot open metadata store {path}: {exc}") from None
         self._sync = rocks.synced_writes()
         self.journal = SinkJournal(self)
+        self.feed = TierFeed(self)
 
     def close(self) -> None:
         self.db.close()
@@ -135,6 +137,11 @@ class MetadataStore:
         """Corrupt commitlog ranges skipped under ``commitlog.on_corrupt = "quarantine"``, in offset order."""
         return [v for _, v in self.prefix_json("quarantine" + SEP)]
 
+    def held_from(self) -> int | None:
+        """Retired staging objects at or above this physical offset are still to be read by a consumer
+        of the tier (``state.feed``); None: nothing is held."""
+        return self.feed.held_from()
+
     def pending_deletes(self) -> dict[str, float]:
         return {key.split(SEP, 1)[1]: v for key, v in self.prefix_json("del" + SEP)}
 
@@ -189,6 +196,7 @@ class MetadataStore:
                 key = f"filtered{SEP}{sink}{SEP}{cls}"
                 puts[key] = (self.get_json(key) or 0) + n
         puts.update(self._quarantine_puts(record.get("quarantined", ())))
+        puts.update(self.feed.puts(record))
         self.write_json(puts, [_segkey(s.topic, s.queue_id, s.base) for s in expired])
 
     def _queue_value(self, topic: str, q: int, state) -> dict:
@@ -210,9 +218,12 @@ class MetadataStore:
 
     def rebuild(self, view) -> None:
         """Replace everything tier-derived with what ``view`` (a ``TierView`` of the tier) says,
-        quarantined commitlog ranges included.  Reads the whole tier: an offline repair."""
+        quarantined commitlog ranges included.  Reads the whole tier: an offline repair.  The feed's
+        listing is dropped (the tier's log no longer says which batches a consumer lacks): a
+        consumer behind it is told so when it reads (``state.feed.FeedGapError``)."""
         stale = [k for k in self.db.keys()
-                 if k.startswith(("q" + SEP, "seg" + SEP, "meta" + SEP, "quarantine" + SEP, "filtered" + SEP))]
+                 if k.startswith(("q" + SEP, "seg" + SEP, "meta" + SEP, "quarantine" + SEP, "filtered" + SEP,
+                                  "feed" + SEP))]
         self.write_json({}, stale)
         for key in view.queue_keys():
             self.write_json({_qkey(*key): self._queue_value(*key, view.state_of(key)),

@@ -81,8 +81,8 @@ class FaultyIndex:
 class Run:
     """One tier, one commitlog, one metadata store; the writer opened (and reopened) over them."""
 
-    def __init__(self, root, *, messages: int, seed: int, faults: Faults):
-        self.root, self.faults = root, faults
+    def __init__(self, root, *, messages: int, seed: int, faults: Faults, feed: bool = False):
+        self.root, self.faults, self.feed = root, faults, feed
         self.log_dir, self.location = str(root / "commitlog"), str(root / "tier")
         with CommitLogWriter(self.log_dir, file_size=64 * 1024, fsync="never") as w:  # files roll often
             ledger.append(w, Workload(messages=messages, topics=2, queues=3, keys=40, body_size=150,
@@ -98,6 +98,8 @@ class Run:
 
     def open(self) -> None:
         self.store = MetadataStore(str(self.root / "metadata"))
+        if self.feed:  # a consumer of the tier (the mirror) is configured: the service opens the feed
+            self.store.feed.open(None)
         backend = FaultyBackend(open_backend(self.location), self.faults)
         self.writer = TierWriter(self.settings, FaultyIndex(self.store, self.faults), backend)
 
@@ -140,10 +142,10 @@ class Run:
         self.store.close()
 
 
-def drive(root, seed: int, crash_at: int | None = None, messages: int = 240) -> tuple[Run, dict]:
+def drive(root, seed: int, crash_at: int | None = None, messages: int = 240, feed: bool = False) -> tuple[Run, dict]:
     """A random sequence of batches, each followed by random maintenance, folds and restarts."""
     rng = random.Random(seed)
-    run = Run(root, messages=messages, seed=seed, faults=Faults(crash_at))
+    run = Run(root, messages=messages, seed=seed, faults=Faults(crash_at), feed=feed)
     did = {"batches": 0, "on_driver": 0, "maintain": 0, "fold": 0, "restart": 0, "crash": 0}
     first, batch_id = 0, 0
     while first < len(run.written):

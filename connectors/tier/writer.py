@@ -66,6 +66,7 @@ class TierIndex(Protocol):
     def oldest_segments(self, topic: str, queue_id: int) -> Iterator[Segment]: ...
     def schedule_deletes(self, deletes: dict[str, float]) -> None: ...
     def pending_deletes(self) -> dict[str, float]: ...
+    def held_from(self) -> int | None: ...
     def forget_deletes(self, names: list[str]) -> None: ...
 
 
@@ -323,9 +324,12 @@ class TierWriter:
 
     def delete_retired(self, now_ms: int) -> None:
         """Delete objects retired more than ``delete_grace_s`` ago (readers still on them had time),
-        at most ``delete_batch`` of them."""
-        due = []
+        at most ``delete_batch`` of them.  A staging object a consumer of the tier has yet to read
+        (at or above ``index.held_from()``) waits until it has."""
+        due, held = [], self.index.held_from()
         for name, when in self.index.pending_deletes().items():
+            if held is not None and self._staged_from(name) >= held:
+                continue
             if now_ms / 1000 - when >= self.settings.delete_grace_s:
                 due.append(name)
                 if len(due) >= self.settings.delete_batch:
@@ -334,6 +338,13 @@ class TierWriter:
             self.backend.delete(name)
         if due:
             self.index.forget_deletes(due)
+
+    def _staged_from(self, name: str) -> int:
+        """The first physical offset of a staging object of this broker (its name says it); -1 for
+        any other object."""
+        prefix = self.log.names.staging_prefix
+        stem = name[len(prefix):].removesuffix(".parquet")
+        return int(stem) if name.startswith(prefix) and stem.isdigit() else -1
 
     def close(self) -> None:
         self.backend.close()

@@ -1,0 +1,96 @@
+"""The tier feed without Spark: what a consumer of the tier (the Kafka mirror) reads back from the
+tier's committed batches, against the writers' ledger (``tests.ledger``), through the tier writer's
+random seals, expiries, folds, restarts and a crash before each of its writes
+(``tests.test_tier_writer.drive``).
+
+The oracle is the ledger alone: a consumer that has applied nothing must read every message that
+entered a queue, once and in each queue's order, though the tier sealed, retired and (past its
+grace) would have deleted the staging objects that held them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from connectors.tier.feed import read_batches
+from connectors.tier.backend import open_backend
+from state.feed import FeedGapError
+from tests.oracle import entered_a_queue, message_row, normalize_arrow_row
+from tests.test_tier_writer import assert_tier_equals_ledger, drive
+
+
+def read_back(run, start: int, end: int) -> list[dict]:
+    backend = open_backend(run.location)
+    batches = run.store.feed.batches(start, end)
+    rows = [normalize_arrow_row(r) for b in read_batches(backend, batches, start, end) for r in b.to_pylist()]
+    backend.close()
+    return rows
+
+
+def expected_rows(run, start: int = 0) -> list[dict]:
+    return [row for m in run.written if entered_a_queue(row := message_row(m)) and m.phy_offset >= start]
+
+
+def in_queue_order(rows: list[dict]) -> bool:
+    last: dict = {}
+    for r in rows:
+        key = (r["topic"], r["queue_id"])
+        if r["queue_offset"] <= last.get(key, -1):
+            return False
+        last[key] = r["queue_offset"]
+    return True
+
+
+def staging_objects(run) -> set[str]:
+    names = run.writer.log.names
+    return {o.name for o in run.writer.backend.list(names.staging_prefix)}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_consumer_reads_every_message_once_though_the_tier_sealed_and_retired_them(tmp_path, seed):
+    run, did = drive(tmp_path, seed, feed=True)
+    assert did["maintain"] and did["restart"]
+    states = assert_tier_equals_ledger(run)
+    assert any(s.sealed for s in states.values())  # staging objects were retired under the consumer
+    end = run.writer.source_end
+    rows = read_back(run, 0, end)
+    assert in_queue_order(rows)
+    assert sorted(rows, key=lambda r: r["phy_offset"]) == expected_rows(run)
+    # From a batch boundary in the middle: exactly the messages after it.
+    middle = run.store.feed.batches(0, end)[len(run.store.feed.batches(0, end)) // 2].end
+    assert sorted(read_back(run, middle, end), key=lambda r: r["phy_offset"]) == expected_rows(run, middle)
+    run.close()
+
+
+def test_released_batches_are_deleted_and_no_longer_readable(tmp_path):
+    run, _ = drive(tmp_path, 4, feed=True)
+    held = staging_objects(run)
+    live = set(run.writer.head.staging)
+    assert held - live, "the run retired no staging object to hold"
+    end = run.writer.source_end
+    run.store.feed.release(end)
+    run.maintain()
+    assert staging_objects(run) == live
+    assert run.store.held_from() is None
+    with pytest.raises(FeedGapError, match="not listed"):
+        run.store.feed.batches(0, end)
+    assert run.store.feed.batches(end, end + 1) == []
+    run.close()
+
+
+@pytest.mark.parametrize("crash_at", [5, 17, 33, 58])
+def test_a_crash_at_any_write_loses_no_listed_batch(tmp_path, crash_at):
+    run, did = drive(tmp_path, 5, crash_at=crash_at, feed=True)
+    assert did["crash"] == 1
+    rows = read_back(run, 0, run.writer.source_end)
+    assert sorted(rows, key=lambda r: r["phy_offset"]) == expected_rows(run)
+    run.close()
+
+
+def test_without_a_consumer_nothing_is_listed_or_held(tmp_path):
+    run, _ = drive(tmp_path, 1)
+    assert run.store.feed.listed_from() is None and run.store.held_from() is None
+    assert staging_objects(run) == set(run.writer.head.staging)
+    with pytest.raises(FeedGapError, match="no consumer of the tier was configured"):
+        run.store.feed.batches(0, 1)
+    run.close()
