@@ -14,7 +14,10 @@ bare        the client library alone (kafka-python's KafkaProducer, or
 sink        the mirror sink alone: read the commitlog with the Arrow fast path,
             build the records, send, flush.
 query       the mirror query under Spark (local[2], availableNow, 64 MiB
-            batches): Spark's per-batch job plus the sink.  Its rate is wall
+            batches) reading what tiering committed (the commitlog is tiered
+            in 64 MiB batches beforehand, off the clock, the feed listing
+            them): Spark's per-batch job, the read of the staging objects
+            and the sink.  Its rate is wall
             clock from the end of its first batch (which starts Python workers
             and reads positions back) to the query's end: every later batch,
             Spark's planning between batches and the last commit included.
@@ -157,20 +160,52 @@ def run_sink(directory: str, end: int, s: KafkaSettings) -> tuple[float, int]:
     return seconds, sink.stats.sent
 
 
+def tier_for_mirror(directory: str, workdir: str, batch_bytes: int = 64 << 20) -> tuple[str, str, int]:
+    """Tier the commitlog as the tiering query would, in ``batch_bytes`` batches, with the feed
+    listing them for the mirror (off the clock: the mirror reads what tiering committed).  Returns
+    the tier's location, the metadata store's path and where the feed starts."""
+    from connectors.commitlog.reader import CommitLogReader
+    from connectors.tier.staging import CommitLogGaps, StageSettings, stage_range
+    from connectors.tier.writer import TierWriter, WriterSettings
+    from state.metadata import MetadataStore
+
+    stamp = time.monotonic_ns()
+    location, metadata = os.path.join(workdir, f"tier-{stamp}"), os.path.join(workdir, f"metadata-{stamp}")
+    store = MetadataStore(metadata)
+    store.feed.open(None)
+    writer = TierWriter(WriterSettings(location=location, segment_messages=10**9), store)
+    stager = StageSettings(location=location, reader=ReaderOptions(directory))
+    gaps = CommitLogGaps(ReaderOptions(directory))  # a file's blank tail lies between two batches
+    with CommitLogReader(directory) as reader:
+        start, end = reader.first_offset(), reader.end_offset()
+        cuts = [*reader.scan(start, end, split_bytes=batch_bytes).splits, end]
+    for batch_id, (lo, hi) in enumerate(zip([start, *cuts], cuts)):
+        part, _ = stage_range(stager, lo, hi)
+        writer.commit(batch_id, [part] if part is not None else [], gaps.between)
+    writer.close()
+    store.close()
+    return location, metadata, start
+
+
 def run_query(spark, directory: str, s: KafkaSettings, workdir: str) -> dict:
     from streaming.checkpoints import foreach_batch
     from streaming.mirror_handler import MirrorHandler
-    from streaming.tier_handler import refs_stream
+    from state.metadata import MetadataStore
 
+    location, metadata, start = tier_for_mirror(directory, workdir)
     checkpoint = os.path.join(workdir, f"ck-{time.monotonic_ns()}")
     reports, ends = [], []
-    query_sink = MirrorHandler(s, ReaderOptions(directory), on_batch=lambda r: (reports.append(r), ends.append(time.perf_counter())))
-    stream = refs_stream(spark, {"path": directory, "maxBytesPerTrigger": 64 << 20, "partitionBytes": 32 << 20})
+    store = MetadataStore(metadata)
+    query_sink = MirrorHandler(s, location, store, start,
+                               on_batch=lambda r: (reports.append(r), ends.append(time.perf_counter())))
+    stream = (spark.readStream.format("tierfeed").option("metadata", metadata).option("startingOffset", str(start))
+              .option("maxBytesPerTrigger", str(64 << 20)).load())
     t = time.perf_counter()
     query = (stream.writeStream.foreachBatch(foreach_batch(checkpoint, query_sink.process)).option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
     query.awaitTermination()
     done = time.perf_counter()
+    store.close()
     assert len(reports) >= 2, "one batch only: nothing to measure past the first; use more --messages"
     steady = reports[1:]  # the first batch starts Python workers and reads positions back
     return {"foreach_batch_s": sum(r.seconds for r in steady), "steady_sent": sum(r.sent for r in steady),

@@ -32,7 +32,7 @@ class FeedGapError(TierlogError):
     """A consumer asks for batches the feed no longer (or never) listed."""
 
 
-def _key(end: int) -> str:
+def batch_key(end: int) -> str:
     return f"{PREFIX}{end:020d}"
 
 
@@ -44,14 +44,19 @@ class TierFeed:
         """Where the listing starts; None while the feed is off."""
         return self.store.get_json(FROM)
 
-    def open(self, source_end: int | None) -> int:
-        """Start listing at the tier's end (``source_end``, None for an empty tier: from 0), unless
-        it lists already; returns where the listing starts."""
+    def open(self, source_end: int | None, since: int = 0) -> int:
+        """Start listing, unless it lists already, from ``since`` (a consumer's applied position, 0
+        for a new one); what the tier committed between ``since`` and its end (``source_end``) is
+        listed as one backfill batch, read from the tier's committed view.  Returns where the
+        listing starts."""
         start = self.listed_from()
-        if start is None:
-            start = source_end or 0
-            self.store.write_json({FROM: start})
-        return start
+        if start is not None:
+            return start
+        puts: dict[str, object] = {FROM: since}
+        if source_end is not None and source_end > since:
+            puts[batch_key(source_end)] = FeedBatch(since, source_end, (), backfill=True).to_json()
+        self.store.write_json(puts)
+        return since
 
     def shut(self) -> None:
         """No consumer any more: forget the listing, so nothing is held."""
@@ -62,7 +67,7 @@ class TierFeed:
         if record["type"] != "batch" or self.listed_from() is None:
             return {}
         batch = FeedBatch.from_record(record)
-        return {_key(batch.end): batch.to_json()}
+        return {batch_key(batch.end): batch.to_json()}
 
     def batches(self, start: int, end: int) -> list[FeedBatch]:
         """The listed batches that hold anything of ``[start, end)``, in order.  Raises FeedGapError
@@ -76,7 +81,7 @@ class TierFeed:
                 "turned off and on again? To start the mirror at the tier's end, delete its checkpoint (the `mirror` "
                 "directory under checkpoint.dir), then check Kafka for what it lacks")
         out = []
-        for key, value in self.store.db.items(from_key=_key(start + 1)):  # the batches that end after start
+        for key, value in self.store.db.items(from_key=batch_key(start + 1)):  # the batches that end after start
             if not key.startswith(PREFIX):
                 break
             batch = FeedBatch.from_json(json.loads(value))

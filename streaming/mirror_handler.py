@@ -1,20 +1,23 @@
-"""The mirror query: commitlog -> Kafka, one record per message.
+"""The mirror query: the tier's committed batches -> Kafka, one record per message.
 
-    spark.readStream.format("commitlog")  (references only: physical offset and size)
+    spark.readStream.format("tierfeed")  (offsets only: each the end of a batch the tier committed)
       -> foreachBatch(MirrorHandler.process)
 
-Spark gives the query its micro-batches, admission control and checkpoint,
-and the executors do the sending.  Per batch:
+The mirror never reads the commitlog: the tiering query decoded and CRC-checked each message
+once, and the mirror reads it back from the staging objects the tier committed
+(``connectors.tier.feed``), which the tier keeps until the mirror has sent them
+(``state.feed``).  So the mirror does not hold the commitlog's safepoint: a Kafka outage holds
+staging objects in the tier instead of the broker's disk.
 
-1. take the batch's byte range, which the runner reads from the query's
-   offset log (where the batch before it ended, and where it ends);
+Spark gives the query its micro-batches and checkpoint, and the executors do the sending.  Per batch:
+
+1. take the batch's range, which the runner reads from the query's offset log (where the batch
+   before it ended, and where it ends), and the tier batches listed in it (``TierFeed.batches``);
 2. run one Spark task per sender slot (``kafka.mirror_tasks``; see ``default_slots``).  Each task
-   reads the batch's byte range from the commitlog with the Arrow fast path
-   and sends only the Kafka partitions its slot owns (``slot_of``), with its
-   own idempotent producer, in physical order.  A partition therefore has one
-   sender and keeps its order, while the slots run in parallel: two
-   kafka-python producers in two processes send about 1.8 times as fast as
-   one here;
+   reads the listed staging objects (the mirror's columns only) and sends only the Kafka
+   partitions its slot owns (``slot_of``), with its own idempotent producer, in queue order.  A
+   partition therefore has one sender and keeps its order, while the slots run in parallel: two
+   kafka-python producers in two processes send about 1.8 times as fast as one here;
 3. the driver collects each task's outcome: the positions it reached (handed
    to the next batch's tasks, so they need not read them back), messages
    skipped as too large (recorded in the metadata store), or a failure.  A
@@ -22,8 +25,8 @@ and the executors do the sending.  Per batch:
    in ``tierlog status`` and the failed slots run again after a backoff,
    reading their positions back from Kafka, until they succeed or a stop is
    requested;
-4. record the batch's end as the ``mirror`` sink's applied offset, which
-   bounds the safepoint.
+4. record the batch's end as the ``mirror`` sink's applied offset, and release the tier batches
+   up to it, which the tier may then delete.
 
 The changelog sink rides on the compaction query instead (see
 ``streaming.kv_handler``).
@@ -40,12 +43,13 @@ from typing import Callable, Iterator
 
 import pyarrow as pa
 
-from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.topics import TopicFilter
 from connectors.kafka.errors import KafkaSinkError, KafkaUnavailable
 from connectors.kafka.mirror_sink import MIRROR_COLUMNS, MirrorSink, slot_of
 from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.sink import Health, backoff
+from connectors.tier.backend import open_backend
+from connectors.tier.feed import FeedBatch, read_batches
 from streaming.checkpoints import Batch
 from connectors.faults import crash_point
 from connectors.sinks import MIRROR
@@ -72,7 +76,8 @@ class SendTask:
     """What one sender task needs; pickled into the Spark job."""
 
     kafka: KafkaSettings
-    reader: ReaderOptions
+    location: str  # the tier's
+    batches: tuple[FeedBatch, ...]  # the tier batches of [start, end)
     start: int
     end: int
     slots: int
@@ -89,14 +94,15 @@ def send_slot(task: SendTask, slot: int) -> dict:
                       topics=task.topics)
     sink.seed(task.partitions, {tuple(_split(k)): v for k, v in task.positions.items()})
     error, retriable = None, False
+    backend = open_backend(task.location)
     try:
-        with task.reader.open() as reader:
-            sink.publish(lambda: reader.record_batches(
-                task.start, task.end, key_property=task.reader.key_property, columns=MIRROR_COLUMNS), once=True)
+        sink.publish(lambda: read_batches(backend, task.batches, task.start, task.end, MIRROR_COLUMNS,
+                                          broker=task.kafka.broker), once=True)
     except KafkaSinkError as exc:
         error, retriable = str(exc), exc.retriable
     finally:
         sink.close()
+        backend.close()
     partitions, positions = sink.known()
     owned = {f"{t}\x00{p}": v for (t, p), v in positions.items() if slot_of(t, p, task.slots) == slot}
     return {"slot": slot, "sent": sink.stats.sent, "skipped": sink.stats.skipped, "bytes": sink.stats.bytes,
@@ -110,9 +116,10 @@ def default_slots(kafka: KafkaSettings, parallelism: int) -> int:
 
     Why: kafka-python's sending is Python on one GIL, so a second process nearly doubles it.  A
     librdkafka sender keeps about a core busy by itself (1.06 cores: its Python thread and
-    librdkafka's threads), and every slot decodes the whole batch to find its own rows, so on two
+    librdkafka's threads), and every slot reads the whole batch to find its own rows, so on two
     cores a second slot only competed with the first: the query at 1 KB on tansu, four rounds
-    alternating, 50-63k messages/s with one slot against 49-54k with two, at half the CPU."""
+    alternating, 50-63k messages/s with one slot against 49-54k with two, at half the CPU (measured
+    when the slots decoded the commitlog; they now read the tier's staging objects back)."""
     return parallelism if kafka.producer == "kafka-python" else max(1, parallelism // 2)
 
 
@@ -138,22 +145,23 @@ _OUTCOME_SCHEMA = pa.schema([("slot", pa.int32()), ("sent", pa.int64()), ("skipp
 
 
 class MirrorHandler:
-    """The foreachBatch of the mirror query.  One instance per running query, on the driver."""
+    """The foreachBatch of the mirror query.  One instance per running query, on the driver.
+    ``start_at``: where a batch starts whose start the offset log lacks (a new checkpoint's first)."""
 
-    def __init__(self, kafka: KafkaSettings, reader: ReaderOptions, metadata=None, *, tasks: int = 0,
+    def __init__(self, kafka: KafkaSettings, location: str, metadata, start_at: int, *, tasks: int = 0,
                  should_stop: Callable[[], bool] = lambda: False,
                  on_batch: Callable[[MirrorReport], None] | None = None,
                  topics: TopicFilter | None = None):
         self.kafka = kafka
         self.topics = topics
-        self.reader = reader
+        self.location = location
         self.metadata = metadata
+        self.start_at = start_at
         self.tasks = tasks
         self.should_stop = should_stop
         self.on_batch = on_batch
         self.lock = threading.RLock()  # held while a batch is sent; a graceful stop waits on it
-        self.health = Health(MIRROR, None if metadata is None else
-                             lambda h: metadata.journal.record_health(MIRROR, h))
+        self.health = Health(MIRROR, lambda h: metadata.journal.record_health(MIRROR, h))
         # What the last batch's tasks reached: the next batch's tasks start from it.
         self._partitions: dict[str, int] = {}
         self._positions: dict[str, int] = {}
@@ -162,32 +170,28 @@ class MirrorHandler:
     def process(self, batch: Batch) -> None:
         with self.lock:
             started = time.monotonic()
-            batch_id, df, end = batch.batch_id, batch.df, batch.end
-            start = batch.start if batch.start is not None else self._first_reference(df)
+            batch_id, end = batch.batch_id, batch.end
+            start = batch.start if batch.start is not None else self.start_at
             report = MirrorReport(batch_id, 0, 0, 0, end, 0.0, 0)
-            if start is not None and start < end:
-                self._send(df.sparkSession, start, end, report)
+            if start < end:
+                listed = tuple(self.metadata.feed.batches(start, end))
+                if any(b.objects or b.backfill for b in listed):
+                    self._send(batch.df.sparkSession, start, end, listed, report)
             crash_point("mirrored")
-            if self.metadata is not None:
-                self.metadata.journal.record_sink(MIRROR, end)
+            self.metadata.journal.record_sink(MIRROR, end)
+            self.metadata.feed.release(end)  # the mirror is the tier's one consumer
+            self.start_at = end
             self.sent += report.sent
             report.seconds = time.monotonic() - started
             if self.on_batch:
                 self.on_batch(report)
 
-    @staticmethod
-    def _first_reference(df) -> int | None:
-        """The first physical offset of a batch whose start the offset log lacks; None when empty."""
-        from pyspark.sql import functions as F
-
-        return df.agg(F.min("phy_offset")).first()[0]
-
-    def _send(self, spark, start: int, end: int, report: MirrorReport) -> None:
+    def _send(self, spark, start: int, end: int, listed: tuple[FeedBatch, ...], report: MirrorReport) -> None:
         slots_total = self.tasks or default_slots(self.kafka, spark.sparkContext.defaultParallelism)
         pending = list(range(slots_total))
         attempt = 0
         while pending:
-            task = SendTask(self.kafka, self.reader, start, end, slots_total, dict(self._partitions),
+            task = SendTask(self.kafka, self.location, listed, start, end, slots_total, dict(self._partitions),
                             dict(self._positions), self.topics)
             outcomes = (spark.range(0, len(pending), 1, len(pending))
                         .mapInArrow(make_sender(task, pending), OUTCOME_DDL).toArrow().to_pylist())
@@ -211,8 +215,7 @@ class MirrorHandler:
             report.bytes += o["bytes"]
             for phy, why in json.loads(o["too_large"]):
                 log.warning("mirror: skipped the message at physical offset %d: too large for Kafka (%s)", phy, why)
-                if self.metadata is not None:
-                    self.metadata.journal.record_skip(MIRROR, phy, why)
+                self.metadata.journal.record_skip(MIRROR, phy, why)
             self._partitions.update(json.loads(o["partitions"]))
             if o["error"] is None:
                 self._positions.update(json.loads(o["positions"]))

@@ -30,20 +30,32 @@ def enabled_sinks(conf: cfg.Config) -> list[str]:
     return [sink for q in queries(conf) for sink in q.sinks(conf)]
 
 
+def commitlog_sinks(conf: cfg.Config) -> list[str]:
+    """The sinks fed from the commitlog, whose applied offsets bound the safepoint: all but the mirror."""
+    return [sink for q in queries(conf) if q.reads_commitlog for sink in q.sinks(conf)]
+
+
+def consumes_tier(conf: cfg.Config) -> bool:
+    """Whether a query of the run consumes the tier's committed batches (the mirror), so the tier
+    lists and keeps them for it (``state.feed``)."""
+    return any(not q.reads_commitlog for q in queries(conf))
+
+
 def safepoint(conf: cfg.Config, sinks: dict[str, int]) -> int | None:
-    """Below it, no sink needs the commitlog any more: the lowest offset every enabled sink has applied,
-    and no lower than where each query's last committed batch ends.
+    """Below it, no sink needs the commitlog any more: the lowest offset every sink fed from the
+    commitlog has applied, and no lower than where each of its queries' last committed batch ends.
+    The mirror is not one of them: it reads the tier, which keeps what it has not sent.
 
     A sink records a batch before Spark commits it; after a crash Spark runs that batch again from
     the end of the last committed one, reading its bytes once more (the chaos harness found `gc`
     deleting them).  None until each sink has applied something and each query committed a batch,
     and for checkpoints on a Hadoop file system when no Spark session runs in this process.
     """
-    enabled = enabled_sinks(conf)
+    enabled = commitlog_sinks(conf)
     if not all(n in sinks for n in enabled):
         return None
     points = [sinks[n] for n in enabled]
-    for query in queries(conf):
+    for query in (q for q in queries(conf) if q.reads_commitlog):
         committed = _committed_end(checkpoint_path(conf, query.name))
         if committed is None:
             return None

@@ -80,6 +80,9 @@ class Service:
         settings = self.settings
         kinds = plan.queries(conf)
         metadata = self._metadata = MetadataStore(plan.metadata_path(conf))
+        if not plan.consumes_tier(conf) and metadata.feed.listed_from() is not None:
+            log.info("no query consumes the tier's batches any more (the mirror is off): the tier stops keeping them")
+            metadata.feed.shut()
         self.metrics.serve(conf.metrics.host, conf.metrics.port)
         kv = None
         self.queries = {}
@@ -101,7 +104,7 @@ class Service:
                 spark = owned = build_session("tierlog", conf.spark.master, plan.session_conf(conf))
             committed = {q.name: Checkpoint(plan.checkpoint_path(conf, q.name), spark).last_committed_end()
                          for q in kinds}
-            moved_from = self._check_commitlog(spark, committed)
+            moved_from = self._check_commitlog(spark, {q.name: committed[q.name] for q in kinds if q.reads_commitlog})
             for q in kinds:  # every checkpoint checked before anything starts
                 check_or_record(spark, plan.checkpoint_path(conf, q.name), q.name, q.guarded_settings(conf, spark),
                                 movable=("commitlog.dir",) if moved_from else ())
@@ -199,7 +202,11 @@ class Service:
 
     def _run_queries(self, spark, until_caught_up: bool) -> int:
         conf = self.conf
-        streams = {name: self._start(spark, q, until_caught_up) for name, q in self.queries.items()}
+        # Under --until-caught-up, a query that consumes the tier starts once the commitlog's readers
+        # are done: its end is the tier's end when it starts.
+        later = [n for n, q in self.queries.items() if until_caught_up and not q.reads_commitlog]
+        streams = {name: self._start(spark, q, until_caught_up) for name, q in self.queries.items()
+                   if name not in later}
         self._install_signals()
         log.info("%s: %s -> %s (%s)", " + ".join(streams), conf.commitlog.dir, conf.tier.location,
                  "until caught up" if until_caught_up else "until stopped")
@@ -212,6 +219,10 @@ class Service:
                       and not self.late.failed(n, str(s.exception()), n in self._entered)]
             waiting = self.late.waiting()
             active = [s for n, s in streams.items() if s.isActive and n not in waiting]
+            if later and not (failed or active or waiting):
+                streams.update({name: self._start(spark, self.queries[name], until_caught_up) for name in later})
+                later = []
+                continue
             if failed or not (active or waiting):
                 break
             try:

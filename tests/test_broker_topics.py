@@ -156,7 +156,8 @@ def test_a_filter_changed_between_runs_applies_from_then_on(spark, tmp_path, kaf
     conf = kafka_conf(make_conf(tmp_path, str(tmp_path / "tier")), kafka_bootstrap, kafka_prefix)
     before = write(conf, broker_log(60))
     run(spark, conf)
-    conf = dataclasses.replace(conf, topics=cfg.TopicsConfig(mirror="business,retry", tier_exclude="users"))
+    conf = dataclasses.replace(conf, topics=cfg.TopicsConfig(mirror="business,retry", tier_exclude="users",
+                                                             mirror_exclude="users"))  # within the tier: it reads the tier
     after = write(conf, broker_log(60, seed=2))
     run(spark, conf)
     retried = {int(dict(r.headers)["tierlog.phy"]) for records in

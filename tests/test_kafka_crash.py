@@ -22,8 +22,9 @@ from tests.kafka_helpers import assert_mirror_equals_oracle, changelog_oracle, c
 from tests.kv_helpers import append, kv_messages, view_contents
 from tests.oracle import latest_per_key
 
+# "committed": the tier has committed a batch, the mirror (which reads the tier) has not sent it.
 FAULTS = [("kafka_sending", 1), ("mirrored", 1), ("changelogged", 1), ("kafka_sending", 2), ("mirrored", 2),
-          ("changelogged", 2)]
+          ("changelogged", 2), ("committed", 2)]
 TOPICS = ["t0", "t1"]
 TTL = {"t0": 3600.0}  # compaction.ttl = "t0=1h": far from the ages the messages have (3 h, or minutes)
 OLD_ROUNDS, AGE_MS = 2, 3 * 3_600_000

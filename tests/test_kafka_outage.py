@@ -5,7 +5,8 @@ port and data.
 Clients lose their connections and their requests in flight, and batches the transaction
 coordinator had open are aborted on its restart.  While Kafka is down the mirror and changelog
 wait with backoff and say so in ``tierlog status``, the tier keeps going, and the safepoint stays
-at what Kafka has.  After it is back, everything arrives exactly once.
+at what the changelog has (it rides on compaction, which reads the commitlog); with the mirror
+alone it moves on, since the mirror reads the tier.  After it is back, everything arrives exactly once.
 
 A second test turns the TTL on across an outage: keys that expire while Kafka is away stay in the
 KV view until their tombstones are in the changelog, and get there once Kafka is back.
@@ -24,6 +25,7 @@ import pytest
 from streaming import config as cfg
 from tests.kafka_broker import ApacheKafka
 from tests.cli_runner import cli_command, cli_env, tierlog
+from tests.cli_runner import write_config as shared_config
 from tests.kafka_helpers import assert_mirror_equals_oracle, changelog_oracle, changelog_records, compacted
 from tests.kv_helpers import append, kv_messages, view_contents
 from tests.oracle import latest_per_key
@@ -103,7 +105,9 @@ def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, kafka, kafka
         kafka.start()
         sinks = seen_waiting["sinks"]
         assert sinks["mirror"]["error"] and sinks["tier"]["applied_phy"] > sinks["mirror"]["applied_phy"]
-        assert seen_waiting["summary"]["safepoint"] <= sinks["mirror"]["applied_phy"]  # GC holds for Kafka
+        # The changelog rides on compaction, which reads the commitlog: GC holds for it.  (The mirror
+        # reads the tier, and holds only the tier's staging objects: test_the_safepoint_moves_...)
+        assert seen_waiting["summary"]["safepoint"] <= sinks["changelog"]["applied_phy"]
         # The producer goes on until the mirror is sending again, so the recovery too has new messages.
         wait_for(lambda: status(config)["sinks"]["mirror"]["state"] == "ok", 120, "the mirror to send again")
         stop.set()
@@ -177,6 +181,58 @@ def test_keys_that_expire_while_kafka_is_away_stay_until_their_tombstones_are_in
     assert {k for k, v in got.items() if v is None} >= doomed  # each expired key ends as a tombstone
     assert doomed, "no key expired: the TTL was not exercised"
     assert_no_duplicates(conf)
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(900)
+def test_the_safepoint_moves_while_kafka_is_away_and_the_mirror_sends_every_message_once_after(
+        tmp_path, kafka, kafka_prefix):
+    """The mirror reads the tier's committed batches, not the commitlog: while Kafka is away the
+    safepoint (what `commitlog gc` may delete below) passes what the mirror has sent, and the tier
+    keeps the staging objects the mirror still needs, though it seals and folds past them."""
+    # Compaction off (the changelog rides on it, and reads the commitlog); the tier seals, retires
+    # and folds often, with no grace: only the feed's hold-back keeps what the mirror has not sent.
+    config = shared_config(tmp_path, source={"max_bytes_per_trigger": 60000}, compaction={"enabled": False},
+                           tier={"delete_grace_s": 0, "segment_messages": 100, "fold_every": 4},
+                           spark={"trigger_interval_s": 0.5},
+                           kafka={"bootstrap": kafka.bootstrap, "mirror_topic": f"{kafka_prefix}.{{topic}}",
+                                  "partitions": 4, "linger_ms": 2, "delivery_timeout_s": 10})
+    conf = cfg.load(str(config), env={})
+    append(conf, kv_messages(500, keys=200, seed=1))
+    stop = threading.Event()
+    producer = threading.Thread(target=keep_appending, args=(conf, stop))
+    service = subprocess.Popen(cli_command("run", "--config", str(config)), env=cli_env(),
+                               stdout=subprocess.DEVNULL, stderr=open(tmp_path / "service.log", "w"))
+    alive, log = (lambda: service.poll() is None), tmp_path / "service.log"
+    end = held = during = None
+    try:
+        wait_for(lambda: (status(config) or {"sinks": {"mirror": {}}})["sinks"]["mirror"].get("applied_phy"),
+                 conf.spark.late_start_s + 60, "the mirror's first batch", alive=alive, log=log)
+        producer.start()
+        kafka.stop(kill=True)
+        wait_for(lambda: status(config)["sinks"]["mirror"]["state"] == "waiting", WAITING_WITHIN_S,
+                 "the mirror to wait for Kafka", alive=alive, log=log)
+        held = status(config)["sinks"]["mirror"]["applied_phy"]
+        wait_for(lambda: (status(config)["summary"]["safepoint"] or 0) > held + 50_000, 120,
+                 "the safepoint to pass what the mirror has sent", alive=alive, log=log)
+        during = status(config)
+        assert during["sinks"]["mirror"]["applied_phy"] == held  # still waiting, and the tier went on
+        assert "mirror" in during["sinks"] and "kv" not in during["sinks"] and "changelog" not in during["sinks"]
+        kafka.start()
+        wait_for(lambda: status(config)["sinks"]["mirror"]["state"] == "ok", 120, "the mirror to send again",
+                 alive=alive, log=log)
+        stop.set()
+        producer.join()
+        end = status(config)["summary"]["commitlog_end_phy"]
+        wait_for(lambda: status(config)["sinks"]["mirror"]["applied_phy"] == end, 300,
+                 "the mirror to reach the end of the log", alive=alive, log=log)
+    finally:
+        stop.set()
+        service.send_signal(signal.SIGTERM)
+        code = service.wait(timeout=120)
+    assert code == 0, log.read_text()[-3000:]
+    assert end > during["summary"]["safepoint"] > held  # the producer appended through the outage
+    assert_mirror_equals_oracle(conf, TOPICS)  # every message once, in order: none missing, extra or twice
 
 
 def _changelog_caught_up(config) -> bool:

@@ -22,7 +22,8 @@ from tests.test_tier_writer import assert_tier_equals_ledger, drive
 def read_back(run, start: int, end: int) -> list[dict]:
     backend = open_backend(run.location)
     batches = run.store.feed.batches(start, end)
-    rows = [normalize_arrow_row(r) for b in read_batches(backend, batches, start, end) for r in b.to_pylist()]
+    rows = [normalize_arrow_row(r) for b in read_batches(backend, batches, start, end, broker=run.writer.settings.broker)
+            for r in b.to_pylist()]
     backend.close()
     return rows
 
@@ -94,3 +95,71 @@ def test_without_a_consumer_nothing_is_listed_or_held(tmp_path):
     with pytest.raises(FeedGapError, match="no consumer of the tier was configured"):
         run.store.feed.batches(0, 1)
     run.close()
+
+
+def test_a_feed_opened_on_a_tier_that_holds_messages_backfills_them_from_the_tier(tmp_path):
+    """A mirror turned on later (or whose position the listing lost) first reads what the tier
+    committed from its position, from the tier's own view: every retained message once, in queue
+    order; what retention dropped is not there (the service warns of it), nothing else is missing."""
+    run, _ = drive(tmp_path, 6)
+    states = assert_tier_equals_ledger(run)
+    assert any(s.low for s in states.values())  # retention dropped some: the backfill must not invent them
+    end = run.writer.source_end
+    retained = [r for r in expected_rows(run) if r["queue_offset"] >= states[(r["topic"], r["queue_id"])].low]
+    middle = retained[len(retained) // 2]["phy_offset"]
+    assert run.store.feed.open(end, since=middle) == middle
+    rows = read_back(run, middle, end)
+    assert in_queue_order(rows)
+    assert sorted(rows, key=lambda r: r["phy_offset"]) == [r for r in retained if r["phy_offset"] >= middle]
+    run.close()
+
+
+class CountingGets:
+    """The real backend, counting the requests that read an object (each ``read`` is one GET)."""
+
+    def __init__(self, backend):
+        self.backend, self.gets = backend, 0
+
+    def read(self, name, start=0, length=None):
+        self.gets += 1
+        return self.backend.read(name, start, length)
+
+    def open_input(self, name, size=None):
+        raise AssertionError("the feed reads a staging object in one GET, not by ranges")
+
+    def __getattr__(self, attr):
+        return getattr(self.backend, attr)
+
+
+def test_on_s3_a_committed_batch_is_read_back_with_one_get_per_staging_object(tmp_path, s3_location):
+    from connectors.commitlog.reader import CommitLogReader, ReaderOptions
+    from connectors.commitlog.workload import Workload
+    from connectors.commitlog.writer import CommitLogWriter
+    from connectors.tier.staging import CommitLogGaps, StageSettings, stage_range
+    from connectors.tier.writer import TierWriter, WriterSettings
+    from state.metadata import MetadataStore
+    from tests import ledger
+
+    log_dir = str(tmp_path / "commitlog")
+    with CommitLogWriter(log_dir, file_size=1 << 20, fsync="never") as w:
+        ledger.append(w, Workload(messages=3000, topics=2, queues=4, keys=100, body_size=200, seed=7).generate())
+    written = ledger.stored(log_dir)
+    store = MetadataStore(str(tmp_path / "metadata"))
+    store.feed.open(None)
+    writer = TierWriter(WriterSettings(location=s3_location, segment_messages=10**9), store)
+    stager = StageSettings(location=s3_location, reader=ReaderOptions(log_dir))
+    gaps = CommitLogGaps(ReaderOptions(log_dir))  # a file's blank tail lies between two batches
+    with CommitLogReader(log_dir) as reader:
+        start, end = reader.first_offset(), reader.end_offset()
+        cuts = [*reader.scan(start, end, split_bytes=100_000).splits, end]
+    for batch_id, (lo, hi) in enumerate(zip([start, *cuts], cuts)):
+        part, _ = stage_range(stager, lo, hi)
+        writer.commit(batch_id, [part] if part is not None else [], gaps.between)
+    listed = store.feed.batches(start, end)
+    assert len(listed) == len(cuts) >= 5
+    counting = CountingGets(writer.backend)
+    rows = [normalize_arrow_row(r) for b in read_batches(counting, listed, start, end) for r in b.to_pylist()]
+    assert rows == [row for m in written if entered_a_queue(row := message_row(m))]  # one object a batch: phy order
+    assert counting.gets == sum(len(b.objects) for b in listed) == len(listed)  # one GET per committed batch
+    writer.close()
+    store.close()

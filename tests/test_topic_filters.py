@@ -79,3 +79,23 @@ def test_an_unknown_class_is_refused_naming_the_setting(tmp_path):
     with pytest.raises(cfg.ConfigError, match=r"setting topics\.mirror \(from .*tierlog\.toml\): 'dlq' is not a "
                                                r"topic class; use any of business, retry, system"):
         derive(cfg.load(str(toml), env={}))
+
+
+@pytest.mark.parametrize("topics, says", [
+    ('mirror = "business,system"', "topics.mirror takes the class(es) system, which topics.tier ('business,retry') "
+                                    "leaves out"),
+    ('tier_exclude = "orders-*"', "topics.tier_exclude leaves out orders-*, which topics.mirror_exclude does not"),
+    ('tier = "business"\nmirror_include = "%RETRY%*"', "topics.mirror_include takes %RETRY%*, which "
+                                                        "topics.tier_include does not"),
+])
+def test_a_mirror_filter_wider_than_the_tiers_is_refused_while_the_mirror_is_on(tmp_path, topics, says):
+    """The mirror sends what the tier committed: it cannot send a topic the tier leaves out."""
+    toml = tmp_path / "tierlog.toml"
+    toml.write_text(f'[topics]\n{topics}\n')
+    derive(cfg.load(str(toml), env={}))  # Kafka off: no mirror, nothing to refuse
+    toml.write_text(f'[kafka]\nbootstrap = "localhost:9092"\n[topics]\n{topics}\n')
+    with pytest.raises(cfg.ConfigError, match="the Kafka mirror sends what the tier keeps") as caught:
+        derive(cfg.load(str(toml), env={}))
+    assert says in str(caught.value)
+    toml.write_text(f'[kafka]\nbootstrap = "localhost:9092"\nmirror = false\n[topics]\n{topics}\n')
+    derive(cfg.load(str(toml), env={}))

@@ -7,9 +7,13 @@ as they were committed: already decoded and CRC-checked by the stager, so nothin
 the commitlog a second time.  The tier keeps them until every consumer has applied them
 (``state.feed.TierFeed`` lists them; ``TierWriter.delete_retired`` holds back their deletion).
 
+A *backfill* batch stands for what the tier committed before the feed listed anything (a mirror
+turned on for a tier that holds messages, or one whose position the listing lost): its messages
+are read from the tier's committed view, queue by queue, sealed segments and staging alike.
+
 Contract of :func:`read_batches`: every message of the listed batches in ``[start, end)`` (by
-physical offset), once, each staging object's rows in physical order and the objects in the
-order the tier committed them, so every queue's messages come in queue order.
+physical offset) that the tier holds, once, and every queue's messages in queue order: each
+staging object's rows in physical order and the objects in the order the tier committed them.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import pyarrow.parquet as pq
+
+from connectors.commitlog.arrow import MESSAGE_SCHEMA
 from connectors.tier.backend import Backend
-from connectors.tier.layout import read_object_rows
 
 
 @dataclass(frozen=True)
@@ -33,13 +39,15 @@ class FeedBatch:
     start: int
     end: int
     objects: tuple[tuple[str, int, int], ...]
+    backfill: bool = False  # read from the tier's committed view, not from listed objects
 
     def to_json(self) -> dict:
-        return {"start": self.start, "end": self.end, "objects": [list(o) for o in self.objects]}
+        out = {"start": self.start, "end": self.end, "objects": [list(o) for o in self.objects]}
+        return {**out, "backfill": True} if self.backfill else out
 
     @classmethod
     def from_json(cls, d: dict) -> "FeedBatch":
-        return cls(d["start"], d["end"], tuple(tuple(o) for o in d["objects"]))
+        return cls(d["start"], d["end"], tuple(tuple(o) for o in d["objects"]), d.get("backfill", False))
 
     @classmethod
     def from_record(cls, record: dict) -> "FeedBatch":
@@ -49,17 +57,46 @@ class FeedBatch:
 
 
 def read_batches(backend: Backend, batches: Iterable[FeedBatch], start: int, end: int,
-                 columns: tuple[str, ...] | None = None) -> Iterator[pa.RecordBatch]:
+                 columns: tuple[str, ...] | None = None, broker: str | None = None) -> Iterator[pa.RecordBatch]:
     """The messages of ``batches`` whose physical offset is in ``[start, end)`` (see the module's
-    contract); ``columns``: the message columns to read (``phy_offset`` is always read)."""
+    contract); ``columns``: the message columns to read (``phy_offset`` is always read);
+    ``broker``: whose part of the tier a backfill batch reads."""
     wanted = None if columns is None else list(dict.fromkeys((*columns, "phy_offset")))
     for batch in batches:
         if batch.end <= start or batch.start >= end:
             continue
+        if batch.backfill:
+            yield from _backfill(backend, broker, max(start, batch.start), min(end, batch.end), wanted)
+            continue
         for name, size, _first in batch.objects:
-            table = read_object_rows(backend, name, None, wanted, size=size)
+            # One GET for the whole object: the mirror needs nearly every byte of it (the bodies), and
+            # a ranged read per column chunk of each queue's row group was hundreds of GETs on S3.
+            table = pq.read_table(pa.BufferReader(backend.read(name)), schema=MESSAGE_SCHEMA, columns=wanted)
             if batch.start < start or batch.end > end:
                 phy = table["phy_offset"]
                 table = table.filter(pc.and_(pc.greater_equal(phy, start), pc.less(phy, end)))
             table = table.sort_by("phy_offset")  # staged by (topic, queue, offset): queue order either way
             yield from table.to_batches()
+
+
+BACKFILL_CHUNK = 20_000  # messages of one queue read at a time
+
+
+def _backfill(backend: Backend, broker: str | None, start: int, end: int,
+              columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+    """The committed messages of ``broker`` with physical offsets in ``[start, end)``, queue by queue."""
+    from connectors.tier.reader import TierReader
+
+    reader = TierReader(backend, broker)
+    view = reader.view()
+    for topic, queue_id in view.queue_keys():
+        offset = view.queue((topic, queue_id)).low
+        while True:
+            got = reader.get(topic, queue_id, offset, BACKFILL_CHUNK, view=view)
+            if got.messages.num_rows == 0:
+                break
+            table = got.messages if columns is None else got.messages.select(columns)
+            phy = table["phy_offset"]
+            table = table.filter(pc.and_(pc.greater_equal(phy, start), pc.less(phy, end)))
+            yield from table.to_batches()
+            offset = got.next_offset

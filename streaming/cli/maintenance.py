@@ -45,7 +45,7 @@ def cmd_commitlog_gc(args, conf: cfg.Config) -> int:
 
     from connectors.commitlog.reader import list_files
     from streaming.cli.found import open_metadata
-    from streaming.plan import enabled_sinks, safepoint
+    from streaming.plan import commitlog_sinks, safepoint
     from streaming.settings import local_retention_s
 
     retention = local_retention_s(conf)
@@ -57,7 +57,7 @@ def cmd_commitlog_gc(args, conf: cfg.Config) -> int:
     point = safepoint(conf, sinks)
     if point is None:
         raise ConfigError(
-            f"no safepoint yet: every enabled sink ({', '.join(enabled_sinks(conf))}) must have applied "
+            f"no safepoint yet: every sink fed from the commitlog ({', '.join(commitlog_sinks(conf))}) must have applied "
             "something and every query committed a batch (run `tierlog run` first); with checkpoint.dir "
             "outside the local file system gc cannot tell what a restart would read again, and deletes nothing"
         )

@@ -15,7 +15,10 @@ Contract of a query:
 - ``sinks(conf)``: the sinks (outputs) it feeds, by the names the metadata
   store records their progress under (``tier``, ``kv``, ``changelog``,
   ``mirror``); each sink's applied offset bounds the safepoint, and so does
-  this query's last committed batch.
+  this query's last committed batch, if the query ``reads_commitlog``.  A query
+  that does not consumes the tier's committed batches instead (``state.feed``),
+  which the tier keeps for it; under ``--until-caught-up`` it starts once the
+  commitlog's readers have caught up.
 - ``guarded_settings(conf, spark)``: the settings its checkpoint depends on;
   a start with other values is refused (``streaming.checkpoints``).
 - ``start(committed_end)`` runs before the stream starts (catch up what Spark committed
@@ -56,6 +59,7 @@ class RunContext:
 class Query:
     name: ClassVar[str]
     output_mode: ClassVar[str] = "append"
+    reads_commitlog: ClassVar[bool] = True
 
     @classmethod
     def enabled(cls, conf: cfg.Config) -> bool:

@@ -1,5 +1,5 @@
-"""The mirror query as the runner sees it: commitlog -> one Kafka record per message
-(``streaming.mirror_handler``)."""
+"""The mirror query as the runner sees it: the tier's committed batches -> one Kafka record per
+message (``streaming.mirror_handler``)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from streaming import config as cfg
 from streaming.checkpoints import Batch
 from streaming.queries.base import Query, RunContext
 from streaming.mirror_handler import MirrorHandler, MirrorReport
-from streaming.tier_handler import refs_stream
 
 log = logging.getLogger("tierlog.service")
 
 
 class MirrorQuery(Query):
     name = "mirror"
+    reads_commitlog = False
 
     @classmethod
     def enabled(cls, conf: cfg.Config) -> bool:
@@ -29,14 +29,32 @@ class MirrorQuery(Query):
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
+        store = ctx.metadata
+        applied = store.journal.sinks().get(MIRROR)
+        tier_end = store.source_end()
+        listed = store.feed.listed_from()
+        if listed is None:  # the tier lists its batches for the mirror from here on
+            listed = store.feed.open(tier_end, since=applied or 0)
+            if tier_end is not None and tier_end > listed:
+                expired = sum(1 for q in store.queues() if q.low > 0)
+                say = log.warning if expired else log.info
+                say("the mirror first sends what the tier committed from physical offset %d to %d, read from the "
+                    "tier%s", listed, tier_end, f"; retention has dropped the oldest messages of {expired} queue(s), "
+                    "which are not sent" if expired else "")
+        self.start_at = listed if applied is None else applied
         self.handler = MirrorHandler(
-            ctx.kafka, ctx.settings.reader, ctx.metadata, tasks=ctx.conf.kafka.mirror_tasks,
+            ctx.kafka, ctx.conf.tier.location, store, self.start_at, tasks=ctx.conf.kafka.mirror_tasks,
             should_stop=ctx.should_stop, on_batch=self.report, topics=ctx.settings.filters["mirror"],
         )
         self.lock = self.handler.lock
 
     def stream(self, spark):
-        return refs_stream(spark, self.ctx.source_options)
+        reader = (spark.readStream.format("tierfeed").option("metadata", self.ctx.metadata.path)
+                  .option("startingOffset", str(self.start_at)))
+        max_bytes = self.ctx.source_options.get("maxBytesPerTrigger")
+        if max_bytes:
+            reader = reader.option("maxBytesPerTrigger", str(max_bytes))
+        return reader.load()
 
     def process(self, batch: Batch) -> None:
         self.handler.process(batch)
@@ -50,6 +68,6 @@ class MirrorQuery(Query):
         m.batch_seconds.labels(self.name).observe(report.seconds)
         m.bytes_in.labels(self.name).inc(report.bytes)
         m.kafka_sent.labels(self.name).inc(report.sent)
-        m.kafka_errors.labels(self.name).inc(report.attempts - 1)
+        m.kafka_errors.labels(self.name).inc(max(0, report.attempts - 1))  # 0 attempts: nothing to send
         if report.sent:
             m.kafka_rate.labels(self.name).set(report.sent / max(report.seconds, 1e-3))

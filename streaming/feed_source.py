@@ -1,0 +1,135 @@
+"""The ``tierfeed`` streaming source: the micro-batches of a query that consumes the tier's
+committed batches (the mirror) instead of the commitlog.
+
+Its offsets are the commitlog source's own shape, ``{"phy_offset": N}``, and every one is the end
+of a batch the tier committed, so a consumer's batch is whole tier batches: ``state.feed`` lists
+them, and the query's handler reads their staging objects (``connectors.tier.feed``).  The source
+itself yields no rows; Spark gives the query its trigger, its offset log and its exactly-once
+bookkeeping, as for every query of ``tierlog run``.
+
+Options:
+
+``metadata``         the metadata store's directory (read as a RocksDB secondary: no lock taken)
+``startingOffset``   where a new checkpoint starts: a batch end the feed lists
+``maxBytesPerTrigger``  at most about this many bytes of staging objects a batch (at least one tier batch)
+
+Under ``availableNow`` a batch ends at most at the tier's end when the query started, so
+``--until-caught-up`` terminates; the runner starts such a query once tiering has caught up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, SupportsTriggerAvailableNow
+
+from state.feed import PREFIX, batch_key
+
+FEED_DDL = "phy_offset bigint"
+
+
+class _Listing:
+    """The metadata store's feed, read as a RocksDB secondary instance that catches up with the
+    running service on each call: a read-only open would replay the store's whole WAL every trigger."""
+
+    def __init__(self, path: str):
+        from rocksdict import AccessType, Options, Rdict
+
+        self.scratch = tempfile.mkdtemp(prefix="tierlog-feed-")
+        self.db = Rdict(path, Options(raw_mode=False), access_type=AccessType.secondary(self.scratch))
+
+    def batch_ends(self, start: int) -> list[tuple[int, int]]:
+        """(end, staging bytes) of each listed batch that ends after ``start``, in order."""
+        self.db.try_catch_up_with_primary()
+        out = []
+        for key, raw in self.db.items(from_key=batch_key(start + 1)):
+            if not key.startswith(PREFIX):
+                break
+            batch = json.loads(raw)
+            out.append((batch["end"], sum(o[1] for o in batch["objects"])))
+        return out
+
+    def close(self) -> None:
+        self.db.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict):
+        opts = {k.lower(): v for k, v in options.items()}
+        self.path = opts["metadata"]
+        self.starting = int(opts.get("startingoffset", 0))
+        self.max_bytes = int(opts.get("maxbytespertrigger", 0) or 0)
+        self._target: int | None = None
+        self._listing: _Listing | None = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_listing"] = None
+        return state
+
+    @property
+    def listing(self) -> _Listing:
+        if self._listing is None:
+            self._listing = _Listing(self.path)
+        return self._listing
+
+    def initialOffset(self) -> dict:
+        return {"phy_offset": self.starting}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxBytes(self.max_bytes) if self.max_bytes else ReadAllAvailable()
+
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
+        """The end of the last listed batch that fits ``limit`` (at least one; all under
+        ``ReadAllAvailable``, as Spark requires), never past the availableNow target."""
+        begin = int((start or self.initialOffset())["phy_offset"])
+        cap = limit.max_bytes if isinstance(limit, ReadMaxBytes) else None
+        end, taken = begin, 0
+        for batch_end, size in self.listing.batch_ends(begin):
+            if self._target is not None and batch_end > self._target:
+                break
+            if cap and taken and taken + size > cap:
+                break
+            end, taken = batch_end, taken + size
+        return {"phy_offset": end}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        ends = self.listing.batch_ends(-1)
+        self._target = ends[-1][0] if ends else self.starting
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return []  # the handler reads the batches' staging objects itself, per Kafka partition slot
+
+    def read(self, partition):
+        return iter(())
+
+    def commit(self, end: dict) -> None:
+        pass  # the handler releases what the mirror applied (state.feed.TierFeed.release)
+
+    def stop(self) -> None:
+        if self._listing is not None:
+            self._listing.close()
+            self._listing = None
+
+
+class TierFeedDataSource(DataSource):
+    """The ``tierfeed`` format (see the module docstring)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "tierfeed"
+
+    def schema(self) -> str:
+        return FEED_DDL
+
+    def streamReader(self, schema) -> TierFeedStreamReader:
+        if not os.path.isdir(self.options.get("metadata", "")):
+            from connectors.errors import ConfigError
+
+            raise ConfigError(f"tierfeed: no metadata store at {self.options.get('metadata')!r}")
+        return TierFeedStreamReader(dict(self.options))
