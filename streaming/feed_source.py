@@ -13,8 +13,9 @@ Options:
 ``startingOffset``   where a new checkpoint starts: a batch end the feed lists
 ``maxBytesPerTrigger``  at most about this many bytes of staging objects a batch (at least one tier batch)
 
-Under ``availableNow`` a batch ends at most at the tier's end when the query started, so
-``--until-caught-up`` terminates; the runner starts such a query once tiering has caught up.
+Under ``availableNow`` a batch ends at most at the tier's end when the query started.  ``tierlog
+run --until-caught-up`` does not use it (the tier is still growing then): it runs the query on its
+trigger and stops it once tiering is done and the query has applied all the tier committed.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ Spark gives the query its micro-batches and checkpoint, and the executors do the
    reading their positions back from Kafka, until they succeed or a stop is
    requested;
 4. record the batch's end as the ``mirror`` sink's applied offset, and release the tier batches
-   up to it, which the tier may then delete.
+   before the batch's start (Spark has committed them), which the tier may then delete.
 
 The changelog sink rides on the compaction query instead (see
 ``streaming.kv_handler``).
@@ -179,7 +179,9 @@ class MirrorHandler:
                     self._send(batch.df.sparkSession, start, end, listed, report)
             crash_point("mirrored")
             self.metadata.journal.record_sink(MIRROR, end)
-            self.metadata.feed.release(end)  # the mirror is the tier's one consumer
+            # Up to this batch's start only: Spark runs this batch again if it stops (or dies) before
+            # committing it, and the batch before it is committed (the mirror is the tier's one consumer).
+            self.metadata.feed.release(start)
             self.start_at = end
             self.sent += report.sent
             report.seconds = time.monotonic() - started

@@ -178,7 +178,7 @@ class Service:
             .option("checkpointLocation", checkpoint)
             .outputMode(query.output_mode)
         )
-        if until_caught_up:
+        if until_caught_up and query.reads_commitlog:
             return writer.trigger(availableNow=True)
         return writer.trigger(processingTime=f"{int(conf.spark.trigger_interval_s * 1000)} milliseconds")
 
@@ -202,11 +202,11 @@ class Service:
 
     def _run_queries(self, spark, until_caught_up: bool) -> int:
         conf = self.conf
-        # Under --until-caught-up, a query that consumes the tier starts once the commitlog's readers
-        # are done: its end is the tier's end when it starts.
-        later = [n for n, q in self.queries.items() if until_caught_up and not q.reads_commitlog]
-        streams = {name: self._start(spark, q, until_caught_up) for name, q in self.queries.items()
-                   if name not in later}
+        # Under --until-caught-up, a query that consumes the tier (it cannot know where the tier will
+        # end) runs on its trigger beside the others, and is stopped once they are done and it has
+        # applied all the tier committed.
+        followers = [n for n, q in self.queries.items() if until_caught_up and not q.reads_commitlog]
+        streams = {name: self._start(spark, q, until_caught_up) for name, q in self.queries.items()}
         self._install_signals()
         log.info("%s: %s -> %s (%s)", " + ".join(streams), conf.commitlog.dir, conf.tier.location,
                  "until caught up" if until_caught_up else "until stopped")
@@ -219,9 +219,9 @@ class Service:
                       and not self.late.failed(n, str(s.exception()), n in self._entered)]
             waiting = self.late.waiting()
             active = [s for n, s in streams.items() if s.isActive and n not in waiting]
-            if later and not (failed or active or waiting):
-                streams.update({name: self._start(spark, self.queries[name], until_caught_up) for name in later})
-                later = []
+            if followers and not failed and self._followers_done(streams, followers):
+                self._stop([streams[n] for n in followers])
+                followers = []
                 continue
             if failed or not (active or waiting):
                 break
@@ -235,15 +235,7 @@ class Service:
         if any(s.exception() is not None for n, s in streams.items() if not s.isActive and n not in waiting):
             self.stopping.set()  # the other queries stop too: no new batch, Kafka waits end
         if self.stopping.is_set() and any(s.isActive for s in streams.values()):
-            locks = [q.lock for q in self.queries.values()]
-            for lock in locks:  # the batches in flight, if any, finish and commit first
-                lock.acquire()
-            try:
-                for s in streams.values():
-                    s.stop()
-            finally:
-                for lock in locks:
-                    lock.release()
+            self._stop(list(streams.values()))
         failure = self._failure(streams)
         if failure is None:  # after a failure, close() alone releases what each query holds
             for name, query in self.queries.items():
@@ -258,6 +250,25 @@ class Service:
 
     def _start(self, spark, query: Query, until_caught_up: bool):
         return self._writer(spark, query, until_caught_up).start()
+
+    def _stop(self, streams: list) -> None:
+        """Stop ``streams`` once the batches in flight, if any, have finished and committed."""
+        locks = [q.lock for q in self.queries.values()]
+        for lock in locks:
+            lock.acquire()
+        try:
+            for s in streams:
+                s.stop()
+        finally:
+            for lock in locks:
+                lock.release()
+
+    def _followers_done(self, streams: dict, followers: list[str]) -> bool:
+        """Under --until-caught-up: the commitlog's readers have stopped, and each query over the
+        tier has applied everything the tier committed."""
+        if any(s.isActive for n, s in streams.items() if n not in followers):
+            return False
+        return all(self.queries[n].caught_up() for n in followers)
 
     def _late_start(self, name: str, text: str | None) -> None:
         """A query waits to be started again (``text`` says why), or it ran a batch (None): its

@@ -17,8 +17,9 @@ Contract of a query:
   ``mirror``); each sink's applied offset bounds the safepoint, and so does
   this query's last committed batch, if the query ``reads_commitlog``.  A query
   that does not consumes the tier's committed batches instead (``state.feed``),
-  which the tier keeps for it; under ``--until-caught-up`` it starts once the
-  commitlog's readers have caught up.
+  which the tier keeps for it; under ``--until-caught-up`` it runs on its
+  trigger and is stopped once the commitlog's readers are done and it is
+  ``caught_up()``.
 - ``guarded_settings(conf, spark)``: the settings its checkpoint depends on;
   a start with other values is refused (``streaming.checkpoints``).
 - ``start(committed_end)`` runs before the stream starts (catch up what Spark committed
@@ -87,6 +88,10 @@ class Query:
 
     def process(self, batch: Batch) -> None:
         raise NotImplementedError
+
+    def caught_up(self) -> bool:
+        """A query over the tier: whether it has applied everything the tier committed."""
+        return True
 
     def tick(self) -> None:
         """Between batches: work a quiet stream still needs (expiring keys, say)."""

@@ -56,6 +56,10 @@ class MirrorQuery(Query):
             reader = reader.option("maxBytesPerTrigger", str(max_bytes))
         return reader.load()
 
+    def caught_up(self) -> bool:
+        with self.lock:  # not in the middle of a batch
+            return self.handler.start_at >= (self.ctx.metadata.source_end() or 0)
+
     def process(self, batch: Batch) -> None:
         self.handler.process(batch)
 
