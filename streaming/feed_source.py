@@ -11,7 +11,8 @@ Options:
 
 ``metadata``         the metadata store's directory (read as a RocksDB secondary: no lock taken)
 ``startingOffset``   where a new checkpoint starts: a batch end the feed lists
-``maxBytesPerTrigger``  at most about this many bytes of staging objects a batch (at least one tier batch)
+``maxBytesPerTrigger``  at most about this many commitlog bytes a batch, as the ``commitlog``
+                     source's (at least one tier batch)
 
 Under ``availableNow`` a batch ends at most at the tier's end when the query started.  ``tierlog
 run --until-caught-up`` does not use it (the tier is still growing then): it runs the query on its
@@ -44,14 +45,14 @@ class _Listing:
         self.db = Rdict(path, Options(raw_mode=False), access_type=AccessType.secondary(self.scratch))
 
     def batch_ends(self, start: int) -> list[tuple[int, int]]:
-        """(end, staging bytes) of each listed batch that ends after ``start``, in order."""
+        """(end, commitlog bytes) of each listed batch that ends after ``start``, in order."""
         self.db.try_catch_up_with_primary()
         out = []
         for key, raw in self.db.items(from_key=batch_key(start + 1)):
             if not key.startswith(PREFIX):
                 break
             batch = json.loads(raw)
-            out.append((batch["end"], sum(o[1] for o in batch["objects"])))
+            out.append((batch["end"], batch["end"] - max(batch["start"], start)))
         return out
 
     def close(self) -> None:
