@@ -55,7 +55,6 @@ import tempfile
 import time
 
 from bench.common import report
-from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.format import Message
 from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.writer import CommitLogWriter
@@ -164,25 +163,14 @@ def tier_for_mirror(directory: str, workdir: str, batch_bytes: int = 64 << 20) -
     """Tier the commitlog as the tiering query would, in ``batch_bytes`` batches, with the feed
     listing them for the mirror (off the clock: the mirror reads what tiering committed).  Returns
     the tier's location, the metadata store's path and where the feed starts."""
-    from connectors.commitlog.reader import CommitLogReader
-    from connectors.tier.staging import CommitLogGaps, StageSettings, stage_range
-    from connectors.tier.writer import TierWriter, WriterSettings
     from state.metadata import MetadataStore
+    from tests.tiering_helpers import tier_in_batches
 
     stamp = time.monotonic_ns()
     location, metadata = os.path.join(workdir, f"tier-{stamp}"), os.path.join(workdir, f"metadata-{stamp}")
     store = MetadataStore(metadata)
     store.feed.open(None)
-    writer = TierWriter(WriterSettings(location=location, segment_messages=10**9), store)
-    stager = StageSettings(location=location, reader=ReaderOptions(directory))
-    gaps = CommitLogGaps(ReaderOptions(directory))  # a file's blank tail lies between two batches
-    with CommitLogReader(directory) as reader:
-        start, end = reader.first_offset(), reader.end_offset()
-        cuts = [*reader.scan(start, end, split_bytes=batch_bytes).splits, end]
-    for batch_id, (lo, hi) in enumerate(zip([start, *cuts], cuts)):
-        part, _ = stage_range(stager, lo, hi)
-        writer.commit(batch_id, [part] if part is not None else [], gaps.between)
-    writer.close()
+    start = tier_in_batches(directory, location, store, batch_bytes)[0]
     store.close()
     return location, metadata, start
 

@@ -132,13 +132,11 @@ class CountingGets:
 
 
 def test_on_s3_a_committed_batch_is_read_back_with_one_get_per_staging_object(tmp_path, s3_location):
-    from connectors.commitlog.reader import CommitLogReader, ReaderOptions
     from connectors.commitlog.workload import Workload
     from connectors.commitlog.writer import CommitLogWriter
-    from connectors.tier.staging import CommitLogGaps, StageSettings, stage_range
-    from connectors.tier.writer import TierWriter, WriterSettings
     from state.metadata import MetadataStore
     from tests import ledger
+    from tests.tiering_helpers import tier_in_batches
 
     log_dir = str(tmp_path / "commitlog")
     with CommitLogWriter(log_dir, file_size=1 << 20, fsync="never") as w:
@@ -146,20 +144,14 @@ def test_on_s3_a_committed_batch_is_read_back_with_one_get_per_staging_object(tm
     written = ledger.stored(log_dir)
     store = MetadataStore(str(tmp_path / "metadata"))
     store.feed.open(None)
-    writer = TierWriter(WriterSettings(location=s3_location, segment_messages=10**9), store)
-    stager = StageSettings(location=s3_location, reader=ReaderOptions(log_dir))
-    gaps = CommitLogGaps(ReaderOptions(log_dir))  # a file's blank tail lies between two batches
-    with CommitLogReader(log_dir) as reader:
-        start, end = reader.first_offset(), reader.end_offset()
-        cuts = [*reader.scan(start, end, split_bytes=100_000).splits, end]
-    for batch_id, (lo, hi) in enumerate(zip([start, *cuts], cuts)):
-        part, _ = stage_range(stager, lo, hi)
-        writer.commit(batch_id, [part] if part is not None else [], gaps.between)
+    cuts = tier_in_batches(log_dir, s3_location, store, 100_000)
+    start, end = cuts[0], cuts[-1]
     listed = store.feed.batches(start, end)
-    assert len(listed) == len(cuts) >= 5
-    counting = CountingGets(writer.backend)
+    assert len(listed) == len(cuts) - 1 >= 5
+    backend = open_backend(s3_location)
+    counting = CountingGets(backend)
     rows = [normalize_arrow_row(r) for b in read_batches(counting, listed, start, end) for r in b.to_pylist()]
     assert rows == [row for m in written if entered_a_queue(row := message_row(m))]  # one object a batch: phy order
     assert counting.gets == sum(len(b.objects) for b in listed) == len(listed)  # one GET per committed batch
-    writer.close()
+    backend.close()
     store.close()

@@ -50,3 +50,24 @@ def assert_tier_equals_commitlog(conf: cfg.Config) -> None:
     got, expected = tier_rows(conf.tier.location), [r for r in oracle_rows(conf) if entered_a_queue(r)]
     assert [r["phy_offset"] for r in got] == [r["phy_offset"] for r in expected]
     assert got == expected
+
+
+def tier_in_batches(log_dir: str, location: str, store, batch_bytes: int) -> list[int]:
+    """Tier the whole commitlog at ``log_dir`` without Spark, as the tiering query would in batches of
+    about ``batch_bytes`` (each staged in one piece, as the driver stages a small batch), committing
+    to ``store`` (a ``MetadataStore``); returns the batches' ends, the first offset before them."""
+    from connectors.commitlog.reader import CommitLogReader, ReaderOptions
+    from connectors.tier.staging import CommitLogGaps, StageSettings, stage_range
+    from connectors.tier.writer import TierWriter, WriterSettings
+
+    writer = TierWriter(WriterSettings(location=location, segment_messages=10**9), store)
+    stager = StageSettings(location=location, reader=ReaderOptions(log_dir))
+    gaps = CommitLogGaps(ReaderOptions(log_dir))  # a file's blank tail lies between two batches
+    with CommitLogReader(log_dir) as reader:
+        start, end = reader.first_offset(), reader.end_offset()
+        cuts = [*reader.scan(start, end, split_bytes=batch_bytes).splits, end]
+    for batch_id, (lo, hi) in enumerate(zip([start, *cuts], cuts)):
+        part, _ = stage_range(stager, lo, hi)
+        writer.commit(batch_id, [part] if part is not None else [], gaps.between)
+    writer.close()
+    return [start, *cuts]
