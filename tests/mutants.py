@@ -98,6 +98,14 @@ MUTANTS = (
         ("tests/test_tier_writer.py",),
     ),
     Mutant(
+        "retired_staging_deleted_under_the_mirror",
+        "the tier deletes a retired staging object the mirror (a consumer of the tier feed) has not read yet",
+        "connectors/tier/writer.py",
+        """            if held is not None and self._staged_from(name) >= held:""",
+        """            if held is not None and self._staged_from(name) >= held and False:""",
+        ("tests/test_tier_feed.py",),
+    ),
+    Mutant(
         "metadata_store_left_behind_after_a_crash",
         "a restart finds the metadata store one record behind the tier and does not catch it up",
         "connectors/tier/writer.py",
