@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +30,51 @@ def cli_command(*argv: str, prelude: str | None = None) -> list[str]:
 
 def tierlog(*argv: str, stdin: str | None = None, cwd=None, env: dict | None = None,
             timeout: float = 300, prelude: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(cli_command(*argv, prelude=prelude), input=stdin, cwd=cwd, env=cli_env(env),
-                          capture_output=True, text=True, timeout=timeout)
+    """``tierlog argv`` as a process; past ``timeout`` it is killed, and the AssertionError raised
+    says what it was doing: the end of its log, every Python thread's stack (SIGUSR1, see
+    ``streaming.cli.main``) and the JVM's streaming threads (jstack), where a hang shows."""
+    command = cli_command(*argv, prelude=prelude)
+    with subprocess.Popen(command, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                          env=cli_env(env)) as proc:
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            jvm = _jvm_threads(proc.pid)
+            proc.send_signal(signal.SIGUSR1)
+            try:
+                out, err = proc.communicate(timeout=3)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            raise AssertionError(f"`tierlog {' '.join(argv)}` ran past {timeout:g} s and was killed; its stderr "
+                                 f"ends:\n{err[-12000:]}\nthe JVM's streaming threads:\n{jvm}") from None
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def _jvm_threads(pid: int) -> str:
+    """The stacks of the Spark JVM's query and batch threads under process ``pid``, from jstack."""
+    children = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/comm") as fh:
+                name = fh.read().strip()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid and name == "java":
+            children.append(entry)
+    dumps = []
+    for java in children:
+        try:
+            text = subprocess.run(["jstack", java], capture_output=True, text=True, timeout=20).stdout
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            dumps.append(f"(jstack {java}: {exc})")
+            continue
+        threads = text.split("\n\n")
+        dumps.extend(t for t in threads if "stream execution" in t or "Python" in t or "foreachBatch" in t)
+    return "\n\n".join(dumps)[-12000:] or "(no JVM found)"
 
 
 def run_killed_at(config, point: str, nth: int, fault_dir: Path, *flags: str) -> bool:

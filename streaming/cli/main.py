@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import signal
 import sys
 
 from connectors.errors import TierlogError, exit_code
@@ -14,7 +16,18 @@ def overrides_from(args: argparse.Namespace) -> dict:
     return {k: v for k, v in vars(args).items() if "." in k and v is not None}
 
 
+def _stacks_on_sigusr1() -> None:
+    """`kill -USR1 <pid>` prints every Python thread's stack to stderr and the run goes on: what a
+    run that seems stuck is doing (the tests' runner asks for it before killing a run past its time).
+    Not when stderr is no file (main called in a process that captures it)."""
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr.fileno(), all_threads=True)
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    _stacks_on_sigusr1()
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, args.log_level), stream=sys.stderr,
