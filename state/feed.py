@@ -74,12 +74,13 @@ class TierFeed:
         when part of the range is not listed: it was released, or the feed opened after it."""
         listed = self.listed_from()
         if listed is None or start < listed:
+            why = "no consumer of the tier was configured" if listed is None else f"it lists from {listed}"
             raise FeedGapError(
                 f"the tier's committed batches from physical offset {start} are not listed in the metadata store "
-                f"{self.store.path} ({'no consumer of the tier was configured' if listed is None else f'it lists from {listed}'}), "
-                "so their messages cannot be read back from the tier: was the metadata store rebuilt, or the mirror "
-                "turned off and on again? To start the mirror at the tier's end, delete its checkpoint (the `mirror` "
-                "directory under checkpoint.dir), then check Kafka for what it lacks")
+                f"{self.store.path} ({why}), so the mirror cannot read them back: was its checkpoint restored from "
+                "an older copy? Delete the mirror's checkpoint (the `mirror` directory under checkpoint.dir): it "
+                "then resumes where it last recorded it had sent (`tierlog status`), and Kafka's read-back skips "
+                "what Kafka already holds")
         out = []
         for key, value in self.store.db.items(from_key=batch_key(start + 1)):  # the batches that end after start
             if not key.startswith(PREFIX):
