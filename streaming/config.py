@@ -297,7 +297,8 @@ class TopicsConfig:
                                           "system (RocketMQ's own topics).", check=topic_classes_problem)
     compaction: str = setting("business", "Topic classes the KV view, its snapshots and the Kafka changelog keep.",
                               check=topic_classes_problem)
-    mirror: str = setting("business", "Topic classes the Kafka mirror sends.", check=topic_classes_problem)
+    mirror: str = setting("business", "Topic classes the Kafka mirror sends (within the tier's: it sends what the "
+                                       "tier keeps).", check=topic_classes_problem)
     tier_include: str = setting("", "Topics the tier keeps whatever their class (globs).")
     tier_exclude: str = setting("", "Topics the tier leaves out (globs).")
     compaction_include: str = setting("", "Topics the KV view and changelog keep whatever their class (globs).")
