@@ -103,6 +103,15 @@ class TierFeed:
             done.append(key)
         self.store.write_json({FROM: up_to}, done)
 
+    def held(self) -> tuple[int, int]:
+        """How many batches are listed, and the bytes of their staging objects: what the tier keeps
+        because a consumer has not applied it yet (``tierlog status``)."""
+        batches = size = 0
+        for _, value in self.store.prefix_json(PREFIX):
+            batches += 1
+            size += sum(o[1] for o in value["objects"])
+        return batches, size
+
     def held_from(self) -> int | None:
         """The first physical offset of the oldest listed staging object: a retired staging object
         at or above it is still to be read by a consumer.  None when nothing is listed."""

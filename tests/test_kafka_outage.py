@@ -217,6 +217,7 @@ def test_the_safepoint_moves_while_kafka_is_away_and_the_mirror_sends_every_mess
                  "the safepoint to pass what the mirror has sent", alive=alive, log=log)
         during = status(config)
         assert during["sinks"]["mirror"]["applied_phy"] == held  # still waiting, and the tier went on
+        assert during["summary"]["held_batches"] > 1 and during["summary"]["held_bytes"] > 0  # kept for it
         assert "mirror" in during["sinks"] and "kv" not in during["sinks"] and "changelog" not in during["sinks"]
         kafka.start()
         wait_for(lambda: status(config)["sinks"]["mirror"]["state"] == "ok", 120, "the mirror to send again",

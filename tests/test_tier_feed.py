@@ -69,7 +69,11 @@ def test_released_batches_are_deleted_and_no_longer_readable(tmp_path):
     live = set(run.writer.head.staging)
     assert held - live, "the run retired no staging object to hold"
     end = run.writer.source_end
+    batches, size = run.store.feed.held()
+    assert batches == len(run.store.feed.batches(0, end)) and size >= sum(
+        o[1] for b in run.store.feed.batches(0, end) for o in b.objects) > 0
     run.store.feed.release(end)
+    assert run.store.feed.held() == (0, 0)
     run.maintain()
     assert staging_objects(run) == live
     assert run.store.held_from() is None

@@ -70,6 +70,7 @@ def show_status(args, conf: cfg.Config) -> int:
         sinks, source_end = store.journal.sinks(), store.source_end()
         health, skipped, filtered = store.journal.health(), store.journal.skipped(), store.filtered()
         skipped_ranges = store.quarantined()
+        held = store.feed.held() if store.feed.listed_from() is not None else (None, None)
     finally:
         store.close()
     gap_list = gaps.gaps(skipped_ranges)
@@ -95,6 +96,7 @@ def show_status(args, conf: cfg.Config) -> int:
                "lag_bytes": None if frontier is None or source_end is None else frontier - source_end,
                "safepoint": point, "headroom_bytes": None if room is None else room.bytes,
                "headroom_s": None if room is None or room.seconds is None else round(room.seconds),
+               "held_batches": held[0], "held_bytes": held[1],
                "sinks": sinks, "queues": len(queues), "quarantined": len(quarantined),
                "gaps": sum(1 for g in gap_rows if not g["acknowledged"])}
     sink_rows = [{"sink": name, "applied_phy": sinks.get(name),
