@@ -44,6 +44,7 @@ from typing import Callable, Iterator
 import pyarrow as pa
 
 from connectors.commitlog.topics import TopicFilter
+from connectors.errors import TierlogError
 from connectors.kafka.errors import KafkaSinkError, KafkaUnavailable
 from connectors.kafka.mirror_sink import MIRROR_COLUMNS, MirrorSink, slot_of
 from connectors.kafka.settings import KafkaSettings
@@ -100,6 +101,10 @@ def send_slot(task: SendTask, slot: int) -> dict:
                                           broker=task.kafka.broker), once=True)
     except KafkaSinkError as exc:
         error, retriable = str(exc), exc.retriable
+    except TierlogError as exc:
+        if not exc.retriable:
+            raise
+        error, retriable = f"reading the tier's staging objects back: {exc}", True  # S3 away: waited out as Kafka is
     finally:
         sink.close()
         backend.close()
