@@ -11,17 +11,24 @@ def exists(path: str) -> bool:
     return os.path.exists(os.path.join(path, "CURRENT"))
 
 
-def open_rdict(path: str, *, read_only: bool = False, raw_mode: bool = False) -> Rdict:
+def open_rdict(path: str, *, read_only: bool = False, raw_mode: bool = False, secondary: str | None = None) -> Rdict:
     """Open the store at ``path``, creating it unless ``read_only``.
 
     Read-only opens do not take RocksDB's lock, so they work while a writer
-    has the store open.  Failures raise rocksdict's exception with RocksDB's
-    message (a held lock says "lock").
+    has the store open.  ``secondary`` (a scratch directory) opens it as a
+    RocksDB secondary instead: no lock either, and ``try_catch_up_with_primary()``
+    brings it up to the writer without replaying the whole WAL again, as a
+    new read-only open would.  Failures raise rocksdict's exception with
+    RocksDB's message (a held lock says "lock").
     """
     os.makedirs(path, exist_ok=True)
     opts = Options(raw_mode=raw_mode)
     opts.create_if_missing(True)
-    return Rdict(path, opts, access_type=AccessType.read_only() if read_only else AccessType.read_write())
+    if secondary is not None:
+        access = AccessType.secondary(secondary)
+    else:
+        access = AccessType.read_only() if read_only else AccessType.read_write()
+    return Rdict(path, opts, access_type=access)
 
 
 # What a store holds in memory, as Kafka Streams' RocksDB metrics count it: memtables (the live one

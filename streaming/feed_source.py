@@ -39,10 +39,10 @@ class _Listing:
     running service on each call: a read-only open would replay the store's whole WAL every trigger."""
 
     def __init__(self, path: str):
-        from rocksdict import AccessType, Options, Rdict
+        from state.rocks import open_rdict
 
         self.scratch = tempfile.mkdtemp(prefix="tierlog-feed-")
-        self.db = Rdict(path, Options(raw_mode=False), access_type=AccessType.secondary(self.scratch))
+        self.db = open_rdict(path, secondary=self.scratch)
 
     def batch_ends(self, start: int) -> list[tuple[int, int]]:
         """(end, commitlog bytes) of each listed batch that ends after ``start``, in order."""

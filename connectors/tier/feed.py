@@ -23,7 +23,6 @@ from typing import Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
 import pyarrow.parquet as pq
 
 from connectors.commitlog.arrow import MESSAGE_SCHEMA
@@ -52,8 +51,8 @@ class FeedBatch:
     @classmethod
     def from_record(cls, record: dict) -> "FeedBatch":
         """The batch a tier ``batch`` commit record made visible."""
-        objects = sorted((o["name"], o["size"], o["first_phy"]) for o in record["staging"])
-        return cls(record["source_start"], record["source_end"], tuple(sorted(objects, key=lambda o: o[2])))
+        objects = sorted(((o["name"], o["size"], o["first_phy"]) for o in record["staging"]), key=lambda o: o[2])
+        return cls(record["source_start"], record["source_end"], tuple(objects))
 
 
 def read_batches(backend: Backend, batches: Iterable[FeedBatch], start: int, end: int,
@@ -73,8 +72,7 @@ def read_batches(backend: Backend, batches: Iterable[FeedBatch], start: int, end
             # a ranged read per column chunk of each queue's row group was hundreds of GETs on S3.
             table = pq.read_table(pa.BufferReader(backend.read(name)), schema=MESSAGE_SCHEMA, columns=wanted)
             if batch.start < start or batch.end > end:
-                phy = table["phy_offset"]
-                table = table.filter(pc.and_(pc.greater_equal(phy, start), pc.less(phy, end)))
+                table = _within(table, start, end)
             table = table.sort_by("phy_offset")  # staged by (topic, queue, offset): queue order either way
             yield from table.to_batches()
 
@@ -96,7 +94,11 @@ def _backfill(backend: Backend, broker: str | None, start: int, end: int,
             if got.messages.num_rows == 0:
                 break
             table = got.messages if columns is None else got.messages.select(columns)
-            phy = table["phy_offset"]
-            table = table.filter(pc.and_(pc.greater_equal(phy, start), pc.less(phy, end)))
-            yield from table.to_batches()
+            yield from _within(table, start, end).to_batches()
             offset = got.next_offset
+
+
+def _within(table: pa.Table, start: int, end: int) -> pa.Table:
+    """The rows whose physical offset is in ``[start, end)``."""
+    phy = table["phy_offset"]
+    return table.filter(pc.and_(pc.greater_equal(phy, start), pc.less(phy, end)))
