@@ -12,7 +12,9 @@ staging objects in the tier instead of the broker's disk.
 Spark gives the query its micro-batches and checkpoint, and the executors do the sending.  Per batch:
 
 1. take the batch's range, which the runner reads from the query's offset log (where the batch
-   before it ended, and where it ends), and the tier batches listed in it (``TierFeed.batches``);
+   before it ended, and where it ends), less what the ``mirror`` sink's record says was sent
+   (a batch run again after a stop before its commit), and the tier batches listed in it
+   (``TierFeed.batches``);
 2. run one Spark task per sender slot (``kafka.mirror_tasks``; see ``default_slots``).  Each task
    reads the listed staging objects (the mirror's columns only) and sends only the Kafka
    partitions its slot owns (``slot_of``), with its own idempotent producer, in queue order.  A
@@ -178,10 +180,15 @@ class MirrorHandler:
             batch_id, end = batch.batch_id, batch.end
             start = batch.start if batch.start is not None else self.start_at
             report = MirrorReport(batch_id, 0, 0, 0, end, 0.0, 0)
-            if start < end:
-                listed = tuple(self.metadata.feed.batches(start, end))
+            # A batch Spark runs again because a stop came between its sending and its commit (as
+            # --until-caught-up's stop may) was sent in full: the sink is recorded after the sends.
+            # Send only past the record, so a filter changed across the restart applies from there.
+            recorded = self.metadata.journal.sinks().get(MIRROR)
+            first = start if recorded is None else min(max(start, recorded), end)
+            if first < end:
+                listed = tuple(self.metadata.feed.batches(first, end))
                 if any(b.objects or b.backfill for b in listed):
-                    self._send(batch.df.sparkSession, start, end, listed, report)
+                    self._send(batch.df.sparkSession, first, end, listed, report)
             crash_point("mirrored")
             self.metadata.journal.record_sink(MIRROR, end)
             # Up to this batch's start only: Spark runs this batch again if it stops (or dies) before

@@ -22,7 +22,7 @@ from connectors.changes import CHANGE_ROW
 from connectors.commitlog.arrow import epoch_ms
 from connectors.kafka.records import OP, key_hashes, source_headers
 from connectors.kafka.settings import TopicRouter
-from connectors.kafka.sink import KafkaSink
+from connectors.kafka.sink import KafkaSink, LastRecord
 
 
 class ChangelogSink(KafkaSink):
@@ -53,21 +53,45 @@ class ChangelogSink(KafkaSink):
         self.learn(list(kafka_topics.values()))
         routes = {topic: (kafka_topic, self.partitions(kafka_topic)) for topic, kafka_topic in kafka_topics.items()}
         broker = self.settings.broker
-        for topic, key, phy, queue_id, queue_offset, ts, deleted, body, hashed in zip(*columns, key_hashes(columns[1])):
+        hashes = key_hashes(columns[1])
+        sent_through = {} if op is None else self._expired_already(columns, routes, hashes, floor)
+        for i, (topic, key, phy, queue_id, queue_offset, ts, deleted, body, hashed) in enumerate(zip(*columns, hashes)):
             kafka_topic, partitions = routes[topic]
             partition = hashed % partitions  # key_partition's, hashed for all rows at once
             headers = source_headers(phy, topic, queue_id, queue_offset, ts, broker)
             value = None if deleted else body
             if op is None:
                 headers.append(_DELETE if deleted else _PUT)
-                self.send(kafka_topic, partition, key, value, headers, phy, ts)
+                if self.send(kafka_topic, partition, key, value, headers, phy, ts):
+                    self._last.pop((kafka_topic, partition), None)
+            elif i <= sent_through.get((kafka_topic, partition), -1):
+                self.stats.skipped += 1
             else:
                 # An expiry has no message of its own: it takes the highest position its partition
                 # has seen, or one below where the view has applied, so positions never go back.
                 position = max(floor, self.position(kafka_topic, partition))
                 headers[0] = (headers[0][0], b"%d" % position)
                 headers.append((OP, op.encode()))
-                self.send(kafka_topic, partition, key, value, headers, position, force=True)
+                if self.send(kafka_topic, partition, key, value, headers, position, force=True):
+                    self._last[(kafka_topic, partition)] = LastRecord(position, key, tuple(headers))
+
+    def _expired_already(self, columns: list[list], routes: dict, hashes: list[int], floor: int) -> dict:
+        """For a round of expiries sent again (the service died, or Kafka went away, between
+        sending them and the view forgetting the keys): per partition, the index of the row whose
+        tombstone is the partition's last record.  The round's rows come in the view's expiry
+        order, and a round sent again holds the first one's rows first (more keys may have expired
+        since), so the rows of a partition up to that one arrived already.  All the expiries of a
+        round share one position per partition, the highest it had, so the position alone cannot
+        tell them apart (the Kafka crash test found them sent twice)."""
+        out = {}
+        for i, (topic, key, hashed) in enumerate(zip(columns[0], columns[1], hashes)):
+            kafka_topic, partitions = routes[topic]
+            tp = (kafka_topic, hashed % partitions)
+            last = self._last.get(tp)
+            if (last is not None and last.key == key and last.position >= floor
+                    and dict(last.headers).get(OP) == _EXPIRE[1]):
+                out[tp] = i
+        return out
 
     def expire(self, changes: list, applied_through: int | None) -> None:
         """Tombstones for keys whose time to live passed (``state.kv.Change`` deletes)."""
@@ -76,7 +100,7 @@ class ChangelogSink(KafkaSink):
         self.deliver(lambda: self._send_columns(_columns(rows), op="expire", floor=floor))
 
 
-_PUT, _DELETE = (OP, b"put"), (OP, b"delete")
+_PUT, _DELETE, _EXPIRE = (OP, b"put"), (OP, b"delete"), (OP, b"expire")
 
 
 def _columns(rows: list[tuple]) -> list[list]:

@@ -108,6 +108,7 @@ class KafkaSink:
         self._producer: Producer | None = None
         self._partitions: dict[str, int] = {}  # Kafka topic -> partition count
         self._positions: dict[tuple[str, int], int] = {}  # (topic, partition) -> last position in Kafka
+        self._last: dict[tuple[str, int], LastRecord] = {}  # (topic, partition) -> its last record, as read back
         # Everything at or below it is known sent (its owner recorded so): a record another
         # broker's compacted away cannot make the read-back send it again.
         self.floor = -1
@@ -148,6 +149,7 @@ class KafkaSink:
         self._producer = None
         self._partitions.clear()
         self._positions.clear()
+        self._last.clear()
 
     # ------------------------------------------------------------ topics and positions
 
@@ -165,7 +167,9 @@ class KafkaSink:
         counts = {t: ensure_topic(self.settings, t, compacted=self.compacted)
                   for t in dict.fromkeys(topics) if t not in self._partitions}
         owned = {t: [p for p in range(n) if self.owns is None or self.owns(t, p)] for t, n in counts.items()}
-        self._positions.update(read_back(self.settings, owned))
+        last = read_back_last(self.settings, owned)
+        self._last.update(last)
+        self._positions.update({tp: record.position for tp, record in last.items()})
         self._partitions.update(counts)
 
     def known(self) -> tuple[dict[str, int], dict[tuple[str, int], int]]:
@@ -370,10 +374,27 @@ def ensure_topic(settings: KafkaSettings, topic: str, *, compacted: bool, wait_s
 READ_BACK_SETTLE_S = 2.0
 
 
+@dataclass(frozen=True)
+class LastRecord:
+    """A partition's last record of this broker, as read back: its position (-1: none), key and
+    headers (the changelog tells an interrupted round of expiries by them)."""
+
+    position: int
+    key: bytes | None = None
+    headers: tuple = ()
+
+
 def read_back(settings: KafkaSettings, wanted: dict[str, list[int]], timeout_s: float = 60.0,
               settle_s: float = READ_BACK_SETTLE_S) -> dict[tuple[str, int], int]:
     """The position in the last record of ``settings.broker`` in each partition of ``wanted``
-    (Kafka topic -> partitions), -1 where it has none.
+    (Kafka topic -> partitions), -1 where it has none."""
+    return {tp: last.position for tp, last in read_back_last(settings, wanted, timeout_s, settle_s).items()}
+
+
+def read_back_last(settings: KafkaSettings, wanted: dict[str, list[int]], timeout_s: float = 60.0,
+                   settle_s: float = READ_BACK_SETTLE_S) -> dict[tuple[str, int], LastRecord]:
+    """The last record of ``settings.broker`` in each partition of ``wanted`` (Kafka topic ->
+    partitions); ``LastRecord(-1)`` where it has none.
 
     A record a broker took just before a failure (a killed or discarded producer's last
     request, a restart) can become visible a moment later: the outage test caught records
@@ -382,20 +403,20 @@ def read_back(settings: KafkaSettings, wanted: dict[str, list[int]], timeout_s: 
     same reads, so a sink with many topics waits ``settle_s`` once, not once a topic.
     """
     wanted = {t: ps for t, ps in wanted.items() if ps}
-    positions = _read_back_once(settings, wanted, timeout_s)
+    last = _read_back_once(settings, wanted, timeout_s)
     for _ in range(5 if wanted else 0):
         time.sleep(settle_s)
         again = _read_back_once(settings, wanted, timeout_s)
-        if again == positions:
+        if again == last:
             break
         log.warning("Kafka topics %s: positions moved while being read back (%s); reading them again",
-                    sorted(wanted), {k: (positions[k], v) for k, v in again.items() if positions.get(k) != v})
-        positions = again
-    return positions
+                    sorted(wanted), {k: (last[k].position, v.position) for k, v in again.items() if last.get(k) != v})
+        last = again
+    return last
 
 
 def _read_back_once(settings: KafkaSettings, wanted: dict[str, list[int]],
-                    timeout_s: float) -> dict[tuple[str, int], int]:
+                    timeout_s: float) -> dict[tuple[str, int], LastRecord]:
     """Each partition read up to the high watermark its fetch responses report, seeking straight
     to the record before it.  The end offsets a broker lists are only a first guess: tansu's
     lag behind the real end (measured: 1 for 1,000 records)."""
@@ -432,7 +453,8 @@ def _read_back_once(settings: KafkaSettings, wanted: dict[str, list[int]],
             record = last.get(tp)
             if record is not None and _check(tp.topic, tp.partition, record) and broker_of(record.headers) != settings.broker:
                 record = _last_of(consumer, tp, begins[tp], record.offset, settings.broker, deadline, tp.topic)
-            out[(tp.topic, tp.partition)] = -1 if record is None else position_of(record.headers)
+            out[(tp.topic, tp.partition)] = (LastRecord(-1) if record is None else
+                                             LastRecord(position_of(record.headers), record.key, tuple(record.headers)))
         return out
     finally:
         consumer.close()
