@@ -362,8 +362,16 @@ class KVView:
         first = next(iter(self.db.keys(from_key=start)), None)
         return first is not None and first.startswith(start)
 
-    def entries(self) -> Iterator[tuple[str, Entry | None]]:
-        """Every key of every topic in (topic, key) order: ``(topic, entry)``, entry None for a tombstone."""
+    def entries(self, times: dict[str, int] | None = None) -> Iterator[tuple[str, Entry | None]]:
+        """Every key of every topic in (topic, key) order: ``(topic, entry)``, entry None for a tombstone.
+
+        ``times``, when given, takes each topic's newest store time (ms) of any key, a tombstone's
+        included, as the walk passes it: the moment a snapshot of these entries stands as of."""
         for raw_key, raw in self.db.items(from_key=_DATA_START):
             dbkey = raw_key.decode()
-            yield dbkey.partition(SEP)[0], _decode(dbkey, raw)
+            topic = dbkey.partition(SEP)[0]
+            if times is not None:
+                store_ts = _HEAD.unpack_from(raw)[3]
+                if store_ts > times.get(topic, -1):
+                    times[topic] = store_ts
+            yield topic, _decode(dbkey, raw)

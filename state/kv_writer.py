@@ -244,9 +244,10 @@ def write_snapshot(kv: KVView, tier_location: str, broker: str, through_phy: int
     t0 = time.monotonic()
     backend = open_backend(tier_location)
     try:
+        times: dict[str, int] = {}
         written = snapshots.write_snapshots(
-            backend, broker, kv.entries(), through, keep=keep,
-            on_topic=lambda topic, n: _snapshotted(topic, n, through), tables=tables,
+            backend, broker, kv.entries(times), through, keep=keep,
+            on_topic=lambda topic, n: _snapshotted(topic, n, through), tables=tables, times=times,
         )
     finally:
         backend.close()

@@ -46,7 +46,7 @@ ON_A_TIER = [
     (["status", "--topic", "orders"], 1, ["no topic 'orders' in the metadata store", TOPIC_LIST]),
     (["get", "topic-0", "99", "0"], 1, ["has no queue topic-0/99", "tierlog queues --topic topic-0"]),
     (["kv", "gte", "topic-0", "k"], 2, ["'gte' is not a command of `tierlog kv`", "did you mean get?",
-                                        "get, scan, snapshot or rebuild"]),
+                                        "get, scan, history, snapshot or rebuild"]),
     (["config"], 2, ["`tierlog config` needs a command (show or check)"]),
     (["sttus"], 2, ["'sttus' is not a command of `tierlog`", "did you mean status?"]),
     (["key", "topic-0", "k", "--since", "yesterday"], 2, ["time 'yesterday'", "ISO 8601"]),

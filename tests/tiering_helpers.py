@@ -52,15 +52,16 @@ def assert_tier_equals_commitlog(conf: cfg.Config) -> None:
     assert got == expected
 
 
-def tier_in_batches(log_dir: str, location: str, store, batch_bytes: int) -> list[int]:
+def tier_in_batches(log_dir: str, location: str, store, batch_bytes: int, **settings) -> list[int]:
     """Tier the whole commitlog at ``log_dir`` without Spark, as the tiering query would in batches of
     about ``batch_bytes`` (each staged in one piece, as the driver stages a small batch), committing
-    to ``store`` (a ``MetadataStore``); returns the batches' ends, the first offset before them."""
+    to ``store`` (a ``MetadataStore``); returns the batches' ends, the first offset before them.
+    ``settings``: ``WriterSettings`` fields (sealing, retention), then maintained after each batch."""
     from connectors.commitlog.reader import CommitLogReader, ReaderOptions
     from connectors.tier.staging import CommitLogGaps, StageSettings, stage_range
     from connectors.tier.writer import TierWriter, WriterSettings
 
-    writer = TierWriter(WriterSettings(location=location, segment_messages=10**9), store)
+    writer = TierWriter(WriterSettings(location=location, **{"segment_messages": 10**9, **settings}), store)
     stager = StageSettings(location=location, reader=ReaderOptions(log_dir))
     gaps = CommitLogGaps(ReaderOptions(log_dir))  # a file's blank tail lies between two batches
     with CommitLogReader(log_dir) as reader:
@@ -69,5 +70,7 @@ def tier_in_batches(log_dir: str, location: str, store, batch_bytes: int) -> lis
     for batch_id, (lo, hi) in enumerate(zip([start, *cuts], cuts)):
         part, _ = stage_range(stager, lo, hi)
         writer.commit(batch_id, [part] if part is not None else [], gaps.between)
+        if settings:
+            writer.maintain()
     writer.close()
     return [start, *cuts]

@@ -38,6 +38,9 @@ SNAPSHOT_SCHEMA = pa.schema(
      ("broker", pa.string())]
 )
 _CHUNK = 64 * 1024  # rows per row group, and per pass through memory
+# Key-value metadata: the newest store time (ms) of any change the snapshot reflects, deletes and
+# expiries included; absent in snapshots written before as-of reads (connectors.tier.asof).
+THROUGH_TS = "tierlog.through_ts"
 
 
 @dataclass(frozen=True)
@@ -85,11 +88,20 @@ def latest_snapshots(backend: Backend, broker: str) -> dict[str, Snapshot]:
     return {s.topic: s for s in list_snapshots(backend, broker)}
 
 
+def snapshot_time(backend: Backend, snapshot: Snapshot) -> int | None:
+    """The moment ``snapshot`` stands as of (``THROUGH_TS``), from its footer alone; None when it
+    was written without one."""
+    meta = pq.ParquetFile(backend.open_input(snapshot.name)).metadata.metadata or {}
+    raw = meta.get(THROUGH_TS.encode())
+    return None if raw is None else int(raw)
+
+
 def read_snapshot(backend: Backend, snapshot: Snapshot) -> pa.Table:
     return pq.read_table(pa.BufferReader(backend.read(snapshot.name)), schema=SNAPSHOT_SCHEMA)
 
 
-def _encode(rows: Iterable[dict], topic: str, through_phy: int) -> tuple[bytes, int]:
+def _encode(rows: Iterable[dict], topic: str, through_phy: int,
+            through_ts: Callable[[], int | None] = lambda: None) -> tuple[bytes, int]:
     meta = {b"tierlog.topic": topic.encode(), b"tierlog.through_phy": str(through_phy).encode(),
             b"tierlog.created_ms": str(int(time.time() * 1000)).encode()}
     sink = io.BytesIO()
@@ -104,6 +116,9 @@ def _encode(rows: Iterable[dict], topic: str, through_phy: int) -> tuple[bytes, 
                 chunk = []
         writer.write_table(pa.Table.from_pylist(chunk, SNAPSHOT_SCHEMA))
         count += len(chunk)
+        at = through_ts()  # known once every row (and tombstone) of the topic has gone by
+        if at is not None:
+            writer.add_key_value_metadata({THROUGH_TS: str(at)})
     return sink.getvalue(), count
 
 
@@ -116,20 +131,24 @@ def write_snapshots(
     keep: int = 2,
     on_topic: Callable[[str, int], None] | None = None,
     tables: SnapshotTables | None = None,
+    times: dict[str, int] | None = None,
 ) -> dict[str, int]:
     """Write one snapshot per topic from ``entries`` (``KVView.entries()``: (topic, entry or None),
-    in topic order); then keep only the newest ``keep`` per topic.  With ``tables``, the new
+    in topic order); then keep only the newest ``keep`` per topic.  ``times``: what
+    ``KVView.entries(times)`` fills in, each topic's newest store time, recorded as the moment the
+    snapshot stands as of (``THROUGH_TS``, for as-of reads).  With ``tables``, the new
     snapshots are committed to them before older ones go, and a snapshot a table still lists stays
     (a table commit that fails leaves every older snapshot for the next round).  Returns rows per topic."""
     written: dict[str, int] = {}
     names: dict[str, str] = {}
+    times = {} if times is None else times
     for topic, group in itertools.groupby(entries, key=lambda pair: pair[0]):
         rows = (
             {"key": e.key, "body": e.body, "phy_offset": e.phy_offset, "queue_id": e.queue_id,
              "queue_offset": e.queue_offset, "store_ts": e.store_ts, "broker": broker}
             for _, e in group if e is not None
         )
-        data, count = _encode(rows, topic, through_phy)
+        data, count = _encode(rows, topic, through_phy, lambda: times.get(topic))
         names[topic] = snapshot_name(broker, topic, through_phy)
         backend.put(names[topic], data)
         written[topic] = count

@@ -1,4 +1,5 @@
-"""``tierlog kv``: the KV view (latest value per key): get, scan, rebuild."""
+"""``tierlog kv``: the KV view (latest value per key): get, scan, rebuild, snapshot; and, from the
+tier alone, a key's value as of a time (``get --as-of``) and its ``history``."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import logging
 
 from connectors.errors import ConfigError, TierlogError
 from streaming import config as cfg
-from streaming.cli.found import open_kv, require_kv_topic
-from streaming.cli.output import emit, ms_to_iso
+from streaming.cli.found import open_kv, open_reader, require_kv_topic
+from streaming.cli.output import emit, ms_to_iso, parse_time
 
 log = logging.getLogger("tierlog")
 
@@ -24,16 +25,18 @@ def _kv_row(entry) -> dict:
 def cmd_kv(args, conf: cfg.Config) -> int:
     if args.kv_command == "rebuild":
         return _kv_rebuild(args, conf)
-    if args.kv_command in ("get", "scan") and not args.topic:
+    if args.kv_command in ("get", "scan", "history") and not args.topic:
         raise ConfigError(f"`tierlog kv {args.kv_command}` needs a TOPIC")
+    if args.kv_command in ("get", "history") and args.key is None:
+        raise ConfigError(f"`tierlog kv {args.kv_command}` needs a TOPIC and a KEY")
+    if args.kv_command == "history" or (args.kv_command == "get" and args.as_of):
+        return _from_tier(args, conf)
     with open_kv(conf) as kv:
         if args.kv_command == "snapshot":
             rows = snapshot_now(conf, kv)
             emit([{"keys": rows, "through_phy": kv.applied_through(), "tier": conf.tier.location}], args.format)
             return 0
         if args.kv_command == "get":
-            if args.key is None:
-                raise ConfigError("`tierlog kv get` needs a TOPIC and a KEY")
             entry = kv.get(args.topic, args.key)
             if entry is None:
                 require_kv_topic(kv, args.topic)
@@ -47,6 +50,33 @@ def cmd_kv(args, conf: cfg.Config) -> int:
         if emit(rows, args.format, KV_COLUMNS) == 0 and args.format == "table":
             log.info("no live key in topic %r with prefix %r", args.topic, args.prefix or "")
         return 0
+
+
+HISTORY_COLUMNS = ["store_ts", "broker", "phy_offset", "queue_id", "queue_offset", "op", "body"]
+
+
+def _from_tier(args, conf: cfg.Config) -> int:
+    """``get --as-of`` and ``history``: the tier and its snapshots alone (connectors.tier.asof)."""
+    from connectors.tier.asof import AsOfReader
+    from streaming.settings import ttl
+
+    reader = AsOfReader(open_reader(conf, args.read_broker, args.topic),
+                        {t: int(s * 1000) for t, s in (ttl(conf) or {}).items()})
+    if args.kv_command == "history":
+        start = parse_time(args.source) if args.source else None
+        rows = reader.history(args.topic, args.key, start, parse_time(args.until) if args.until else None)
+        emit(({**r, "store_ts": ms_to_iso(r["store_ts"])} for r in rows), args.format, HISTORY_COLUMNS)
+        log.info("%d change(s) of key %r in topic %s in the tier", len(rows), args.key, args.topic)
+        return 0
+    answer = reader.get(args.topic, args.key, parse_time(args.as_of))
+    row = {"topic": args.topic, "key": args.key, "as_of": ms_to_iso(answer.at_ms), "state": answer.state,
+           "body": answer.value}
+    if answer.change is not None:
+        row.update(store_ts=ms_to_iso(answer.change["store_ts"]), broker=answer.change["broker"],
+                   phy_offset=answer.change["phy_offset"], queue_id=answer.change["queue_id"],
+                   queue_offset=answer.change["queue_offset"])
+    emit([row], args.format, list(row))
+    return 0 if answer.state == "live" else 1
 
 
 def snapshot_now(conf: cfg.Config, kv) -> int:
@@ -71,8 +101,16 @@ def _kv_rebuild(args, conf: cfg.Config) -> int:
     settings = derive(conf)
     report = rebuild_view(
         kv_path(conf), commitlog_dir=conf.commitlog.dir, tier_location=conf.tier.location, broker=conf.broker.name,
-        source=args.source, ttl=settings.ttl, key_property=conf.commitlog.key_property,
+        source=_rebuild_source(args.source), ttl=settings.ttl, key_property=conf.commitlog.key_property,
         topics=settings.filters["compaction"],
     )
     emit([dataclasses.asdict(report)], args.format)
     return 0
+
+
+def _rebuild_source(text: str | None) -> str:
+    if text is None:
+        return "snapshot"
+    if text not in ("snapshot", "tier", "commitlog"):
+        raise ConfigError(f"`tierlog kv rebuild --from {text}`: rebuild starts from snapshot, tier or commitlog")
+    return text

@@ -8,6 +8,8 @@ import sys
 from datetime import datetime, timezone
 from typing import Iterable
 
+from connectors.errors import ConfigError
+
 
 def emit(rows: Iterable[dict], fmt: str, columns: list[str] | None = None, out=None) -> int:
     """Print rows as JSON lines or an aligned table; returns how many were printed."""
@@ -58,3 +60,18 @@ def bytes_cell(value: bytes, width: int = 24) -> str:
         return "base64:" + encoded + ("…" if len(value) > width * 3 // 4 else "")
     shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text[:width])
     return shown + ("…" if len(text) > width else "")
+
+
+def parse_time(text: str) -> int:
+    """Epoch milliseconds, an ISO 8601 / RFC 3339 time (UTC unless it says otherwise), or ``now``."""
+    if text == "now":
+        return int(datetime.now(timezone.utc).timestamp() * 1000)
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"time {text!r}: use epoch milliseconds, ISO 8601 like 2026-11-21T10:00:00Z, or now") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return int(parsed.timestamp() * 1000)

@@ -241,21 +241,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_queues)
 
     p = sub.add_parser(
-        "kv", parents=[common, tier, printing], help="the latest value per key: get, scan, rebuild, snapshot",
+        "kv", parents=[common, tier, brokers, printing],
+        help="the latest value per key: get, scan, history, rebuild, snapshot",
         description="get TOPIC KEY: the latest value of one key (exit 1 if it has none). "
         "scan TOPIC [--prefix P]: live keys in key order. These open the KV view read-only, so they work "
         "while `tierlog run` runs. "
+        "get TOPIC KEY --as-of TIME: the value the key had at TIME, read from the tier and its compacted "
+        "snapshots alone (no local state: any machine that reads the tier can ask); says live, deleted, "
+        "expired (compaction.ttl) or absent, and refuses a TIME retention has put out of reach, naming the "
+        "earliest it can answer. "
+        "history TOPIC KEY [--from T1] [--to T2]: every change of the key the tier holds in the window. "
         "snapshot: write every topic's live keys to the tier now, under _compacted/topic=<t>/. "
         "rebuild: recreate the KV view from the newest snapshots plus the tier and commitlog after them "
         "(--from tier or --from commitlog to replay from the start instead); stop `tierlog run` first.",
     )
-    p.add_argument("kv_command", choices=["get", "scan", "snapshot", "rebuild"])
+    p.add_argument("kv_command", choices=["get", "scan", "history", "snapshot", "rebuild"])
     p.add_argument("topic", nargs="?", metavar="TOPIC")
     p.add_argument("key", nargs="?", metavar="KEY")
     p.add_argument("--prefix", metavar="P", help="scan: only keys starting with P")
     p.add_argument("--limit", type=int, default=0, metavar="N", help="scan: at most N keys (default: all)")
-    p.add_argument("--from", dest="source", choices=["snapshot", "tier", "commitlog"], default="snapshot",
-                   help="rebuild: where to start (default snapshot)")
+    p.add_argument("--as-of", dest="as_of", metavar="TIME",
+                   help="get: the value at TIME (epoch ms, or ISO 8601 / RFC 3339 like 2026-11-21T10:42:00Z)")
+    p.add_argument("--from", dest="source", metavar="FROM",
+                   help="rebuild: where to start, snapshot (default), tier or commitlog; history: the window's "
+                   "start (a TIME as for --as-of)")
+    p.add_argument("--to", dest="until", metavar="TIME", help="history: the window's end (default: now)")
     p.set_defaults(func=cmd_kv)
 
     p = sub.add_parser(

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
 from typing import Iterator
 
-from connectors.errors import ConfigError, TierlogError
+from connectors.errors import TierlogError
 from streaming import config as cfg
 from streaming.cli.found import open_kv, open_reader
 from streaming.cli.inspect import INSPECT_COLUMNS
-from streaming.cli.output import emit, ms_to_iso
+from streaming.cli.output import emit, ms_to_iso, parse_time
 
 log = logging.getLogger("tierlog")
 
@@ -23,19 +22,6 @@ def _message_rows(table, fmt: str) -> Iterator[dict]:
             ms = round(row[col].timestamp() * 1000)
             row[col] = ms_to_iso(ms) if fmt == "table" else ms
         yield row
-
-
-def _parse_time(text: str) -> int:
-    """Epoch milliseconds, or an ISO 8601 time (UTC unless it says otherwise)."""
-    if text.lstrip("-").isdigit():
-        return int(text)
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise ConfigError(f"time {text!r}: use epoch milliseconds or ISO 8601 like 2026-11-21T10:00:00Z") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return int(parsed.timestamp() * 1000)
 
 
 def cmd_get(args, conf: cfg.Config) -> int:
@@ -61,8 +47,8 @@ def cmd_get(args, conf: cfg.Config) -> int:
 
 
 def cmd_key(args, conf: cfg.Config) -> int:
-    begin = _parse_time(args.since) if args.since else None
-    end = _parse_time(args.until) if args.until else None
+    begin = parse_time(args.since) if args.since else None
+    end = parse_time(args.until) if args.until else None
     table = open_reader(conf, args.read_broker, args.topic).by_key(args.topic, args.key, begin, end)
     emit(_message_rows(table, args.format), args.format, INSPECT_COLUMNS if args.format == "table" else None)
     log.info("%d message(s) with key %r in topic %s in the tier", table.num_rows, args.key, args.topic)
@@ -91,7 +77,7 @@ def _print_latest(conf: cfg.Config, topic: str, key: str) -> None:
 
 
 def cmd_offset_for_time(args, conf: cfg.Config) -> int:
-    ts = _parse_time(args.timestamp)
+    ts = parse_time(args.timestamp)
     reader = open_reader(conf, args.read_broker, args.topic)
     state = reader.view_for_queue(args.topic, args.queue)
     if state.state_of((args.topic, args.queue)) is None:

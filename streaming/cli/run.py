@@ -94,6 +94,7 @@ def try_next(config_file: str, tier: str, key: str, sealed: int) -> list[str]:
              f"  {tl} get topic-0 0 0 --max 5 --config {config_file}",
              f"  {tl} kv get topic-0 {key} --config {config_file}",
              f"  {tl} key topic-0 {key} --latest --config {config_file}",
+             f"  {tl} kv history topic-0 {key} --config {config_file}    # then: kv get ... --as-of TIME",
              f"  {tl} kv scan topic-0 --prefix key-0000001 --config {config_file}",
              f"  {tl} kv snapshot --config {config_file}    # then: {tier}/_compacted/",
              f"  {py} -c \"from connectors.tier.reader import TierReader; "
