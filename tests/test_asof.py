@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import zlib
 
 import pytest
 
@@ -29,7 +30,7 @@ STEP_MS = 10
 KEYS = 40
 
 
-def messages(n: int, seed: int, start: int = 0) -> list[Message]:
+def messages(n: int, seed: int, start: int = 0, at=lambda i: BASE_MS + i * STEP_MS) -> list[Message]:
     rng = random.Random(seed)
     out = []
     for i in range(start, start + n):
@@ -40,30 +41,31 @@ def messages(n: int, seed: int, start: int = 0) -> list[Message]:
         else:
             body = b"v%d" % i
         out.append(Message(topic="t0", queue_id=rng.randrange(3), body=body, properties=props,
-                           store_ts=BASE_MS + i * STEP_MS))
+                           store_ts=at(i)))
     return out
 
 
-def write_chunks(tmp_path, chunks: int, per_chunk: int) -> tuple[str, list[Message], list[int]]:
+def write_chunks(tmp_path, chunks: int, per_chunk: int, name: str = "commitlog",
+                 at=lambda i: BASE_MS + i * STEP_MS) -> tuple[str, list[Message], list[int]]:
     """The commitlog in ``chunks`` appends; returns its directory, the ledger and each chunk's end."""
-    log_dir = str(tmp_path / "commitlog")
+    log_dir = str(tmp_path / name)
     written, ends = [], []
     with CommitLogWriter(log_dir, file_size=256 * 1024, fsync="never") as writer:
         for c in range(chunks):
-            stored = ledger.append(writer, messages(per_chunk, seed=c, start=c * per_chunk))
+            stored = ledger.append(writer, messages(per_chunk, seed=c + zlib.crc32(name.encode()) % 1000, start=c * per_chunk, at=at))
             written.extend(stored)
             ends.append(stored[-1].phy_offset + stored[-1].size)
     return log_dir, written, ends
 
 
-def snapshot_at(tmp_path, location: str, written: list[Message], through: int) -> None:
+def snapshot_at(tmp_path, location: str, written: list[Message], through: int, broker: str = "broker-a") -> None:
     """A snapshot through ``through``, as the KV writer writes one from its view."""
-    kv = KVView(str(tmp_path / f"kv-{through}"))
+    kv = KVView(str(tmp_path / f"kv-{broker}-{through}"))
     try:
         kv.apply([Change("t0", m.properties["KEYS"], "delete" if m.properties.get("KV_OP") == "DELETE" else "put",
                          m.phy_offset, m.queue_id, m.queue_offset, m.store_ts, m.body)
                   for m in written if m.phy_offset < through], applied_through=through)
-        write_snapshot(kv, location, "broker-a", through, keep=20)
+        write_snapshot(kv, location, broker, through, keep=20)
     finally:
         kv.close()
 
@@ -71,8 +73,8 @@ def snapshot_at(tmp_path, location: str, written: list[Message], through: int) -
 def oracle(written: list[Message], key: str, at_ms: int, ttl_ms: int | None = None) -> tuple[str, bytes | None]:
     last = None
     for m in written:
-        if m.properties["KEYS"] == key and m.store_ts <= at_ms:
-            last = m  # the ledger is in physical order
+        if m.properties["KEYS"] == key and m.store_ts <= at_ms and (last is None or m.store_ts >= last.store_ts):
+            last = m  # the ledger is in physical order; two brokers' ledgers, by store time
     if last is None:
         return "absent", None
     if last.properties.get("KV_OP") == "DELETE":
@@ -89,18 +91,21 @@ def probe_times(written: list[Message], rng: random.Random, n: int) -> list[int]
             + [t + d for t in rng.sample(deletes, 20) for d in (0, 1)] + [BASE_MS - 1, end])
 
 
-@pytest.fixture
-def tier(tmp_path):
-    log_dir, written, ends = write_chunks(tmp_path, chunks=5, per_chunk=400)
-    location = str(tmp_path / "tier")
-    store = MetadataStore(str(tmp_path / "metadata"))
+def build(tmp_path, location: str, broker: str = "broker-a", at=lambda i: BASE_MS + i * STEP_MS):
+    log_dir, written, ends = write_chunks(tmp_path, chunks=5, per_chunk=400, name=f"commitlog-{broker}", at=at)
+    store = MetadataStore(str(tmp_path / f"metadata-{broker}"))
     try:
-        tier_in_batches(log_dir, location, store, 40_000, segment_messages=100)
+        tier_in_batches(log_dir, location, store, 40_000, broker=broker, segment_messages=100)
     finally:
         store.close()
     for through in ends[1:4]:  # none before the second chunk: early times come from the history alone
-        snapshot_at(tmp_path, location, written, through)
+        snapshot_at(tmp_path, location, written, through, broker)
     return location, written, ends
+
+
+@pytest.fixture
+def tier(tmp_path):
+    return build(tmp_path, str(tmp_path / "tier"))
 
 
 def test_a_key_at_any_moment_equals_the_ledger(tier):
@@ -122,6 +127,38 @@ def test_a_key_at_any_moment_equals_the_ledger(tier):
         assert (got.state, got.value) == oracle(written, key, stands)
         if got.state == "live":  # a key not live in the snapshot is answered from its history
             assert got.snapshot is not None and got.snapshot.endswith(f"{ends[2]:020d}.parquet")
+
+
+def test_two_brokers_writing_one_topic(tmp_path):
+    """Each broker's part of the tier answers for its own messages; the key's value is the newest
+    of their answers by store time (the brokers' store times interleave here)."""
+    location = str(tmp_path / "tier")
+    _, a, _ = build(tmp_path, location, "broker-a", at=lambda i: BASE_MS + i * 2 * STEP_MS)
+    _, b, _ = build(tmp_path, location, "broker-b", at=lambda i: BASE_MS + i * 2 * STEP_MS + STEP_MS)
+    written = a + b
+    reader = AsOfReader(TierReader(location))
+    rng = random.Random(5)
+    brokers = set()
+    for at in probe_times(sorted(written, key=lambda m: m.store_ts), rng, 150):
+        key = f"k{rng.randrange(KEYS):03d}"
+        got = reader.get("t0", key, at)
+        assert (got.state, got.value) == oracle(written, key, at), (key, at, got)
+        brokers.add(got.change["broker"] if got.change else None)
+    assert {"broker-a", "broker-b"} <= brokers
+    one = AsOfReader(TierReader(location, broker="broker-b"))
+    key, at = "k005", written[-1].store_ts + 1
+    got = one.get("t0", key, at)
+    assert (got.state, got.value) == oracle(b, key, at)
+
+
+def test_an_s3_tier_answers_the_same(tmp_path, s3_location):
+    _, written, _ = build(tmp_path, s3_location)
+    reader = AsOfReader(TierReader(s3_location))
+    rng = random.Random(9)
+    for at in probe_times(written, rng, 10)[:20]:
+        key = f"k{rng.randrange(KEYS):03d}"
+        got = reader.get("t0", key, at)
+        assert (got.state, got.value) == oracle(written, key, at), (key, at, got)
 
 
 def test_a_topic_with_a_time_to_live_reports_expiries(tier):
