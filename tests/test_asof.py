@@ -23,6 +23,7 @@ from state.kv import Change, KVView
 from state.kv_writer import write_snapshot
 from state.metadata import MetadataStore
 from tests import ledger
+from tests.kv_helpers import kv_messages
 from tests.tiering_helpers import tier_in_batches
 
 BASE_MS = 1_700_000_000_000
@@ -30,18 +31,15 @@ STEP_MS = 10
 KEYS = 40
 
 
+def key_of(n: int) -> str:
+    return f"k{n:07d}"  # as kv_messages names them
+
+
 def messages(n: int, seed: int, start: int = 0, at=lambda i: BASE_MS + i * STEP_MS) -> list[Message]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(start, start + n):
-        props = {"KEYS": f"k{rng.randrange(KEYS):03d}", "UNIQ_KEY": f"{seed:08X}{i:024X}"}
-        body = b""
-        if rng.random() < 0.15:
-            props["KV_OP"] = "DELETE"
-        else:
-            body = b"v%d" % i
-        out.append(Message(topic="t0", queue_id=rng.randrange(3), body=body, properties=props,
-                           store_ts=at(i)))
+    """One topic's keyed puts and deletes, the i-th stored at ``at(i)``."""
+    out = list(kv_messages(n, keys=KEYS, seed=seed, topics=1, keyless_ratio=0.0))
+    for i, m in enumerate(out, start):
+        m.store_ts = at(i)
     return out
 
 
@@ -115,14 +113,14 @@ def test_a_key_at_any_moment_equals_the_ledger(tier):
     used = set()
     times = probe_times(written, rng, 960)
     for at in times:
-        key = f"k{rng.randrange(KEYS):03d}"
+        key = key_of(rng.randrange(KEYS))
         got = reader.get("t0", key, at)
         assert (got.state, got.value) == oracle(written, key, at), (key, at, got)
         used.add(got.snapshot is not None)
     assert used == {True, False}  # both ways were taken: from a snapshot, and from the history alone
     # at a snapshot's own moment: the newest store time of what it reflects
     stands = max(m.store_ts for m in written if m.phy_offset < ends[2])
-    for key in (f"k{n:03d}" for n in range(KEYS)):
+    for key in (key_of(n) for n in range(KEYS)):
         got = reader.get("t0", key, stands)
         assert (got.state, got.value) == oracle(written, key, stands)
         if got.state == "live":  # a key not live in the snapshot is answered from its history
@@ -140,13 +138,13 @@ def test_two_brokers_writing_one_topic(tmp_path):
     rng = random.Random(5)
     brokers = set()
     for at in probe_times(sorted(written, key=lambda m: m.store_ts), rng, 150):
-        key = f"k{rng.randrange(KEYS):03d}"
+        key = key_of(rng.randrange(KEYS))
         got = reader.get("t0", key, at)
         assert (got.state, got.value) == oracle(written, key, at), (key, at, got)
         brokers.add(got.change["broker"] if got.change else None)
     assert {"broker-a", "broker-b"} <= brokers
     one = AsOfReader(TierReader(location, broker="broker-b"))
-    key, at = "k005", written[-1].store_ts + 1
+    key, at = key_of(5), written[-1].store_ts + 1
     got = one.get("t0", key, at)
     assert (got.state, got.value) == oracle(b, key, at)
 
@@ -156,7 +154,7 @@ def test_an_s3_tier_answers_the_same(tmp_path, s3_location):
     reader = AsOfReader(TierReader(s3_location))
     rng = random.Random(9)
     for at in probe_times(written, rng, 10)[:20]:
-        key = f"k{rng.randrange(KEYS):03d}"
+        key = key_of(rng.randrange(KEYS))
         got = reader.get("t0", key, at)
         assert (got.state, got.value) == oracle(written, key, at), (key, at, got)
 
@@ -168,7 +166,7 @@ def test_a_topic_with_a_time_to_live_reports_expiries(tier):
     rng = random.Random(11)
     states = set()
     for at in probe_times(written, rng, 400):
-        key = f"k{rng.randrange(KEYS):03d}"
+        key = key_of(rng.randrange(KEYS))
         got = reader.get("t0", key, at)
         assert (got.state, got.value) == oracle(written, key, at, ttl), (key, at, got)
         states.add(got.state)
@@ -179,8 +177,8 @@ def test_history_lists_every_change_in_the_window(tier):
     location, written, _ = tier
     reader = AsOfReader(TierReader(location))
     lo, hi = BASE_MS + 300 * STEP_MS, BASE_MS + 1500 * STEP_MS
-    got = reader.history("t0", "k007", lo, hi)
-    want = [m for m in written if m.properties["KEYS"] == "k007" and lo <= m.store_ts <= hi]
+    got = reader.history("t0", key_of(7), lo, hi)
+    want = [m for m in written if m.properties["KEYS"] == key_of(7) and lo <= m.store_ts <= hi]
     assert [(r["phy_offset"], r["store_ts"], r["op"], r["body"]) for r in got] == [
         (m.phy_offset, m.store_ts, "delete" if m.properties.get("KV_OP") else "put", m.body) for m in want]
 
@@ -196,15 +194,15 @@ def test_a_time_retention_put_out_of_reach_is_refused_naming_the_earliest_answer
         store.close()
     reader = AsOfReader(TierReader(location))
     with pytest.raises(AsOfRefused, match="no compacted snapshot"):
-        reader.get("t0", "k001", written[-1].store_ts)
+        reader.get("t0", key_of(1), written[-1].store_ts)
     snapshot_at(tmp_path, location, written, ends[3])
     reader = AsOfReader(TierReader(location))  # a reader answers from the tier as it first found it
     stands = max(m.store_ts for m in written if m.phy_offset < ends[3])
     with pytest.raises(AsOfRefused, match=f"earliest time that can is .*\\({stands} ms\\)"):
-        reader.get("t0", "k001", stands - 1)
+        reader.get("t0", key_of(1), stands - 1)
     rng = random.Random(3)
     for _ in range(200):
-        at, key = rng.randrange(stands, written[-1].store_ts + 100), f"k{rng.randrange(KEYS):03d}"
+        at, key = rng.randrange(stands, written[-1].store_ts + 100), key_of(rng.randrange(KEYS))
         got, want = reader.get("t0", key, at), oracle(written, key, at)
         if got.state == "absent" and want[0] == "deleted":  # deleted before the snapshot, whose history is gone
             assert got.snapshot is not None and not any(
