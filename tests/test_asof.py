@@ -56,13 +56,19 @@ def write_chunks(tmp_path, chunks: int, per_chunk: int, name: str = "commitlog",
     return log_dir, written, ends
 
 
+def view_through(path, written: list[Message], through: int) -> KVView:
+    """A KV view that applied the ledger's changes below ``through``."""
+    kv = KVView(str(path))
+    kv.apply([Change("t0", m.properties["KEYS"], "delete" if m.properties.get("KV_OP") == "DELETE" else "put",
+                     m.phy_offset, m.queue_id, m.queue_offset, m.store_ts, m.body)
+              for m in written if m.phy_offset < through], applied_through=through)
+    return kv
+
+
 def snapshot_at(tmp_path, location: str, written: list[Message], through: int, broker: str = "broker-a") -> None:
     """A snapshot through ``through``, as the KV writer writes one from its view."""
-    kv = KVView(str(tmp_path / f"kv-{broker}-{through}"))
+    kv = view_through(tmp_path / f"kv-{broker}-{through}", written, through)
     try:
-        kv.apply([Change("t0", m.properties["KEYS"], "delete" if m.properties.get("KV_OP") == "DELETE" else "put",
-                         m.phy_offset, m.queue_id, m.queue_offset, m.store_ts, m.body)
-                  for m in written if m.phy_offset < through], applied_through=through)
         write_snapshot(kv, location, broker, through, keep=20)
     finally:
         kv.close()
@@ -227,3 +233,24 @@ def test_the_command_line_answers_and_refuses_in_one_line(tier, tmp_path):
                               "--tier", location, "--format", "json"], capture_output=True, text=True, timeout=120)
     assert history.returncode == 0, history.stderr
     assert history.stdout.count("\n") == sum(1 for w in written if w.properties["KEYS"] == key and w.store_ts <= at)
+
+
+def test_a_snapshot_written_before_snapshots_said_their_time_is_passed_over(tier, tmp_path):
+    from connectors.tier import snapshots
+    from connectors.tier.backend import open_backend
+
+    location, written, ends = tier
+    kv = view_through(tmp_path / "kv-old", written, ends[4])
+    try:
+        backend = open_backend(location)
+        snapshots.write_snapshots(backend, "broker-a", kv.entries(), ends[4], keep=20)  # as before: no time
+        backend.close()
+    finally:
+        kv.close()
+    reader = AsOfReader(TierReader(location))
+    rng = random.Random(13)
+    for at in probe_times(written, rng, 100):
+        key = key_of(rng.randrange(KEYS))
+        got = reader.get("t0", key, at)
+        assert (got.state, got.value) == oracle(written, key, at), (key, at, got)
+        assert got.snapshot is None or not got.snapshot.endswith(f"{ends[4]:020d}.parquet")

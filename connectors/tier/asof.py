@@ -69,7 +69,8 @@ class AsOfReader:
         self.ttl_ms = ttl_ms or {}
         self._firsts: dict[tuple, tuple[int, int] | None] = {}  # (broker, topic, queue, low) -> (phy, ts)
         self._held: list[TierView] | None = None
-        self._snaps: dict[tuple[str, str], list] = {}
+        self._lists: dict[tuple[str, str], list[snapshots.Snapshot]] = {}  # (broker, topic) -> its snapshots
+        self._times: dict[str, int | None] = {}  # snapshot name -> the moment it stands as of
 
     def ttl_of(self, topic: str) -> int | None:
         return self.ttl_ms.get(topic, self.ttl_ms.get("*"))
@@ -122,17 +123,18 @@ class AsOfReader:
             if not changes and whole:  # nothing live then: the history says whether it expired or never was
                 changes = self._changes(view, topic, key, None, at_ms)
             return self._answer(topic, key, at_ms, changes, None, None)
-        base, snapshot, stands, answerable = None, None, None, []
-        for snap, at in reversed(self._snapshots(broker, topic)):
-            if at is None or not all(first is None or first[0] <= snap.through_phy for first in lows):
-                continue  # written before snapshots said their time, or the tier lost what follows it
-            answerable.append(at)
-            if at <= at_ms:
-                snapshot, stands, base = snap, at, self._snapshot_row(snap, key)
-                break
-        if snapshot is None and not whole:
-            earliest = min(answerable) if answerable else None
-            raise AsOfRefused(self._refusal(topic, broker, at_ms, earliest, "a compacted snapshot"))
+        base, snapshot, stands = None, None, None
+        # Only snapshots the tier still holds everything after (their offset alone says so).
+        usable = [snap for snap in self._listed(broker, topic)
+                  if all(first is None or first[0] <= snap.through_phy for first in lows)]
+        found = self._newest_by(usable, at_ms)
+        if found is not None:
+            snapshot, stands = found, self._time(found)
+            base = self._snapshot_row(snapshot, key)
+        elif not whole:
+            times = [t for t in map(self._time, usable) if t is not None]
+            raise AsOfRefused(self._refusal(topic, broker, at_ms, min(times) if times else None,
+                                            "a compacted snapshot"))
         if snapshot is None:
             changes = self._changes(view, topic, key, None, at_ms)
         else:
@@ -144,12 +146,32 @@ class AsOfReader:
                 snapshot, changes = None, self._changes(view, topic, key, None, at_ms)
         return self._answer(topic, key, at_ms, changes, base, None if snapshot is None else snapshot.name)
 
-    def _snapshots(self, broker: str, topic: str) -> list[tuple[snapshots.Snapshot, int | None]]:
-        """The topic's snapshots, oldest first, each with the moment it stands as of (footers only)."""
-        if (broker, topic) not in self._snaps:
-            self._snaps[(broker, topic)] = [(s, snapshots.snapshot_time(self.reader.backend, s))
-                                            for s in snapshots.list_snapshots(self.reader.backend, broker, topic)]
-        return self._snaps[(broker, topic)]
+    def _newest_by(self, usable: list[snapshots.Snapshot], at_ms: int) -> snapshots.Snapshot | None:
+        """The newest of ``usable`` (oldest first) that stands as of ``at_ms`` or before.  Their times
+        grow with their offsets, so a binary search reads a few footers, not one per snapshot; a
+        snapshot written before they said their time is passed over, one by one."""
+        lo, hi = 0, len(usable)  # the answer is below hi; everything below lo stands by at_ms
+        while lo < hi:
+            mid = (lo + hi) // 2
+            at = self._time(usable[mid])
+            if at is None:  # no time: search what is newer, and older if that finds nothing
+                return (self._newest_by(usable[mid + 1 : hi], at_ms) or self._newest_by(usable[lo:mid], at_ms)
+                        or (usable[lo - 1] if lo > 0 else None))
+            if at <= at_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return usable[lo - 1] if lo > 0 else None
+
+    def _listed(self, broker: str, topic: str) -> list[snapshots.Snapshot]:
+        if (broker, topic) not in self._lists:
+            self._lists[(broker, topic)] = snapshots.list_snapshots(self.reader.backend, broker, topic)
+        return self._lists[(broker, topic)]
+
+    def _time(self, snap: snapshots.Snapshot) -> int | None:
+        if snap.name not in self._times:
+            self._times[snap.name] = snapshots.snapshot_time(self.reader.backend, snap)
+        return self._times[snap.name]
 
     def _answer(self, topic, key, at_ms, changes: list[dict], base: dict | None, snapshot: str | None) -> AsOf:
         last = changes[-1] if changes else base
