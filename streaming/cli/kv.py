@@ -76,6 +76,11 @@ def _from_tier(args, conf: cfg.Config) -> int:
                    phy_offset=answer.change["phy_offset"], queue_id=answer.change["queue_id"],
                    queue_offset=answer.change["queue_offset"])
     emit([row], args.format, list(row))
+    if answer.state != "live":
+        why = {"deleted": "deleted by the message", "expired": "past its time to live (compaction.ttl) since the "
+               "message", "absent": "not set by then"}[answer.state]
+        where = "" if answer.change is None else f" stored {row['store_ts']} at physical offset {row['phy_offset']}"
+        log.info("key %r of topic %s has no value at %s: %s%s", args.key, args.topic, row["as_of"], why, where)
     return 0 if answer.state == "live" else 1
 
 
