@@ -47,9 +47,10 @@ class AsOfRefused(TierError):
 @dataclass(frozen=True)
 class AsOf:
     """The answer: ``state`` is ``live`` (``value`` holds the body), ``deleted``, ``expired`` or
-    ``absent`` (no change of the key by then, or, when the tier no longer holds the key's whole history,
-    none live in the snapshot: deleted or never set before it); ``change`` is the change that decided it, as a
-    ``history`` row, None for ``absent``; ``snapshot`` the snapshot it started from, if any."""
+    ``absent`` (no change of the key by then; or, where the tier no longer holds the key's whole
+    history, none live in the snapshot: deleted or never set before it).  ``change`` is the change
+    that decided it, as a ``history`` row (None for ``absent``); ``snapshot`` the snapshot the
+    answer started from, if any."""
 
     topic: str
     key: str
@@ -82,6 +83,9 @@ class AsOfReader:
         return [row for table in tables for row in _rows(table)]
 
     def get(self, topic: str, key: str, at_ms: int) -> AsOf:
+        """The value ``key`` of ``topic`` had at ``at_ms`` (epoch ms).  Raises ``AsOfRefused`` when a
+        broker's part of the tier cannot answer for that time, ``NotFoundInTier`` for a topic the tier
+        does not hold."""
         answers, refusals = [], []
         for view in self._views(topic):
             try:
