@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from streaming import config as cfg
 from streaming.cli.produce import produce
 from streaming.cli.status import show_status
+
+log = logging.getLogger("tierlog")
 
 
 def cmd_run(args, conf: cfg.Config) -> int:
@@ -78,14 +81,16 @@ def cmd_demo(args, conf: cfg.Config) -> int:
     show_status(argparse.Namespace(format="table"), written)
     key = _some_key(written, "topic-0")
     sealed = sum(q.segments for q in states.values())
-    for line in try_next(os.path.relpath(config_file), os.path.relpath(conf.tier.location), key, sealed):
+    for line in try_next(os.path.relpath(config_file), os.path.relpath(conf.tier.location), key, sealed,
+                         _table_locations(written)):
         print(line)
     return 0
 
 
-def try_next(config_file: str, tier: str, key: str, sealed: int) -> list[str]:
+def try_next(config_file: str, tier: str, key: str, sealed: int, tables: dict[str, str] | None = None) -> list[str]:
     """The demo's last lines: commands that run exactly as printed, from this directory (a test
-    runs each one).  ``tierlog`` and ``python`` are spelled as this shell finds them."""
+    runs each one).  ``tierlog`` and ``python`` are spelled as this shell finds them.  ``tables``:
+    topic-0's tables by kind (messages, latest) -> metadata location, as `tierlog table info` gives."""
     import importlib.util
 
     tl, py = _command("tierlog", "./dev tierlog"), _command("python", None)
@@ -111,7 +116,33 @@ def try_next(config_file: str, tier: str, key: str, sealed: int) -> list[str]:
         lines.append(f"  {py} -c \"import duckdb; duckdb.sql(\\\"{duck}\\\").show()\"")
     lines.append(f"  {py} -c \"import pyarrow.dataset as ds; print(ds.dataset('{tier}', "
                  f"partitioning='hive').to_table(columns=['topic', 'queue_offset']).num_rows)\"")
+    if tables and importlib.util.find_spec("duckdb") and importlib.util.find_spec("duckdb_ext"):
+        queries = {"messages": "select queue_id, count(*) AS messages from iceberg_scan('{}') group by all order by all",
+                   "latest": "select count(*) AS live_keys, max(store_ts) AS newest from iceberg_scan('{}')"}
+        lines.append(f"  (topic-0's Iceberg tables, each at the metadata location `{tl} table info` prints:)")
+        for kind, location in sorted(tables.items(), key=lambda kv: kv[0] != "messages"):
+            query = queries[kind].format(location)
+            lines.append(f"  {py} -c \"import duckdb, importlib.util as u; con = duckdb.connect(config="
+                         f"{{'extension_directory': u.find_spec('duckdb_ext').submodule_search_locations[0] + "
+                         f"'/extensions', 'autoinstall_known_extensions': False}}); con.sql('LOAD iceberg'); "
+                         f"con.sql(\\\"{query}\\\").show()\"")
     return lines
+
+
+def _table_locations(conf: cfg.Config) -> dict[str, str]:
+    """topic-0's message and latest-per-key tables' metadata locations (`tierlog table info`'s)."""
+    from streaming.cli.tables import table_rows
+    from streaming.settings import tables
+
+    settings = tables(conf)
+    if settings is None:
+        return {}
+    try:
+        rows = table_rows(conf, settings)
+    except Exception as exc:  # noqa: BLE001 - the tables are an extra: the demo's other lines stand
+        log.warning("the demo's Iceberg tables could not be listed (%s: %s)", type(exc).__name__, exc)
+        return {}
+    return {r["kind"]: r["metadata_location"] for r in rows if r["topic"] == "topic-0" and r["metadata_location"]}
 
 
 def _command(name: str, in_checkout: str | None) -> str:
