@@ -431,9 +431,15 @@ def test_readme_tier_examples_run_against_a_real_tier(spark, tmp_path):
     assert ns["sealed"].count() == len(sealed)
     assert _rows(ns["topic0"].toArrow()) == [r for r in rows if r["topic"] == "orders" and r["queue_offset"] >= 1000]
 
-    [queries] = readme_python_blocks("TierReader(")
+    [queries] = readme_python_blocks("TierReader(", "offset_for_time")
     exec(here(queries), ns)
     queue3 = [r for r in rows if (r["topic"], r["queue_id"]) == ("orders", 3)]
     assert [normalize_arrow_row(r) for r in ns["result"].messages.to_pylist()] == queue3[1000:1100]
     assert ns["start"] == next(r["queue_offset"] for r in queue3 if r["store_ts"] >= 1763712000000)
     assert _rows(ns["history"]) == [r for r in rows if r["topic"] == "orders" and r["key"] == "order-42"]
+
+    [asof] = readme_python_blocks("AsOfReader(")
+    exec(here(asof), ns)
+    last = [r for r in rows if r["topic"] == "orders" and r["key"] == "order-42"][-1]  # every message a put
+    assert (ns["answer"].state, ns["answer"].value, ns["answer"].change["phy_offset"]) == (
+        "live", last["body"], last["phy_offset"])
