@@ -370,8 +370,9 @@ class KVView:
         for raw_key, raw in self.db.items(from_key=_DATA_START):
             dbkey = raw_key.decode()
             topic = dbkey.partition(SEP)[0]
-            if times is not None:
-                store_ts = _HEAD.unpack_from(raw)[3]
+            entry = _decode(dbkey, raw)
+            if times is not None:  # a live entry has its time decoded already; a tombstone only its head
+                store_ts = entry.store_ts if entry is not None else _HEAD.unpack_from(raw)[3]
                 if store_ts > times.get(topic, -1):
                     times[topic] = store_ts
-            yield topic, _decode(dbkey, raw)
+            yield topic, entry

@@ -54,7 +54,7 @@ class ChangelogSink(KafkaSink):
         routes = {topic: (kafka_topic, self.partitions(kafka_topic)) for topic, kafka_topic in kafka_topics.items()}
         broker = self.settings.broker
         hashes = key_hashes(columns[1])
-        sent_through = {} if op is None else self._expired_already(columns, routes, hashes, floor)
+        expired_through = {} if op is None else self._expired_already(columns, routes, hashes, floor)
         for i, (topic, key, phy, queue_id, queue_offset, ts, deleted, body, hashed) in enumerate(zip(*columns, hashes)):
             kafka_topic, partitions = routes[topic]
             partition = hashed % partitions  # key_partition's, hashed for all rows at once
@@ -64,7 +64,7 @@ class ChangelogSink(KafkaSink):
                 headers.append(_DELETE if deleted else _PUT)
                 if self.send(kafka_topic, partition, key, value, headers, phy, ts):
                     self._last.pop((kafka_topic, partition), None)
-            elif i <= sent_through.get((kafka_topic, partition), -1):
+            elif i <= expired_through.get((kafka_topic, partition), -1):
                 self.stats.skipped += 1
             else:
                 # An expiry has no message of its own: it takes the highest position its partition

@@ -79,7 +79,7 @@ class AsOfReader:
     def history(self, topic: str, key: str, from_ms: int | None = None, to_ms: int | None = None) -> list[dict]:
         """Every change of ``key`` the tier holds, stored in ``[from_ms, to_ms]``, broker by broker in
         physical order: store time (ms), broker, physical and queue offsets, op, body."""
-        tables = [_changes(self.reader.by_key(topic, key, from_ms, to_ms, view=v)) for v in self._views(topic)]
+        tables = [_dispatched(self.reader.by_key(topic, key, from_ms, to_ms, view=v)) for v in self._views(topic)]
         return [row for table in tables for row in _rows(table)]
 
     def get(self, topic: str, key: str, at_ms: int) -> AsOf:
@@ -190,7 +190,7 @@ class AsOfReader:
 
     def _changes(self, view: TierView, topic: str, key: str, from_ms: int | None, to_ms: int,
                  since_phy: int | None = None) -> list[dict]:
-        table = _changes(self.reader.by_key(topic, key, from_ms, to_ms, view=view))
+        table = _dispatched(self.reader.by_key(topic, key, from_ms, to_ms, view=view))
         if since_phy is not None:
             table = table.filter(pc.greater_equal(table["phy_offset"], since_phy))
         return _rows(table)
@@ -241,7 +241,7 @@ class AsOfReader:
                 f"({earliest} ms), from {by}")
 
 
-def _changes(table: pa.Table) -> pa.Table:
+def _dispatched(table: pa.Table) -> pa.Table:
     """Rows of ``by_key`` that changed the key: those that entered a queue."""
     return table.filter(dispatched_mask(table["sysflag"])).select(CHANGE_COLUMNS)
 
