@@ -33,18 +33,18 @@ from connectors.tier import layout
 from connectors.tier.manifest import Segment
 
 
-def segment_file(root: str, names: layout.Names, queue: int, base: int, rows: int = 50) -> Segment:
-    table = pa.table({"topic": ["bench"] * rows, "queue_id": pa.array([queue] * rows, pa.int32()),
+def segment_file(root: str, names: layout.Names, queue: int, base: int, rows: int = 50, topic: str = "bench") -> Segment:
+    table = pa.table({"topic": [topic] * rows, "queue_id": pa.array([queue] * rows, pa.int32()),
                       "queue_offset": list(range(base, base + rows)), "broker": [names.broker] * rows},
                      ).cast(pa.schema([MESSAGE_SCHEMA.field(n) for n in ("topic", "queue_id", "queue_offset", "broker")]))
     full = pa.table({f.name: table[f.name] if f.name in table.column_names else pa.nulls(rows, f.type)
                      for f in MESSAGE_SCHEMA}, schema=MESSAGE_SCHEMA)
-    name = names.segment("bench", queue, base)
+    name = names.segment(topic, queue, base)
     path = os.path.join(root, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(layout.to_parquet(full))
-    return Segment(name, "bench", queue, base, base + rows - 1, rows, os.path.getsize(path), 0, 0)
+    return Segment(name, topic, queue, base, base + rows - 1, rows, os.path.getsize(path), 0, 0)
 
 
 def ours(root: str, commits: int, queues: int, snapshots_kept: int) -> list[float]:
@@ -52,12 +52,12 @@ def ours(root: str, commits: int, queues: int, snapshots_kept: int) -> list[floa
     settings = default_settings(tier, os.path.join(root, "state"), snapshots_kept=snapshots_kept)
     tables = MessageTables(settings, tier, "broker-a")
     names, tail, seconds = layout.Names("broker-a"), [], []
-    tables.sync(-1, [], lambda: [])
+    tables.sync(-1, [], lambda: [], lambda topic: [])
     for seq in range(commits):
         segs = [segment_file(tier, names, q, seq * 50) for q in range(queues)]
         tail = [{"seq": seq, "type": "seal", "segments": [s.to_json() for s in segs], "retire": []}]
         started = time.perf_counter()
-        tables.sync(seq, tail, lambda: [])
+        tables.sync(seq, tail, lambda: [], lambda topic: [])
         seconds.append(time.perf_counter() - started)
     return seconds
 

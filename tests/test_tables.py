@@ -217,6 +217,146 @@ def test_a_tier_sealed_without_tables_is_registered_by_the_first_sync(tmp_path):
         again.close()
 
 
+def test_the_first_sync_of_a_large_tier_goes_in_parts_registering_each_file_once(tmp_path, monkeypatch):
+    """With a budget of one table per maintenance and three files per commit, a tier sealed without
+    tables is registered over many maintenance calls, each doing a bounded part; the writer's deletes
+    wait until the tables are in step; a restart in the middle of a topic's backlog (its table's
+    record removed) diffs that table again, so no file is added twice (CheckedWriter)."""
+    monkeypatch.setattr(tables_module, "RECONCILE_BUDGET_S", 0.0)
+    monkeypatch.setattr(tables_module, "FILES_PER_COMMIT", 3)
+    run = tw.Run(tmp_path, messages=240, seed=5, faults=tw.Faults())
+    rng = random.Random(5)
+    for batch_id, first in enumerate(range(0, 240, 30)):
+        run.writer.commit(batch_id, run.parts(first, first + 30, 2, rng), run.gaps.between)
+        run.writer.maintain()
+    run.close()
+    commits: list[int] = []
+    real = MessageTables._commit_once
+
+    def counted(self, topic, change_at):
+        commits.append(len(change_at[0].add))
+        return real(self, topic, change_at)
+    monkeypatch.setattr(MessageTables, "_commit_once", counted)
+    again = TablesRun(tmp_path, messages=0, seed=5, faults=tw.Faults())
+    again.written = run.written
+    try:
+        calls = 0
+        while again.writer.tables.synced_seq != again.writer.head.seq:
+            before = len(commits)
+            again.writer.maintain()
+            calls += 1
+            assert len(commits) - before <= 1 and max(commits, default=0) <= 3, commits
+            if calls == 2:  # a new process in the middle of the first table's backlog
+                again.restart()
+                again.written = run.written
+            assert calls < 200, "the tables never came in step"
+        assert calls > 3 and len(commits) > 3, (calls, commits)
+        assert assert_tables_equal_ledger(again) > 0
+    finally:
+        again.close()
+
+
+def test_tables_turned_off_and_on_again_catch_up_with_what_was_sealed_and_expired(tmp_path):
+    """Tables on, then a process with them off (nothing touches the catalog) seals, expires and
+    deletes segments the tables still list, and folds; turned on again, the tables take what was
+    sealed and let go of what expired, and list no deleted object."""
+    on = TablesRun(tmp_path, messages=240, seed=9, faults=tw.Faults())
+    rng = random.Random(9)
+    for batch_id, first in enumerate(range(0, 80, 20)):
+        on.writer.commit(batch_id, on.parts(first, first + 20, 2, rng), on.gaps.between)
+        on.writer.maintain()
+    listed_before = {n for t in on.writer.tables.topics() for n in on.writer.tables._own_files(t)}
+    on.close()
+    off = tw.Run(tmp_path, messages=0, seed=9, faults=tw.Faults())
+    for batch_id, first in enumerate(range(80, 240, 20), start=4):
+        off.writer.commit(batch_id, off.parts(first, first + 20, 2, rng), off.gaps.between)
+        off.writer.maintain()
+    off.writer.fold()
+    gone = {n for n in listed_before if not off.writer.backend.exists(n)}
+    off.close()
+    again = TablesRun(tmp_path, messages=0, seed=9, faults=tw.Faults())
+    again.written = off.written
+    try:
+        assert listed_before and gone, "the tables held nothing that retention deleted while they were off"
+        for _ in range(50):
+            TierWriter.maintain(again.writer)  # unchecked: the tables list deleted objects until they catch up
+            if again.writer.tables.synced_seq == again.writer.head.seq:
+                break
+        assert_tables_in_step(again.writer)
+        assert assert_tables_equal_ledger(again) > 0
+    finally:
+        again.close()
+
+
+def test_a_restart_with_tables_in_step_reads_no_manifest(tmp_path, monkeypatch):
+    """A new process whose tables recorded the tier records the tail still holds takes their
+    changes from the tail: it lists no table's files (the O(retained segments) part)."""
+    run = TablesRun(tmp_path, messages=120, seed=6, faults=tw.Faults())
+    rng = random.Random(6)
+    try:
+        for batch_id, first in enumerate(range(0, 90, 30)):
+            run.writer.commit(batch_id, run.parts(first, first + 30, 2, rng), run.gaps.between)
+            run.writer.maintain()
+        run.restart()
+        listed: list[str] = []
+        real = MessageTables._own_files
+
+        def own_files(self, topic):
+            listed.append(topic)
+            return real(self, topic)
+        monkeypatch.setattr(MessageTables, "_own_files", own_files)
+        run.writer.commit(3, run.parts(90, 120, 2, rng), run.gaps.between)
+        run.writer.maintain()
+        assert run.writer.tables.synced_seq == run.writer.head.seq
+        assert listed == [], listed
+        monkeypatch.setattr(MessageTables, "_own_files", real)
+        assert assert_tables_equal_ledger(run) > 0
+    finally:
+        run.close()
+
+
+def recorded_seq(tables, topic: str) -> str | None:
+    return tables.table(topic).properties.get(tables_module.SEQ + tables.broker)
+
+
+def test_a_backlog_taken_from_the_tail_in_parts_adds_each_file_once(tmp_path, monkeypatch):
+    """A new process finds its tables in step with a record the tail holds, and seals several
+    queues of a topic at once, more than one commit takes: the first part of that topic's change
+    removes its table's record, so the next call diffs the table instead of taking the same tail
+    changes again (CheckedWriter fails on a file listed twice)."""
+    run = TablesRun(tmp_path, messages=240, seed=8, faults=tw.Faults())
+    run.settings = replace(run.settings, fold_every=1000)  # the tail keeps every record
+    run.restart()
+    rng = random.Random(8)
+    try:
+        for batch_id, first in enumerate(range(0, 120, 30)):
+            run.writer.commit(batch_id, run.parts(first, first + 30, 2, rng), run.gaps.between)
+            run.writer.maintain()
+        assert [t for t in run.writer.tables.topics() if recorded_seq(run.writer.tables, t) is not None]
+        run.restart()
+        monkeypatch.setattr(tables_module, "RECONCILE_BUDGET_S", 0.0)
+        monkeypatch.setattr(tables_module, "FILES_PER_COMMIT", 1)
+        for batch_id, first in enumerate(range(120, 240, 30), start=4):  # sealed by one maintain below
+            run.writer.commit(batch_id, run.parts(first, first + 30, 2, rng), run.gaps.between)
+        parts = []
+        real = MessageTables._commit_once
+
+        def counted(self, topic, change_at):
+            parts.append(change_at[1] is None)
+            return real(self, topic, change_at)
+        monkeypatch.setattr(MessageTables, "_commit_once", counted)
+        for _ in range(100):
+            run.writer.maintain()
+            if run.writer.tables.synced_seq == run.writer.head.seq:
+                break
+        assert run.writer.tables.synced_seq == run.writer.head.seq
+        assert any(parts), "no change was committed in parts"
+        monkeypatch.setattr(MessageTables, "_commit_once", real)
+        assert assert_tables_equal_ledger(run) > 0
+    finally:
+        run.close()
+
+
 def test_two_brokers_commit_into_one_table_at_once(tmp_path):
     """Two writers of one tier and one catalog, brokers a and b, seal into the same tables from two
     threads; each table holds both brokers' sealed rows."""
@@ -507,6 +647,11 @@ def test_a_commit_interval_holds_table_commits_not_records_that_change_no_table(
                 held += 1
         assert in_step and held, (in_step, held)
         assert len(commits) == len(set(commits)), f"a table committed twice within the interval: {commits}"
+        tables.settings = replace(tables.settings, commit_interval_s=0.0)
+        run.writer.maintain()
+        assert tables.synced_seq == run.writer.head.seq
+        tables.settings = replace(tables.settings, commit_interval_s=3600.0)  # a commit was just made
+        assert run.writer._tables_in_step(), "tables in step waited for the interval"
     finally:
         run.close()
 

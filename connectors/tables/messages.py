@@ -30,6 +30,11 @@ from connectors.tier.manifest import Segment
 
 log = logging.getLogger(__name__)
 SEQ = "tierlog.tier-seq."  # + broker
+# Why a budget: the first sync of a process looked at every table and read every manifest, O(the
+# retained segments), inside one maintenance call and so inside one batch.  It now does this much per
+# call and goes on in the next; the tables, and the deletes they hold, catch up over a few batches.
+RECONCILE_BUDGET_S = 0.1
+FILES_PER_COMMIT = 500  # add_files reads each new file's footer: a topic's backlog goes in parts
 
 
 @dataclass
@@ -48,43 +53,113 @@ class MessageTables(TopicTables):
     def __init__(self, settings, tier_location: str, broker: str, catalog=None):
         super().__init__(settings, tier_location, broker, catalog)
         self.names = Names(broker)
-        self.synced_seq: int | None = None  # None: not synced by this process; the first sync diffs
+        # The first reconciliation's tables still to look at, (name, topic or None: learned on
+        # loading); None: not begun by this process.
+        self._todo: list[tuple[str, str | None]] | None = None
+        self._base = -1  # the tier record every table not in ``_todo`` reflects
         self._last_commit = float("-inf")
 
     # ------------------------------------------------------------ sync
 
-    def sync(self, seq: int, tail: list[dict], all_segments: Callable[[], Iterable[Segment]]) -> bool:
-        """Bring the tables to tier record ``seq``; ``tail`` holds the records after the last fold,
-        ``all_segments()`` every committed segment of this broker.  False: a change is waiting for
-        ``commit_interval_s``, and the tables stay where they were."""
-        if self.synced_seq == seq:
-            return True
-        if self.synced_seq is None or not _tail_covers(tail, self.synced_seq, seq):
-            changes = self._diff(all_segments())
-        else:
-            changes = _changes_in(tail, self.synced_seq)
-        if not changes:  # records that change no table (commits, folds) need no commit and no wait
-            self.synced_seq = seq
-            return True
-        if time.monotonic() - self._last_commit < self.settings.commit_interval_s:
+    def sync(self, seq: int, tail: list[dict], topics: Callable[[], Iterable[str]],
+             segments_of: Callable[[str], Iterable[Segment]]) -> bool:
+        """Bring the tables toward tier record ``seq``; ``tail`` holds the records after the last
+        fold, ``topics()`` the topics this broker's tier holds queues of, ``segments_of(topic)``
+        their committed segments.  True: every table is in step with ``seq``.  False: some wait,
+        for ``commit_interval_s`` or for a later call of the reconciliation, which does at most
+        ``RECONCILE_BUDGET_S`` of work per call so that it never holds a batch."""
+        if self._todo is None or not _tail_covers(tail, self._base, seq):
+            self._start(seq, topics())  # a new process, or records it never saw were folded away
+        pending = {name for name, _ in self._todo}
+        changes = {t: c for t, c in _changes_in(tail, self._base).items() if self._name(t) not in pending}
+        if changes and self._waiting():
             return False
         try:
             for topic, change in sorted(changes.items()):
                 self._commit(topic, (change, seq))
+            self._base = seq
+            if self._todo:
+                self._reconcile(seq, tail, segments_of)
         except BaseException:
-            self.synced_seq = None  # a commit may have landed before the failure: diff next time
+            self._todo = None  # a commit may have landed before the failure: reconcile again
             self._tables.clear()
             raise
-        self.synced_seq = seq
-        self._last_commit = time.monotonic()
-        return True
+        if changes:
+            self._last_commit = time.monotonic()
+        return not self._todo
+
+    @property
+    def synced_seq(self) -> int | None:
+        """The tier record every table is in step with; None while some are not."""
+        return self._base if self._todo == [] else None
+
+    def _start(self, seq: int, topics: Iterable[str]) -> None:
+        """List what a reconciliation must look at: each tier topic's table, and every other table
+        of the namespace (it may hold this broker's expired segments)."""
+        mine = {self._name(t): t for t in topics}
+        others = sorted(i[-1] for i in self.catalog.list_tables(self.settings.namespace) if i[-1] not in mine)
+        self._todo = [(n, mine[n]) for n in sorted(mine)] + [(n, None) for n in others]
+        self._base = seq
+
+    def _waiting(self) -> bool:
+        return time.monotonic() - self._last_commit < self.settings.commit_interval_s
+
+    def _reconcile(self, seq: int, tail: list[dict], segments_of: Callable[[str], Iterable[Segment]]) -> None:
+        """Bring the reconciliation's tables in step with ``seq``, within the budget: a table whose
+        own record (``tierlog.tier-seq.<broker>``) the tail still covers takes the tail's changes
+        since it, with no manifest read; any other is diffed against the tier."""
+        deadline = time.monotonic() + RECONCILE_BUDGET_S
+        tier_topics = {t for _, t in self._todo if t is not None}
+        worked = False
+        while self._todo:
+            if worked and time.monotonic() > deadline:
+                return  # at least one table, or one commit, per call
+            worked = True
+            name, topic = self._todo[0]
+            if topic is None:
+                topic = self._topic_of(name)
+                if topic is None or topic in tier_topics:
+                    self._todo.pop(0)  # another kind's table, or one this process reaches by its name
+                    continue
+            change = self._reconciliation(topic, seq, tail, segments_of)
+            if change.add or change.remove:
+                if self._waiting():
+                    return
+                whole = len(change.add) <= FILES_PER_COMMIT
+                if not whole:  # the rest in a later call; the table's own record stays where it was
+                    change = Change(dict(sorted(change.add.items())[:FILES_PER_COMMIT]), change.remove)
+                self._commit(topic, (change, seq if whole else None))
+                self._last_commit = time.monotonic()
+                if not whole:
+                    self._todo[0] = (name, topic)
+                    continue
+            self._todo.pop(0)
+
+    def _topic_of(self, name: str) -> str | None:
+        """The topic of table ``name`` if it is one of this kind's tables, else None."""
+        table = self.catalog.load_table((self.settings.namespace, name))
+        if table.properties.get(KIND) != self.kind or TOPIC not in table.properties:
+            return None
+        self._tables.setdefault(table.properties[TOPIC], table)
+        return table.properties[TOPIC]
+
+    def _reconciliation(self, topic: str, seq: int, tail: list[dict],
+                        segments_of: Callable[[str], Iterable[Segment]]) -> Change:
+        exists = topic in self._tables or self.catalog.table_exists(self._identifier(topic))
+        if exists:
+            recorded = self._table(topic).properties.get(SEQ + self.broker)
+            if recorded is not None and int(recorded) <= seq and _tail_covers(tail, int(recorded), seq):
+                return _changes_in(tail, int(recorded)).get(topic, Change({}, set()))
+        wanted = {s.name: s for s in segments_of(topic)}
+        have = set(self._own_files(topic)) if exists else set()
+        return Change({n: s for n, s in wanted.items() if n not in have}, have - set(wanted))
 
     def rebuild(self, seq: int, segments: Iterable[Segment]) -> int:
         """Make every table equal to ``segments`` (the tier alone); returns the tables committed."""
         changes = self._diff(segments)
         for topic, change in sorted(changes.items()):
             self._commit(topic, (change, seq))
-        self.synced_seq = seq
+        self._todo, self._base = [], seq
         return len(changes)
 
     def _diff(self, segments: Iterable[Segment], listed: dict | None = None) -> dict[str, Change]:
@@ -113,7 +188,8 @@ class MessageTables(TopicTables):
         have = self._own_files(topic) if change.remove else {}
         add = [self._uri(n) for n in sorted(change.add) if n not in have]
         remove = [have[n] for n in sorted(change.remove) if n in have]
-        summary = {"tierlog.broker": self.broker, "tierlog.tier-seq": str(seq)}
+        summary = {"tierlog.broker": self.broker, "tierlog.tier-seq": str(seq)} if seq is not None else \
+            {"tierlog.broker": self.broker}
         with table.transaction() as tx:
             if remove:
                 with tx.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
@@ -123,7 +199,10 @@ class MessageTables(TopicTables):
                         overwrite.append_data_file(parquet_file_to_data_file(table.io, tx.table_metadata, uri))
             elif add:
                 tx.add_files(add, snapshot_properties=summary, check_duplicate_files=False)
-            tx.set_properties({SEQ + self.broker: str(seq)})
+            if seq is not None:
+                tx.set_properties({SEQ + self.broker: str(seq)})
+            elif SEQ + self.broker in table.properties:  # a part of a backlog: in step with no record yet
+                tx.remove_properties(SEQ + self.broker)
             crash_point("table_committing")
         crash_point("table_committed")  # the transaction has brought ``table`` to the new metadata
         self._expire_snapshots(topic)

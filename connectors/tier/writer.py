@@ -218,7 +218,7 @@ class TierWriter:
         if self.tables is None:
             return True
         try:
-            return self.tables.sync(self.head.seq, self.head.tail, self._segments)
+            return self.tables.sync(self.head.seq, self.head.tail, self._topics, self._topic_segments)
         except Exception as exc:  # a catalog that is away must not stop tiering
             log.warning("the Iceberg tables are behind tier record %d (%s: %s); the tier goes on and deletes "
                         "wait until the tables catch up", self.head.seq, type(exc).__name__, exc)
@@ -226,6 +226,13 @@ class TierWriter:
 
     def _segments(self) -> Iterator[Segment]:
         for key in sorted(self.head.queues):
+            yield from self.index.oldest_segments(*key)
+
+    def _topics(self) -> set[str]:
+        return {topic for topic, _ in self.head.queues}
+
+    def _topic_segments(self, topic: str) -> Iterator[Segment]:
+        for key in sorted(k for k in self.head.queues if k[0] == topic):
             yield from self.index.oldest_segments(*key)
 
     def fold(self, now_ms: int | None = None) -> None:
