@@ -262,8 +262,9 @@ class SparkConfig:
 
 @dataclass(frozen=True)
 class TablesConfig:
-    enabled: bool = setting(False, "Register the tier's sealed segments in Apache Iceberg tables, one per topic, so "
-                                   "Spark, Trino, DuckDB and polars read exactly what is committed.")
+    enabled: bool = setting(True, "Register the tier's sealed segments in Apache Iceberg tables, one per topic, so "
+                                  "Spark, Trino, DuckDB and polars read exactly what is committed. false: nothing "
+                                  "touches a catalog.")
     catalog_uri: str = setting("", "The Iceberg catalog: a SQLAlchemy URL (sqlite:///path, postgresql://...) for a SQL "
                                    "catalog, or an http(s):// REST catalog. Empty: SQLite at state.dir/tables.db.")
     catalog_properties: str = setting("", "More catalog properties, `token=...,credential=...,s3.endpoint=...`.",

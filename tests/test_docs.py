@@ -77,6 +77,43 @@ def test_the_demos_try_next_lines_run_as_printed(demo_root):
         assert r.stdout.strip(), command  # each shows something
 
 
+def test_the_demos_table_queries_return_the_ledgers_counts(demo_root):
+    """The demo's DuckDB lines over topic-0's Iceberg tables print, per queue, the messages the
+    commitlog holds below the queue's sealed offset, and the keys live in the compacted snapshot
+    the latest-per-key table holds (the commitlog replayed to that snapshot's physical offset)."""
+    import json
+
+    from connectors.tier.reader import TierReader
+    from tests.oracle import entered_a_queue, message_row, view_fields, written_messages
+
+    root, commands = demo_root
+    demo_dir = root / "data" / "demo"
+    scans = [c for c in commands if "iceberg_scan" in c]
+    assert len(scans) == 2, commands
+    outputs = [run_block("bash", c, root) for c in scans]
+    assert all(r.returncode == 0 for r in outputs), [r.stderr[-2000:] for r in outputs]
+    data_row = re.compile(r"^│\s*(\d+)\s*│\s*(\d+)?")  # DuckDB's box: the header and type lines hold letters
+    numbers = [[[int(n) for n in m.groups() if n] for m in map(data_row.match, r.stdout.splitlines()) if m]
+               for r in outputs]
+    messages, latest = (numbers[0], numbers[1]) if "messages" in outputs[0].stdout else (numbers[1], numbers[0])
+    written = written_messages(str(demo_dir / "commitlog"))
+    states = TierReader(str(demo_dir / "tier")).view().queue_states()
+    want = {}
+    for m in written:
+        row = message_row(m)
+        if row["topic"] == "topic-0" and entered_a_queue(row) and row["queue_offset"] < states[("topic-0", row["queue_id"])].sealed:
+            want[row["queue_id"]] = want.get(row["queue_id"], 0) + 1
+    assert {q: n for q, n in (r[:2] for r in messages if len(r) >= 2)} == want and want
+    info = tierlog("table", "info", "--format", "json", "--config", str(demo_dir / "tierlog.toml"), cwd=root)
+    through = next(json.loads(x)["through_phy"] for x in info.stdout.splitlines()
+                   if json.loads(x)["kind"] == "latest" and json.loads(x)["topic"] == "topic-0")
+    keys = {}
+    for m in written:
+        if m.topic == "topic-0" and m.key("KEYS") is not None and m.dispatched and m.phy_offset < through:
+            keys[m.key("KEYS")] = view_fields(m)["deleted"]
+    assert latest[0][0] == sum(1 for deleted in keys.values() if not deleted) > 0, (latest, len(keys))
+
+
 def test_a_small_demos_try_next_lines_run_as_printed(tmp_path):
     """5,000 messages seal nothing, so no glob reader finds a file: the demo must not offer one."""
     commands = demo(tmp_path, "--messages", "5000")

@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "table", parents=[common, tier, printing], help="the Iceberg tables of the tier: info, rebuild",
-        description="info: one row per table ([tables] enabled = true). A messages table (one per topic) "
+        description="info: one row per table ([tables], on by default). A messages table (one per topic) "
         "holds the tier's committed sealed segments; its row gives the tier commit record it reflects for this "
         "broker (tier_seq), the tier's last (tier_head_seq) and how many segments it has yet to add or remove (lag_segments). A latest "
         "table (one per topic) holds the newest compacted snapshot of every key; its row gives the physical "

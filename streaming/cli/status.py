@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from connectors.errors import ConfigError, TierlogError
@@ -182,6 +183,8 @@ def _table_lag(conf: cfg.Config) -> list[dict]:
     settings = tables(conf)
     if settings is None:
         return []
+    if settings.catalog_uri.startswith("sqlite:///") and not os.path.exists(settings.catalog_uri[len("sqlite:///"):]):
+        return []  # no table yet; status reads, so it must not make the catalog
     from streaming.cli.tables import table_rows
 
     try:
