@@ -180,10 +180,12 @@ class TieringHandler:
             self._maintained.result()
 
     def flush(self) -> None:
-        """On a clean stop: finish the last maintenance, then fold the records since the last root,
-        so readers and the next start read a root and nothing after it."""
+        """On a clean stop: finish the last maintenance and any reconciliation of the tables, then
+        fold the records since the last root, so readers and the next start read a root and nothing
+        after it."""
         with self.lock, self.writer_lock:
             self._maintenance_done()
+            self.writer.settle_tables()
             self.writer.fold()
 
     def close(self) -> None:

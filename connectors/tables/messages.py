@@ -9,11 +9,12 @@ against the table's new state.
 
 Why this shape: the table follows the tier's commit log, as a Kafka sink follows a topic.  Each
 table records the last tier record it reflects (table property ``tierlog.tier-seq.<broker>``, and
-the snapshot summary); a sync applies the seal and expire records after it, or, when a fold has
-folded records this process never saw (a crash, a catalog that was away), diffs the table's
-files against the tier's.  Both are idempotent, so a crash between a seal and its table commit is
-repaired by the next sync, and the writer deletes an expired segment's object only once the
-tables no longer list it (``TierWriter.maintain``).
+the snapshot summary); a sync applies the seal and expire records after it.  A new process, or one
+after a fold folded records it never saw (a catalog that was away), first reconciles each table,
+a bounded part per call: a table whose record the log's tail still covers takes the records since,
+any other is diffed against the tier.  Both are idempotent, so a crash between a seal and its
+table commit is repaired by the next sync, and the writer deletes an expired segment's object only
+once the tables no longer list it (``TierWriter.maintain``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class MessageTables(TopicTables):
         # loading); None: not begun by this process.
         self._todo: list[tuple[str, str | None]] | None = None
         self._base = -1  # the tier record every table not in ``_todo`` reflects
+        self._tier_topics: set[str] = set()  # the topics with queues when the reconciliation began
         self._last_commit = float("-inf")
 
     # ------------------------------------------------------------ sync
@@ -93,12 +95,18 @@ class MessageTables(TopicTables):
         """The tier record every table is in step with; None while some are not."""
         return self._base if self._todo == [] else None
 
+    @property
+    def reconciling(self) -> bool:
+        """A reconciliation has tables left that the next call can take (no interval to wait for)."""
+        return bool(self._todo) and not self._waiting()
+
     def _start(self, seq: int, topics: Iterable[str]) -> None:
         """List what a reconciliation must look at: each tier topic's table, and every other table
         of the namespace (it may hold this broker's expired segments)."""
         mine = {self._name(t): t for t in topics}
         others = sorted(i[-1] for i in self.catalog.list_tables(self.settings.namespace) if i[-1] not in mine)
         self._todo = [(n, mine[n]) for n in sorted(mine)] + [(n, None) for n in others]
+        self._tier_topics = set(mine.values())
         self._base = seq
 
     def _waiting(self) -> bool:
@@ -109,7 +117,6 @@ class MessageTables(TopicTables):
         own record (``tierlog.tier-seq.<broker>``) the tail still covers takes the tail's changes
         since it, with no manifest read; any other is diffed against the tier."""
         deadline = time.monotonic() + RECONCILE_BUDGET_S
-        tier_topics = {t for _, t in self._todo if t is not None}
         worked = False
         while self._todo:
             if worked and time.monotonic() > deadline:
@@ -118,7 +125,7 @@ class MessageTables(TopicTables):
             name, topic = self._todo[0]
             if topic is None:
                 topic = self._topic_of(name)
-                if topic is None or topic in tier_topics:
+                if topic is None or topic in self._tier_topics:
                     self._todo.pop(0)  # another kind's table, or one this process reaches by its name
                     continue
             change = self._reconciliation(topic, seq, tail, segments_of)

@@ -214,6 +214,14 @@ class TierWriter:
             self.fold(now_ms)
         return seals
 
+    def settle_tables(self, seconds: float = 30.0) -> None:
+        """On a clean stop: let a reconciliation of the tables (a bounded part per maintenance
+        otherwise) go on to its end, for at most ``seconds``, so a run that stops caught up leaves
+        them in step.  A catalog that fails ends it at once, as in maintain()."""
+        deadline = time.monotonic() + seconds
+        while self.tables is not None and self.tables.reconciling and time.monotonic() < deadline:
+            self._tables_in_step()
+
     def _tables_in_step(self) -> bool:
         if self.tables is None:
             return True
