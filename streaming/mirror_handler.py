@@ -190,7 +190,9 @@ class MirrorHandler:
                 if any(b.objects or b.backfill for b in listed):
                     self._send(batch.df.sparkSession, first, end, listed, report)
             crash_point("mirrored")
-            self.metadata.journal.record_sink(MIRROR, end)
+            # A checkpoint rolled back runs a batch that ends below the record: what Kafka holds
+            # stays recorded, or the batches after it would be sent again.
+            self.metadata.journal.record_sink(MIRROR, end if recorded is None else max(recorded, end))
             # Up to this batch's start only: Spark runs this batch again if it stops (or dies) before
             # committing it, and the batch before it is committed (the mirror is the tier's one consumer).
             self.metadata.feed.release(start)

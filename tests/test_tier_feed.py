@@ -159,3 +159,24 @@ def test_on_s3_a_committed_batch_is_read_back_with_one_get_per_staging_object(tm
     assert counting.gets == sum(len(b.objects) for b in listed) == len(listed)  # one GET per committed batch
     backend.close()
     store.close()
+
+
+def test_a_mirror_batch_run_again_below_the_record_keeps_the_record(tmp_path):
+    """A checkpoint rolled back (restored from a backup, say) makes Spark run a mirror batch that
+    ends below what the mirror recorded as sent: it sends nothing, and the record stays, so the
+    batches after it are not sent again."""
+    from types import SimpleNamespace
+
+    from connectors.sinks import MIRROR
+    from state.metadata import MetadataStore
+    from streaming.mirror_handler import MirrorHandler
+
+    store = MetadataStore(str(tmp_path / "metadata"))
+    try:
+        store.journal.record_sink(MIRROR, 5_000)
+        handler = MirrorHandler(None, str(tmp_path / "tier"), store, start_at=0)
+        handler.process(SimpleNamespace(batch_id=7, start=1_000, end=2_000, df=None))
+        assert store.journal.sinks()[MIRROR] == 5_000
+        assert handler.sent == 0
+    finally:
+        store.close()
