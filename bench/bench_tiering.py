@@ -255,6 +255,10 @@ def _freshness(args, root: str, broker) -> dict:
     # The new process's first tiering batches: on a big tier, the ones a previous process's
     # leftover maintenance would hold up.
     first_tiering = [line["seconds"] for line in lines if line["query"] == "tiering" and line.get("rows")][:5]
+    # The writer's own part of a batch: its commit, and the maintenance (seals, retention, the
+    # tables' sync, deletes, folds) of the batch before, which the next batch's commit waits for.
+    commit_maintain = [round(sum(line.get("phases", {}).get(k, 0) for k in ("dispatch", "commit", "maintain")), 3)
+                       for line in lines if line["query"] == "tiering" and line.get("rows")]
     backend = open_backend(conf.tier.location)
     latencies = []
     for obj in backend.list(layout.LOG_PREFIX):
@@ -282,6 +286,9 @@ def _freshness(args, root: str, broker) -> dict:
         "batch_seconds": {"count": len(batch_seconds), "p50": batch_seconds[len(batch_seconds) // 2],
                           "max": batch_seconds[-1]},
         "first_tiering_batches_s": first_tiering,
+        "commit_maintain_s": {"p50": statistics.median(commit_maintain), "mean": round(statistics.mean(commit_maintain), 3),
+                              "max": max(commit_maintain), "first_10": commit_maintain[:10]},
+        "tables": "on" if conf.tables.enabled else "off",
         "target_p99_ms": 1000,
     }
 

@@ -31,6 +31,7 @@ from state.feed import TierFeed
 from state.journal import SinkJournal
 
 SEP = "\x00"
+TABLES_STOPPED = "tables_stopped"  # the one key of its kind: not under a prefix
 
 
 class MetadataError(TierlogError):
@@ -144,6 +145,14 @@ class MetadataStore:
 
     def pending_deletes(self) -> dict[str, float]:
         return {key.split(SEP, 1)[1]: v for key, v in self.prefix_json("del" + SEP)}
+
+    def tables_stopped(self) -> dict | None:
+        """Where the last clean stop left the Iceberg tables (``MessageTables.stopped``), if the
+        process that opened the tier since did not take it back."""
+        return self.get_json(TABLES_STOPPED)
+
+    def record_tables_stopped(self, where: dict | None) -> None:
+        self.write_json({TABLES_STOPPED: where} if where is not None else {}, [] if where is not None else [TABLES_STOPPED])
 
     # ------------------------------------------------------------ writing
 

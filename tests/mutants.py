@@ -272,6 +272,15 @@ MUTANTS = (
         ("tests/test_tables.py::test_the_first_sync_of_a_large_tier_goes_in_parts_registering_each_file_once",),
     ),
     Mutant(
+        "tables_stop_record_kept_by_the_next_process",
+        "a process that opens the tier leaves the last clean stop's record of the tables in place, so a "
+        "process after it, if it dies, trusts a record its own table commits made stale",
+        "connectors/tier/writer.py",
+        """        self.index.record_tables_stopped(None)""",
+        """        pass""",
+        ("tests/test_tables.py::test_a_clean_stop_in_step_spares_the_next_process_the_reconciliation",),
+    ),
+    Mutant(
         "table_interval_holds_records_that_change_no_table",
         "tables.commit_interval_s holds the tables behind even when the records since change no table",
         "connectors/tables/messages.py",

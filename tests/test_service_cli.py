@@ -50,6 +50,9 @@ def test_run_status_rebuild_and_gc(tmp_path):
         assert (queues[key]["commit"], queues[key]["sealed"], queues[key]["lag"]) == (q.commit, q.sealed, 0)
         assert queues[key]["segments"] == len(state.segments_for(key))
     assert summary["safepoint"] == summary["tiered_to_phy"] == state.source_end
+    # Tables are on by default, and a run that stopped caught up left them in step, shown beside the sinks.
+    tables = {x["topic"]: x for x in lines if x["kind"] == "table" and x["table_kind"] == "messages"}
+    assert tables.keys() == {t for t, _ in state.queues} and all(x["lag_segments"] == 0 for x in tables.values())
 
     produce(conf, 300, start=1500)  # not tiered yet: status shows the lag per queue
     lines = [json.loads(x) for x in tierlog("status", "--config", str(config), "--format", "json").stdout.splitlines()]
@@ -64,9 +67,15 @@ def test_run_status_rebuild_and_gc(tmp_path):
     after = list_files(conf.commitlog.dir)
     assert after and after[-1] == before[-1] and len(after) < len(before)
     assert all(f.end <= summary["safepoint"] for f in before if f not in after)  # only below the safepoint
-    r = tierlog("run", "--until-caught-up", "--config", str(config))
+    # With tables off, nothing touches the catalog, though this run seals segments.
+    catalog = Path(conf.state.dir) / "tables.db"
+    touched = lambda: (catalog.stat().st_mtime_ns, sorted(p.name for p in Path(conf.tier.location, "_tables").rglob("*")))  # noqa: E731
+    before_tables = touched()
+    r = tierlog("run", "--until-caught-up", "--config", str(config), env={"TIERLOG_TABLES_ENABLED": "false"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert TierReader(conf.tier.location).read_all().num_rows == 1800
+    assert TierReader(conf.tier.location).view().segments.keys() - state.segments.keys(), "the run sealed nothing"
+    assert touched() == before_tables
 
 
 def test_sigterm_finishes_the_batch_and_exits_zero(tmp_path):

@@ -264,6 +264,49 @@ def test_the_first_sync_of_a_large_tier_goes_in_parts_registering_each_file_once
         again.close()
 
 
+def test_a_clean_stop_in_step_spares_the_next_process_the_reconciliation(tmp_path, monkeypatch):
+    """A clean stop records that the tables are in step (after the fold that empties the log's
+    tail); the next process takes it back at once and lists no table's files.  That process then
+    changes the tables and dies: the one after it must not trust the record (it reconciles, and
+    CheckedWriter fails on a file listed twice)."""
+    run = TablesRun(tmp_path, messages=240, seed=10, faults=tw.Faults())
+    run.settings = replace(run.settings, fold_every=1000)  # the log's tail holds whatever the process saw
+    run.restart()
+    rng = random.Random(10)
+    listed: list[str] = []
+    real = MessageTables._own_files
+
+    def own_files(self, topic):
+        listed.append(topic)
+        return real(self, topic)
+
+    def batch(batch_id):
+        run.writer.commit(batch_id, run.parts(batch_id * 30, batch_id * 30 + 30, 2, rng), run.gaps.between)
+        run.writer.maintain()
+    try:
+        for batch_id in range(3):
+            batch(batch_id)
+        run.writer.settle_tables()  # a clean stop, as the tiering query's flush makes it
+        run.writer.fold()
+        run.restart()
+        monkeypatch.setattr(MessageTables, "_own_files", own_files)
+        batch(3)
+        assert run.writer.tables.synced_seq == run.writer.head.seq and listed == [], listed
+        monkeypatch.setattr(MessageTables, "_own_files", real)
+        for batch_id in (4, 5):
+            batch(batch_id)
+        run.restart()  # a crash: no clean stop
+        for batch_id in (6, 7):
+            batch(batch_id)
+        for _ in range(20):
+            if run.writer.tables.synced_seq == run.writer.head.seq:
+                break
+            run.writer.maintain()
+        assert assert_tables_equal_ledger(run) > 0
+    finally:
+        run.close()
+
+
 def test_tables_turned_off_and_on_again_catch_up_with_what_was_sealed_and_expired(tmp_path):
     """Tables on, then a process with them off (nothing touches the catalog) seals, expires and
     deletes segments the tables still list, and folds; turned on again, the tables take what was

@@ -59,6 +59,7 @@ class MessageTables(TopicTables):
         self._todo: list[tuple[str, str | None]] | None = None
         self._base = -1  # the tier record every table not in ``_todo`` reflects
         self._tier_topics: set[str] = set()  # the topics with queues when the reconciliation began
+        self._resumed: dict | None = None  # where the last clean stop left the tables (resume)
         self._last_commit = float("-inf")
 
     # ------------------------------------------------------------ sync
@@ -70,8 +71,10 @@ class MessageTables(TopicTables):
         their committed segments.  True: every table is in step with ``seq``.  False: some wait,
         for ``commit_interval_s`` or for a later call of the reconciliation, which does at most
         ``RECONCILE_BUDGET_S`` of work per call so that it never holds a batch."""
-        if self._todo is None or not _tail_covers(tail, self._base, seq):
-            self._start(seq, topics())  # a new process, or records it never saw were folded away
+        if self._todo is None:
+            self._resume_or_start(seq, topics)  # a new process
+        if not _tail_covers(tail, self._base, seq):
+            self._start(seq, topics())  # records it never saw were folded away
         pending = {name for name, _ in self._todo}
         changes = {t: c for t, c in _changes_in(tail, self._base).items() if self._name(t) not in pending}
         if changes and self._waiting():
@@ -94,6 +97,33 @@ class MessageTables(TopicTables):
     def synced_seq(self) -> int | None:
         """The tier record every table is in step with; None while some are not."""
         return self._base if self._todo == [] else None
+
+    def stopped(self) -> dict:
+        """What a clean stop in step records (``resume`` takes it): the tier record, the catalog
+        and name template, and the tables the namespace lists."""
+        return {"seq": self.synced_seq, "catalog": self._catalog_id(),
+                "tables": sorted(i[-1] for i in self.catalog.list_tables(self.settings.namespace))}
+
+    def resume(self, stopped: dict) -> None:
+        """The tables were in step with tier record ``stopped["seq"]`` when the last process
+        stopped: the first sync takes the records since from the log, with no reconciliation, if
+        the catalog is the same and still lists those tables."""
+        self._resumed = stopped
+
+    def _catalog_id(self) -> str:
+        s = self.settings
+        return f"{s.catalog_uri} {s.warehouse} {s.namespace} {s.name}"
+
+    def _resume_or_start(self, seq: int, topics: Callable[[], Iterable[str]]) -> None:
+        stopped, self._resumed = self._resumed, None
+        if stopped is not None and stopped["catalog"] == self._catalog_id() and stopped["seq"] <= seq:
+            listed = {i[-1] for i in self.catalog.list_tables(self.settings.namespace)}
+            if set(stopped["tables"]) <= listed:
+                self._todo, self._base = [], stopped["seq"]
+                return
+            log.warning("the Iceberg catalog %s lost tables since the last stop: reconciling every table",
+                        self.settings.catalog_uri)
+        self._start(seq, topics())
 
     @property
     def reconciling(self) -> bool:

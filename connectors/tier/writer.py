@@ -68,6 +68,8 @@ class TierIndex(Protocol):
     def pending_deletes(self) -> dict[str, float]: ...
     def held_from(self) -> int | None: ...
     def forget_deletes(self, names: list[str]) -> None: ...
+    def tables_stopped(self) -> dict | None: ...
+    def record_tables_stopped(self, where: dict | None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ class TierWriter:
         self._sweep: list[tuple[str, int]] = []  # queues the current retention sweep has yet to look at
         self._swept_at = float("-inf")  # when the current sweep began
         self.reconcile()
+        self._resume_tables()
 
     @property
     def source_end(self) -> int | None:
@@ -217,10 +220,26 @@ class TierWriter:
     def settle_tables(self, seconds: float = 30.0) -> None:
         """On a clean stop: let a reconciliation of the tables (a bounded part per maintenance
         otherwise) go on to its end, for at most ``seconds``, so a run that stops caught up leaves
-        them in step.  A catalog that fails ends it at once, as in maintain()."""
+        them in step, and record that, so the next process need not reconcile them.  A catalog
+        that fails ends it at once, as in maintain()."""
         deadline = time.monotonic() + seconds
         while self.tables is not None and self.tables.reconciling and time.monotonic() < deadline:
             self._tables_in_step()
+        if self.tables is not None and self.tables.synced_seq == self.head.seq:
+            try:
+                self.index.record_tables_stopped(self.tables.stopped())
+            except Exception as exc:  # a catalog that is away: the next process reconciles
+                log.warning("the Iceberg tables' place at this stop could not be read (%s: %s)", type(exc).__name__, exc)
+
+    def _resume_tables(self) -> None:
+        """Take back where the last clean stop left the tables: only the process that stopped
+        cleanly, with no other opening the tier since, may trust it (this one will change them)."""
+        stopped = self.index.tables_stopped()
+        if stopped is None:
+            return
+        self.index.record_tables_stopped(None)
+        if self.tables is not None:
+            self.tables.resume(stopped)
 
     def _tables_in_step(self) -> bool:
         if self.tables is None:
