@@ -71,9 +71,10 @@ def test_run_status_rebuild_and_gc(tmp_path):
     catalog = Path(conf.state.dir) / "tables.db"
     touched = lambda: (catalog.stat().st_mtime_ns, sorted(p.name for p in Path(conf.tier.location, "_tables").rglob("*")))  # noqa: E731
     before_tables = touched()
+    produce(conf, 1200, start=1800)  # enough for every queue to seal
     r = tierlog("run", "--until-caught-up", "--config", str(config), env={"TIERLOG_TABLES_ENABLED": "false"})
     assert r.returncode == 0, r.stderr[-2000:]
-    assert TierReader(conf.tier.location).read_all().num_rows == 1800
+    assert TierReader(conf.tier.location).read_all().num_rows == 3000
     assert TierReader(conf.tier.location).view().segments.keys() - state.segments.keys(), "the run sealed nothing"
     assert touched() == before_tables
 
