@@ -614,6 +614,8 @@ class ChaosRun:
             store.close()
         for q in queues:
             key = (q.topic, q.queue_id)
+            if q.commit is None:  # dispatched, its first batch not committed yet (a new queue)
+                continue
             if q.commit < self._last_commits.get(key, 0):
                 self.report.problems.append(f"commit offset of {key} went back: {self._last_commits[key]} -> {q.commit}")
             if q.commit > q.dispatch:
