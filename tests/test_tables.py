@@ -225,6 +225,14 @@ def test_a_tier_sealed_without_tables_is_registered_by_the_first_sync(tmp_path):
         again.close()
 
 
+def commit_batches(run, rng: random.Random, first: int, last: int, size: int, batch_id: int = 0) -> None:
+    """Messages ``first .. last - 1`` of the run's log as batches of ``size`` (2 parts each), each
+    committed and followed by a maintenance, batch ids from ``batch_id``."""
+    for i, start in enumerate(range(first, last, size)):
+        run.writer.commit(batch_id + i, run.parts(start, start + size, 2, rng), run.gaps.between)
+        run.writer.maintain()
+
+
 def test_the_first_sync_of_a_large_tier_goes_in_parts_registering_each_file_once(tmp_path, monkeypatch):
     """With a budget of one table per maintenance and three files per commit, a tier sealed without
     tables is registered over many maintenance calls, each doing a bounded part; the writer's deletes
@@ -233,10 +241,7 @@ def test_the_first_sync_of_a_large_tier_goes_in_parts_registering_each_file_once
     monkeypatch.setattr(tables_module, "RECONCILE_BUDGET_S", 0.0)
     monkeypatch.setattr(tables_module, "FILES_PER_COMMIT", 3)
     run = tw.Run(tmp_path, messages=240, seed=5, faults=tw.Faults())
-    rng = random.Random(5)
-    for batch_id, first in enumerate(range(0, 240, 30)):
-        run.writer.commit(batch_id, run.parts(first, first + 30, 2, rng), run.gaps.between)
-        run.writer.maintain()
+    commit_batches(run, random.Random(5), 0, 240, 30)
     run.close()
     commits: list[int] = []
     real = MessageTables._commit_once
@@ -313,15 +318,11 @@ def test_tables_turned_off_and_on_again_catch_up_with_what_was_sealed_and_expire
     sealed and let go of what expired, and list no deleted object."""
     on = TablesRun(tmp_path, messages=240, seed=9, faults=tw.Faults())
     rng = random.Random(9)
-    for batch_id, first in enumerate(range(0, 80, 20)):
-        on.writer.commit(batch_id, on.parts(first, first + 20, 2, rng), on.gaps.between)
-        on.writer.maintain()
+    commit_batches(on, rng, 0, 80, 20)
     listed_before = {n for t in on.writer.tables.topics() for n in on.writer.tables._own_files(t)}
     on.close()
     off = tw.Run(tmp_path, messages=0, seed=9, faults=tw.Faults())
-    for batch_id, first in enumerate(range(80, 240, 20), start=4):
-        off.writer.commit(batch_id, off.parts(first, first + 20, 2, rng), off.gaps.between)
-        off.writer.maintain()
+    commit_batches(off, rng, 80, 240, 20, batch_id=4)
     off.writer.fold()
     gone = {n for n in listed_before if not off.writer.backend.exists(n)}
     off.close()
@@ -345,9 +346,7 @@ def test_a_restart_with_tables_in_step_reads_no_manifest(tmp_path, monkeypatch):
     run = TablesRun(tmp_path, messages=120, seed=6, faults=tw.Faults())
     rng = random.Random(6)
     try:
-        for batch_id, first in enumerate(range(0, 90, 30)):
-            run.writer.commit(batch_id, run.parts(first, first + 30, 2, rng), run.gaps.between)
-            run.writer.maintain()
+        commit_batches(run, rng, 0, 90, 30)
         run.restart()
         listed: list[str] = []
         real = MessageTables._own_files
@@ -380,9 +379,7 @@ def test_a_backlog_taken_from_the_tail_in_parts_adds_each_file_once(tmp_path, mo
     run.restart()
     rng = random.Random(8)
     try:
-        for batch_id, first in enumerate(range(0, 120, 30)):
-            run.writer.commit(batch_id, run.parts(first, first + 30, 2, rng), run.gaps.between)
-            run.writer.maintain()
+        commit_batches(run, rng, 0, 120, 30)
         assert [t for t in run.writer.tables.topics() if recorded_seq(run.writer.tables, t) is not None]
         run.restart()
         monkeypatch.setattr(tables_module, "RECONCILE_BUDGET_S", 0.0)
