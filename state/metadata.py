@@ -152,7 +152,10 @@ class MetadataStore:
         return self.get_json(TABLES_STOPPED)
 
     def record_tables_stopped(self, where: dict | None) -> None:
-        self.write_json({TABLES_STOPPED: where} if where is not None else {}, [] if where is not None else [TABLES_STOPPED])
+        if where is None:
+            self.write_json({}, [TABLES_STOPPED])
+        else:
+            self.write_json({TABLES_STOPPED: where})
 
     # ------------------------------------------------------------ writing
 

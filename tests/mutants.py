@@ -234,8 +234,8 @@ MUTANTS = (
         "tables_never_diffed_against_the_tier",
         "a new process applies only the tier records it sees, never diffing the tables against the tier",
         "connectors/tables/messages.py",
-        """        wanted = {s.name: s for s in segments_of(topic)}""",
-        """        wanted = {}""",
+        """        return _change({s.name: s for s in segments_of(topic)}, set(self._own_files(topic)) if exists else set())""",
+        """        return _change({}, set(self._own_files(topic)) if exists else set())""",
         ("tests/test_tables.py::test_a_tier_sealed_without_tables_is_registered_by_the_first_sync",),
     ),
     Mutant(

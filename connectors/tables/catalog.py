@@ -63,6 +63,11 @@ def warn_if_renamed(template: str, topic: str) -> None:
         log.warning("topic %r is table %r: characters other than letters, digits and '_' became '_'", topic, name)
 
 
+def sqlite_file(uri: str) -> str | None:
+    """The file of a ``sqlite:///path`` catalog URI; None for any other catalog."""
+    return uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
+
+
 def open_catalog(settings: TableSettings):
     """The pyiceberg catalog the settings name; raises ``ConfigError`` naming the setting."""
     from pyiceberg.catalog import load_catalog
@@ -72,8 +77,8 @@ def open_catalog(settings: TableSettings):
     if uri.startswith(("http://", "https://")):
         props.update(type="rest", uri=uri)
     elif "://" in uri:
-        if uri.startswith("sqlite:///"):
-            os.makedirs(os.path.dirname(uri[len("sqlite:///"):]) or ".", exist_ok=True)
+        if sqlite_file(uri) is not None:
+            os.makedirs(os.path.dirname(sqlite_file(uri)) or ".", exist_ok=True)
         props.update(type="sql", uri=uri)
     else:
         raise ConfigError(f"setting tables.catalog_uri: {uri!r} is neither a SQLAlchemy URL (sqlite:///path) "

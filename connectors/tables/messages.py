@@ -101,8 +101,7 @@ class MessageTables(TopicTables):
     def stopped(self) -> dict:
         """What a clean stop in step records (``resume`` takes it): the tier record, the catalog
         and name template, and the tables the namespace lists."""
-        return {"seq": self.synced_seq, "catalog": self._catalog_id(),
-                "tables": sorted(i[-1] for i in self.catalog.list_tables(self.settings.namespace))}
+        return {"seq": self.synced_seq, "catalog": self._catalog_id(), "tables": sorted(self._table_names())}
 
     def resume(self, stopped: dict) -> None:
         """The tables were in step with tier record ``stopped["seq"]`` when the last process
@@ -115,26 +114,31 @@ class MessageTables(TopicTables):
         return f"{s.catalog_uri} {s.warehouse} {s.namespace} {s.name}"
 
     def _resume_or_start(self, seq: int, topics: Callable[[], Iterable[str]]) -> None:
-        stopped, self._resumed = self._resumed, None
+        stopped, self._resumed, listed = self._resumed, None, None
         if stopped is not None and stopped["catalog"] == self._catalog_id() and stopped["seq"] <= seq:
-            listed = {i[-1] for i in self.catalog.list_tables(self.settings.namespace)}
+            listed = self._table_names()
             if set(stopped["tables"]) <= listed:
                 self._todo, self._base = [], stopped["seq"]
                 return
             log.warning("the Iceberg catalog %s lost tables since the last stop: reconciling every table",
                         self.settings.catalog_uri)
-        self._start(seq, topics())
+        self._start(seq, topics(), listed)
 
     @property
     def reconciling(self) -> bool:
         """A reconciliation has tables left that the next call can take (no interval to wait for)."""
         return bool(self._todo) and not self._waiting()
 
-    def _start(self, seq: int, topics: Iterable[str]) -> None:
+    def _table_names(self) -> set[str]:
+        """The names of every table in the namespace, of any kind (one catalog call)."""
+        return {ident[-1] for ident in self.catalog.list_tables(self.settings.namespace)}
+
+    def _start(self, seq: int, topics: Iterable[str], listed: set[str] | None = None) -> None:
         """List what a reconciliation must look at: each tier topic's table, and every other table
-        of the namespace (it may hold this broker's expired segments)."""
+        of the namespace (it may hold this broker's expired segments); ``listed``: the namespace's
+        table names, when the caller has them already."""
         mine = {self._name(t): t for t in topics}
-        others = sorted(i[-1] for i in self.catalog.list_tables(self.settings.namespace) if i[-1] not in mine)
+        others = sorted((self._table_names() if listed is None else listed) - mine.keys())
         self._todo = [(n, mine[n]) for n in sorted(mine)] + [(n, None) for n in others]
         self._tier_topics = set(mine.values())
         self._base = seq
@@ -187,9 +191,7 @@ class MessageTables(TopicTables):
             recorded = self._table(topic).properties.get(SEQ + self.broker)
             if recorded is not None and int(recorded) <= seq and _tail_covers(tail, int(recorded), seq):
                 return _changes_in(tail, int(recorded)).get(topic, Change({}, set()))
-        wanted = {s.name: s for s in segments_of(topic)}
-        have = set(self._own_files(topic)) if exists else set()
-        return Change({n: s for n, s in wanted.items() if n not in have}, have - set(wanted))
+        return _change({s.name: s for s in segments_of(topic)}, set(self._own_files(topic)) if exists else set())
 
     def rebuild(self, seq: int, segments: Iterable[Segment]) -> int:
         """Make every table equal to ``segments`` (the tier alone); returns the tables committed."""
@@ -209,8 +211,7 @@ class MessageTables(TopicTables):
             by_topic.setdefault(topic, {})
         changes = {}
         for topic, wanted in by_topic.items():
-            have = set(self._own_files(topic)) if topic in listed else set()
-            change = Change({n: s for n, s in wanted.items() if n not in have}, have - set(wanted))
+            change = _change(wanted, set(self._own_files(topic)) if topic in listed else set())
             if change.add or change.remove:
                 changes[topic] = change
         return changes
@@ -225,8 +226,9 @@ class MessageTables(TopicTables):
         have = self._own_files(topic) if change.remove else {}
         add = [self._uri(n) for n in sorted(change.add) if n not in have]
         remove = [have[n] for n in sorted(change.remove) if n in have]
-        summary = {"tierlog.broker": self.broker, "tierlog.tier-seq": str(seq)} if seq is not None else \
-            {"tierlog.broker": self.broker}
+        summary = {"tierlog.broker": self.broker}
+        if seq is not None:
+            summary["tierlog.tier-seq"] = str(seq)
         with table.transaction() as tx:
             if remove:
                 with tx.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
@@ -284,6 +286,11 @@ class MessageTables(TopicTables):
 
     def _schema_and_spec(self):
         return _schema_and_spec()
+
+
+def _change(wanted: dict[str, Segment], have: set[str]) -> Change:
+    """What a table holding ``have`` must gain and lose to hold exactly ``wanted``."""
+    return Change({n: s for n, s in wanted.items() if n not in have}, have - set(wanted))
 
 
 def _tail_covers(tail: list[dict], after: int, seq: int) -> bool:

@@ -183,9 +183,12 @@ def _table_lag(conf: cfg.Config) -> list[dict]:
     settings = tables(conf)
     if settings is None:
         return []
-    if settings.catalog_uri.startswith("sqlite:///") and not os.path.exists(settings.catalog_uri[len("sqlite:///"):]):
-        return []  # no table yet; status reads, so it must not make the catalog
+    from connectors.tables.catalog import sqlite_file
     from streaming.cli.tables import table_rows
+
+    file = sqlite_file(settings.catalog_uri)
+    if file is not None and not os.path.exists(file):
+        return []  # no table yet; status reads, so it must not make the catalog
 
     try:
         return table_rows(conf, settings)
