@@ -169,7 +169,7 @@ def tier_for_mirror(directory: str, workdir: str, batch_bytes: int = 64 << 20) -
     stamp = time.monotonic_ns()
     location, metadata = os.path.join(workdir, f"tier-{stamp}"), os.path.join(workdir, f"metadata-{stamp}")
     store = MetadataStore(metadata)
-    store.feed.open(None)
+    store.feed.open("mirror", None)
     start = tier_in_batches(directory, location, store, batch_bytes)[0]
     store.close()
     return location, metadata, start

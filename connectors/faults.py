@@ -78,3 +78,19 @@ def disk_full_fault() -> None:
         finally:
             os.close(fd)
         raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+
+READ_LOG = "TIERLOG_READ_LOG"
+
+
+def note_decoded(start: int, end: int, records: int, crc_checked: bool) -> None:
+    """With ``TIERLOG_READ_LOG=<file>`` set, append one line per decoded range of the commitlog
+    (``start end records crc``), from whichever process decodes it: the read-counting test's
+    witness that each commitlog byte is decoded once.  Unset, one dictionary lookup."""
+    path = os.environ.get(READ_LOG)
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{start} {end} {records} {int(crc_checked)} {os.getpid()}\n".encode())
+        finally:
+            os.close(fd)

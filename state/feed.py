@@ -1,11 +1,12 @@
 """The tier feed, listing side: the tier's committed batches that a consumer of the tier (the
-Kafka mirror) has not applied yet, in the metadata store.
+compaction query, the Kafka mirror) has not applied yet, in the metadata store.
 
 Why a list of its own: a batch's commit record is folded into manifests, and a sealed batch's
 staging objects leave the tier's working set, long before a consumer that waited out a Kafka
 outage reads them.  So each batch the tier commits is listed here in the commit's own
 WriteBatch (``MetadataStore.apply``), and stays listed until the consumers have applied it
-(``release``); the tier writer does not delete a retired staging object of a listed batch
+(``release``: each consumer records its position, and a batch is unlisted once every consumer
+is past it); the tier writer does not delete a retired staging object of a listed batch
 (``held_from``).  This is Kafka's remote-log metadata in small: the consumers read what the tier
 committed, and the tier keeps it until they have.
 
@@ -13,7 +14,9 @@ Key spaces in the store's RocksDB:
 
 - ``feed\\0<end>``: one ``connectors.tier.feed.FeedBatch`` per committed batch, by its end;
 - ``meta\\0feed_from``: the position from which every committed batch is listed; absent while
-  no consumer is configured, and then nothing is listed or held.
+  no consumer is configured, and then nothing is listed or held;
+- ``meta\\0feed_at\\0<consumer>``: where each consumer has released the feed to (it has applied
+  everything below it, and Spark will not run a batch below it again).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from connectors.tier.feed import FeedBatch
 SEP = "\x00"
 PREFIX = "feed" + SEP
 FROM = "meta" + SEP + "feed_from"
+AT = "meta" + SEP + "feed_at" + SEP
 
 
 class FeedGapError(TierlogError):
@@ -44,23 +48,42 @@ class TierFeed:
         """Where the listing starts; None while the feed is off."""
         return self.store.get_json(FROM)
 
-    def open(self, source_end: int | None, since: int = 0) -> int:
-        """Start listing, unless it lists already, from ``since`` (a consumer's applied position, 0
-        for a new one); what the tier committed between ``since`` and its end (``source_end``) is
-        listed as one backfill batch, read from the tier's committed view.  Returns where the
-        listing starts."""
-        start = self.listed_from()
-        if start is not None:
-            return start
-        puts: dict[str, object] = {FROM: since}
-        if source_end is not None and source_end > since:
-            puts[batch_key(source_end)] = FeedBatch(since, source_end, (), backfill=True).to_json()
-        self.store.write_json(puts)
-        return since
+    def consumers(self) -> dict[str, int]:
+        """Each consumer's position: where it has released the feed to."""
+        return {key[len(AT):]: at for key, at in self.store.prefix_json(AT)}
 
-    def shut(self) -> None:
-        """No consumer any more: forget the listing, so nothing is held."""
-        self.store.write_json({}, [FROM, *(k for k, _ in self.store.prefix_json(PREFIX))])
+    def open(self, consumer: str, source_end: int | None, since: int = 0) -> tuple[int, FeedBatch | None]:
+        """List for ``consumer`` from ``since`` (its applied position, 0 for a new one), unless it is
+        listed for already from there or before; returns its position, and the backfill batch listed
+        for it if any:
+        what the tier committed before the listing began, from ``since`` on, read from the tier's
+        committed view (up to the tier's end ``source_end`` for a new listing, up to where an
+        existing one starts for a consumer that joins it)."""
+        at = self.consumers().get(consumer)
+        if at is not None and at <= since:
+            return at, None
+        listed = self.listed_from()
+        puts: dict[str, object] = {AT + consumer: since}
+        backfill_to, backfill = (source_end if listed is None else listed), None
+        if listed is None or since < listed:
+            puts[FROM] = since
+            if backfill_to is not None and backfill_to > since:
+                backfill = FeedBatch(since, backfill_to, (), backfill=True)
+                # Keyed by its end: a listing from `listed` holds only batches that end after it.
+                puts[batch_key(backfill_to)] = backfill.to_json()
+        self.store.write_json(puts)
+        return since, backfill
+
+    def keep_only(self, consumers) -> list[str]:
+        """The configured consumers: forget the others' positions (and the whole listing when none
+        is left), so nothing is held for a consumer that is gone; returns those forgotten."""
+        gone = [c for c in self.consumers() if c not in consumers]
+        if not consumers:
+            self.store.write_json({}, [FROM, *(AT + c for c in gone), *(k for k, _ in self.store.prefix_json(PREFIX))])
+        elif gone:
+            self.store.write_json({}, [AT + c for c in gone])
+            self._unlist()
+        return gone
 
     def puts(self, record: dict) -> dict[str, dict]:
         """What ``MetadataStore.apply`` writes for a tier commit record, in the same WriteBatch."""
@@ -91,10 +114,19 @@ class TierFeed:
             out.append(batch)
         return out
 
-    def release(self, up_to: int) -> None:
-        """Every consumer has applied the batches that end at or below ``up_to``: unlist them."""
-        listed = self.listed_from()
-        if listed is None or up_to <= listed:
+    def release(self, consumer: str, up_to: int) -> None:
+        """``consumer`` has applied the batches that end at or below ``up_to`` and will not be run
+        again below it; the batches every consumer is past are unlisted."""
+        at = self.consumers().get(consumer)
+        if at is None or up_to <= at:
+            return
+        self.store.write_json({AT + consumer: up_to})
+        self._unlist()
+
+    def _unlist(self) -> None:
+        listed, positions = self.listed_from(), self.consumers().values()
+        up_to = min(positions, default=None)
+        if listed is None or up_to is None or up_to <= listed:
             return
         done = []
         for key in self.store.db.keys(from_key=PREFIX):

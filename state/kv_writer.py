@@ -4,8 +4,9 @@ No engine in it: the compaction query (``streaming.kv_handler``) hands it each b
 as Arrow (``CHANGE_REF``: topic, key, the physical offset of its latest message) and the offset the
 batch ends at; a test, a benchmark or an offline tool can do the same.  Per batch (``apply``):
 
-1. read the changed keys' latest messages from the commitlog by physical offset
-   (body, queue offset, store time, put or delete): ``resolve``;
+1. read the changed keys' latest messages by physical offset (body, queue offset, store time, put
+   or delete): ``resolve``, from the tier's committed batch in the service
+   (``connectors.tier.feed.FeedMessages``), from the commitlog where no tier is (a test, a tool);
 2. send them to the changelog first, when Kafka is on (a crash in between sends again, never loses);
 3. apply them to the KV view in one synced WriteBatch with the batch's end offset;
 4. expire keys whose time to live has passed, record the ``kv`` (and ``changelog``) sink's
@@ -13,8 +14,8 @@ batch ends at; a test, a benchmark or an offline tool can do the same.  Per batc
 
 Replays are no-ops: the view takes a change only if it is newer (by physical offset) than what it
 holds, so a batch applied again after a crash changes nothing twice.  ``catch_up`` closes the gap
-at start between what the query committed and what the view applied, from the commitlog (which the
-safepoint keeps), with the same latest-wins rule.
+at start between what the query committed and what the view applied, from the same messages (the
+tier keeps the batches the view has not applied), with the same latest-wins rule.
 
 Not thread-safe: one thread applies, sweeps and snapshots (the handler's apply thread).
 """
@@ -30,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.changes import CHANGE_REF, CHANGE_ROW
-from connectors.commitlog.reader import CommitLogReader, ReaderOptions
+from connectors.commitlog.reader import ReaderOptions
 from connectors.errors import ConfigError, TierlogError
 from connectors.faults import crash_point
 from connectors.sinks import CHANGELOG, KV
@@ -68,9 +69,9 @@ class CompactionReport:
 RECORD_COLUMNS = ("queue_id", "queue_offset", "store_ts", "op", "body")
 
 
-def resolve(changes: pa.Table, reader: CommitLogReader) -> pa.Table:
+def resolve(changes: pa.Table, reader) -> pa.Table:
     """Changed keys (``CHANGE_REF``) with their latest message's fields: ``CHANGE_ROW``s, for
-    ``KVView.apply_table`` and the changelog."""
+    ``KVView.apply_table`` and the changelog; ``reader``: a ``CommitLogReader`` or ``FeedMessages``."""
     records = reader.records_at(changes["phy_offset"].to_numpy(), RECORD_COLUMNS)
     table = changes.select(list(CHANGE_REF))
     for name in ("queue_id", "queue_offset", "store_ts", "body"):
@@ -82,15 +83,16 @@ class KVWriter:
     """Applies changed keys to the KV view (and the changelog), expires keys, records the sinks
     and writes compacted snapshots; see the module docstring."""
 
-    def __init__(self, settings: CompactionSettings, kv: KVView, metadata=None, changelog=None):
+    def __init__(self, settings: CompactionSettings, kv: KVView, metadata=None, changelog=None, messages=None):
         self.settings = settings
         self.kv = kv
         self.metadata = metadata  # a state.metadata.MetadataStore, or None (no sink is recorded)
         self.changelog = changelog  # a connectors.kafka.changelog.ChangelogSink, or None
         self.key_property = settings.reader.key_property
-        # The stager checked every body's CRC on its way to the tier; reading one again here by its
-        # offset does not check it twice.
-        self._reader = settings.reader.open(check_crc=False)
+        # Where a changed key's message is read: the tier's committed batches (``FeedMessages``), or
+        # the commitlog.  The stager checked every body's CRC on its way to the tier; reading one
+        # again here by its offset does not check it twice.
+        self._messages = messages if messages is not None else settings.reader.open(check_crc=False)
         self._last_snapshot = self._last_snapshot_time()
         self._tables = None  # LatestTables, opened at the first snapshot (pyiceberg loads only then)
 
@@ -104,12 +106,12 @@ class KVWriter:
             self._catch_up_changelog(applied, committed)
         if committed is None or (applied is not None and applied >= committed):
             return 0
-        start = self._reader.first_offset() if applied is None else applied
-        count = replay_commitlog(self.kv, self._reader, start, committed, self.key_property, self.settings.topics)
+        start = self._messages.first_offset() if applied is None else applied
+        count = replay_commitlog(self.kv, self._messages, start, committed, self.key_property, self.settings.topics)
         self.kv.apply([], applied_through=committed)
         self._record_sink(KV, committed)
         log.info("the KV view was behind the compaction checkpoint: replayed %d message(s) from physical "
-                 "offset %d to %d from the commitlog", count, start, committed)
+                 "offset %d to %d", count, start, committed)
         return count
 
     def _catch_up_changelog(self, applied: int | None, committed: int | None) -> None:
@@ -130,9 +132,9 @@ class KVWriter:
             self.changelog.floor = sent_through - 1
         if committed is None:
             return
-        start = self._reader.first_offset() if sent_through is None else sent_through
+        start = self._messages.first_offset() if sent_through is None else sent_through
         if start < committed:
-            changes = latest_changes(self._reader, start, committed, self.key_property, self.settings.topics)
+            changes = latest_changes(self._messages, start, committed, self.key_property, self.settings.topics)
             self.changelog.publish(changes)
             log.info("changelog: caught up %d changed key(s) from physical offset %d to %d", changes.num_rows,
                      start, committed)
@@ -141,7 +143,7 @@ class KVWriter:
     def apply(self, batch_id: int, changes: pa.Table, end: int, collect_s: float = 0.0) -> CompactionReport:
         """Apply one batch's changed keys (``CHANGE_REF``) that ends at physical offset ``end``."""
         t0 = time.monotonic()
-        table = resolve(changes, self._reader)
+        table = resolve(changes, self._messages)
         t1 = time.monotonic()
         if self.changelog is not None:  # before the view: a crash in between re-sends, never loses
             self.changelog.publish(table)
@@ -181,7 +183,7 @@ class KVWriter:
 
     def close(self) -> None:
         try:
-            self._reader.close()
+            self._messages.close()
         finally:
             if self.changelog is not None:
                 self.changelog.close()

@@ -1,5 +1,7 @@
-"""Replaying the commitlog into changed keys: the view's catch-up after a crash (the compaction
-query), the changelog's catch-up, and the offline rebuild (``state.rebuild``) share it."""
+"""Replaying messages into changed keys: the view's catch-up after a crash (the compaction query,
+from the tier's committed batches), the changelog's catch-up, and the offline rebuild
+(``state.rebuild``, from the commitlog) share it.  ``reader`` is anything with the commitlog
+reader's ``record_batches``: a ``CommitLogReader`` or ``connectors.tier.feed.FeedMessages``."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import pyarrow.compute as pc
 
 from connectors.changes import CHANGE_ROW
 from connectors.commitlog.arrow import dispatched_mask, project_schema
-from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.topics import TopicFilter
 from state.kv import KVView
 
@@ -30,24 +31,24 @@ def keyed_rows(table: pa.Table, topics: TopicFilter | None = None) -> pa.Table:
     return table.append_column("deleted", pc.equal(table["op"], "delete"))
 
 
-def replay_commitlog(kv: KVView, reader: CommitLogReader, start: int, end: int, key_property: str = "KEYS",
+def replay_commitlog(kv: KVView, reader, start: int, end: int, key_property: str = "KEYS",
                      topics: TopicFilter | None = None) -> int:
-    """Apply every keyed message in ``[start, end)`` of the commitlog to ``kv``; returns how many were read."""
+    """Apply every keyed message in ``[start, end)`` of ``reader`` to ``kv``; returns how many were read."""
     count, next_report = 0, time.monotonic() + 5
     for batch in reader.record_batches(start, end, key_property=key_property, columns=REPLAY_COLUMNS):
         kv.apply_table(keyed_rows(pa.Table.from_batches([batch]), topics))
         count += batch.num_rows
         if time.monotonic() >= next_report:
             done = batch.column("phy_offset")[-1].as_py() - start
-            log.info("replaying the commitlog into the KV view: %d message(s), %.0f%% of %d bytes",
+            log.info("replaying messages into the KV view: %d message(s), %.0f%% of %d bytes",
                      count, 100 * done / max(1, end - start), end - start)
             next_report = time.monotonic() + 5
     return count
 
 
-def latest_changes(reader: CommitLogReader, start: int, end: int, key_property: str = "KEYS",
+def latest_changes(reader, start: int, end: int, key_property: str = "KEYS",
                    topics: TopicFilter | None = None) -> pa.Table:
-    """Each key's latest change in ``[start, end)`` of the commitlog, in physical order, as
+    """Each key's latest change in ``[start, end)`` of ``reader``, in physical order, as
     ``CHANGE_ROW``s."""
     parts = [keyed_rows(pa.Table.from_batches([b]), topics)
              for b in reader.record_batches(start, end, key_property=key_property, columns=REPLAY_COLUMNS)]

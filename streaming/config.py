@@ -34,7 +34,8 @@ log = logging.getLogger("tierlog.config")
 ENV_PREFIX = "TIERLOG_"
 DEFAULT_FILE = "tierlog.toml"
 # Variables with the prefix that are not settings.
-_ENV_NOT_SETTINGS = {"TIERLOG_CONFIG", "TIERLOG_FAULT", "TIERLOG_FAULT_DIR", "TIERLOG_FAULT_DISK_FULL", "TIERLOG_TEST_KAFKA"}
+_ENV_NOT_SETTINGS = {"TIERLOG_CONFIG", "TIERLOG_FAULT", "TIERLOG_FAULT_DIR", "TIERLOG_FAULT_DISK_FULL", "TIERLOG_READ_LOG",
+                     "TIERLOG_TEST_KAFKA"}
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -296,7 +297,8 @@ class TopicsConfig:
                                "which it registers as system topics at start, say).")
     tier: str = setting("business,retry", "Topic classes the tier keeps: any of business, retry (%RETRY%, %DLQ%), "
                                           "system (RocketMQ's own topics).", check=topic_classes_problem)
-    compaction: str = setting("business", "Topic classes the KV view, its snapshots and the Kafka changelog keep.",
+    compaction: str = setting("business", "Topic classes the KV view, its snapshots and the Kafka changelog keep "
+                                          "(within the tier's: the view is built from what the tier keeps).",
                               check=topic_classes_problem)
     mirror: str = setting("business", "Topic classes the Kafka mirror sends (within the tier's: it sends what the "
                                        "tier keeps).", check=topic_classes_problem)

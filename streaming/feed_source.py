@@ -1,11 +1,13 @@
 """The ``tierfeed`` streaming source: the micro-batches of a query that consumes the tier's
-committed batches (the mirror) instead of the commitlog.
+committed batches (compaction, the mirror) instead of the commitlog.
 
 Its offsets are the commitlog source's own shape, ``{"phy_offset": N}``, and every one is the end
 of a batch the tier committed, so a consumer's batch is whole tier batches: ``state.feed`` lists
-them, and the query's handler reads their staging objects (``connectors.tier.feed``).  The source
-itself yields no rows; Spark gives the query its trigger, its offset log and its exactly-once
-bookkeeping, as for every query of ``tierlog run``.
+them.  With ``columns`` the source yields those columns of the batches' messages, read back from
+their staging objects (``connectors.tier.feed``: decoded and CRC-checked once, by the stager), one
+partition per staging object; without, it yields no rows and the query's handler reads the
+objects itself (the mirror, per Kafka partition slot).  Spark gives the query its trigger, its
+offset log and its exactly-once bookkeeping, as for every query of ``tierlog run``.
 
 Options:
 
@@ -13,6 +15,11 @@ Options:
 ``startingOffset``   where a new checkpoint starts: a batch end the feed lists
 ``maxBytesPerTrigger``  at most about this many commitlog bytes a batch, as the ``commitlog``
                      source's (at least one tier batch)
+``minBytesPerTrigger``, ``maxTriggerDelayMs``  hold a smaller batch back, at most this long, as
+                     the ``commitlog`` source's (``streaming.hold``)
+``columns``          message columns to yield (comma-separated); none: no rows
+``location``, ``broker``  the tier and whose part of it (with ``columns``)
+``topics``           a ``TopicFilter`` as JSON: only its topics' rows are yielded (with ``columns``)
 
 Under ``availableNow`` a batch ends at most at the tier's end when the query started.  ``tierlog
 run --until-caught-up`` does not use it (the tier is still growing then): it runs the query on its
@@ -29,7 +36,11 @@ import tempfile
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, SupportsTriggerAvailableNow
 
-from state.feed import PREFIX, batch_key
+from connectors.commitlog.arrow import project_ddl
+from connectors.commitlog.topics import TopicFilter
+from connectors.tier.feed import FeedBatch
+from streaming.hold import BatchHold
+from state.feed import FROM, PREFIX, FeedGapError, batch_key
 
 FEED_DDL = "phy_offset bigint"
 
@@ -55,17 +66,60 @@ class _Listing:
             out.append((batch["end"], batch["end"] - max(batch["start"], start)))
         return out
 
+    def batches(self, start: int, end: int) -> list[FeedBatch]:
+        """The listed batches that hold anything of ``[start, end)``, as ``state.feed.TierFeed.batches``."""
+        self.db.try_catch_up_with_primary()
+        raw = self.db.get(FROM)
+        listed = None if raw is None else json.loads(raw)
+        if listed is None or start < listed:
+            raise FeedGapError(f"tierfeed: the tier's committed batches from physical offset {start} are not listed "
+                               f"in the metadata store (it lists from {listed}); was the checkpoint restored from an "
+                               "older copy? Delete this query's checkpoint: it then resumes from its recorded position")
+        out = []
+        for key, value in self.db.items(from_key=batch_key(start + 1)):
+            if not key.startswith(PREFIX):
+                break
+            batch = FeedBatch.from_json(json.loads(value))
+            if batch.start >= end:
+                break
+            out.append(batch)
+        return out
+
     def close(self) -> None:
         self.db.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+class FeedPartition(InputPartition):
+    """Part of one listed batch: one staging object, or a backfill, within ``[start, end)``."""
+
+    def __init__(self, batch: FeedBatch, start: int, end: int):
+        super().__init__(batch.to_json())
+        self.batch, self.start, self.end = batch, start, end
+
+
+def feed_partitions(batches: list[FeedBatch], start: int, end: int) -> list[FeedPartition]:
+    out = []
+    for batch in batches:
+        if batch.backfill:
+            out.append(FeedPartition(batch, start, end))
+        for obj in batch.objects:
+            out.append(FeedPartition(FeedBatch(batch.start, batch.end, (obj,)), start, end))
+    return out
 
 
 class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict):
         opts = {k.lower(): v for k, v in options.items()}
         self.path = opts["metadata"]
+        self.columns = tuple(c for c in opts.get("columns", "").split(",") if c)
+        self.location = opts.get("location", "")
+        self.broker = opts.get("broker") or None
+        self.topics = TopicFilter.from_json(opts["topics"]) if opts.get("topics") else None
         self.starting = int(opts.get("startingoffset", 0))
         self.max_bytes = int(opts.get("maxbytespertrigger", 0) or 0)
+        self._hold = BatchHold(int(opts.get("minbytespertrigger", 0) or 0),
+                               int(opts.get("maxtriggerdelayms", 0) or 0) / 1000)
         self._target: int | None = None
         self._listing: _Listing | None = None
 
@@ -98,6 +152,8 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if cap and taken and taken + size > cap:
                 break
             end, taken = batch_end, taken + size
+        if self._hold.held_back(begin, end, draining=self._target is not None):
+            return {"phy_offset": begin}
         return {"phy_offset": end}
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -105,10 +161,15 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = ends[-1][0] if ends else self.starting
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        return []  # the handler reads the batches' staging objects itself, per Kafka partition slot
+        if not self.columns:
+            return []  # the handler reads the batches' staging objects itself (the mirror, per Kafka slot)
+        begin, stop = int(start["phy_offset"]), int(end["phy_offset"])
+        return feed_partitions(self.listing.batches(begin, stop), begin, stop) if stop > begin else []
 
     def read(self, partition):
-        return iter(())
+        if not self.columns:
+            return iter(())
+        return read_partition(self.location, self.broker, self.columns, self.topics, partition)
 
     def commit(self, end: dict) -> None:
         pass  # the handler releases what the mirror applied (state.feed.TierFeed.release)
@@ -119,6 +180,24 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._listing = None
 
 
+def read_partition(location: str, broker: str | None, columns: tuple[str, ...], topics: TopicFilter | None,
+                   partition: FeedPartition):
+    """The rows of one partition: ``columns`` of its messages that ``topics`` takes."""
+    import pyarrow.compute as pc
+
+    from connectors.tier.backend import open_backend
+    from connectors.tier.feed import read_batches
+
+    backend = open_backend(location, create=False)
+    try:
+        for batch in read_batches(backend, [partition.batch], partition.start, partition.end, columns, broker):
+            if topics is not None and not topics.everything and batch.num_rows:
+                batch = batch.filter(topics.mask(batch.column("topic")))
+            yield batch.select(list(columns))
+    finally:
+        backend.close()
+
+
 class TierFeedDataSource(DataSource):
     """The ``tierfeed`` format (see the module docstring)."""
 
@@ -127,7 +206,8 @@ class TierFeedDataSource(DataSource):
         return "tierfeed"
 
     def schema(self) -> str:
-        return FEED_DDL
+        columns = [c for c in self.options.get("columns", "").split(",") if c]
+        return project_ddl(columns) if columns else FEED_DDL
 
     def streamReader(self, schema) -> TierFeedStreamReader:
         if not os.path.isdir(self.options.get("metadata", "")):

@@ -1,13 +1,15 @@
 """The compaction query's foreachBatch: Spark finds the changed keys, ``KVWriter`` applies them.
 
-    spark.readStream.format("commitlog")  (only the columns it needs)
+    spark.readStream.format("tierfeed")  (the tier's committed batches; only the columns it needs)
       -> latest_per_key (Spark's RocksDB state store; streaming/latest_per_key.py)
       -> foreachBatch(CompactionHandler.process)
 
 Per micro-batch the handler collects the changed keys (small references, one row per key) to the
 driver and hands them, with the offset the batch ends at (from the query's own offset log), to
-``state.kv_writer.KVWriter``, which reads their messages, writes the view, the changelog and
-snapshots.  This module adds only what needs Spark, and the thread the writer runs on.
+``state.kv_writer.KVWriter``, which reads their messages from the same committed batches, writes
+the view, the changelog and snapshots.  Once a batch is applied the handler releases the tier's
+batches before it (``on_applied``).  This module adds only what needs Spark, and the thread the
+writer runs on.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ log = logging.getLogger("tierlog.compaction")
 
 
 def compaction_stream(spark, options: dict):
-    """The streaming DataFrame of changed keys; write it with ``outputMode("update")``."""
+    """The streaming DataFrame of changed keys, from the ``tierfeed`` source with ``options``;
+    write it with ``outputMode("update")``."""
     messages = (
-        spark.readStream.format("commitlog")
-        .options(**{k: v for k, v in options.items() if v is not None})
+        spark.readStream.format("tierfeed")
+        .options(**{k: str(v) for k, v in options.items() if v is not None})
         .option("columns", ",".join(SOURCE_COLUMNS))
         .load()
     )
@@ -50,15 +53,20 @@ class CompactionHandler:
 
     def __init__(self, settings: CompactionSettings, kv: KVView, metadata=None,
                  on_batch: Callable[[CompactionReport], None] | None = None,
-                 changelog=None):
-        self.writer = KVWriter(settings, kv, metadata, changelog)
+                 changelog=None, messages=None, on_applied: Callable[[int], None] | None = None,
+                 start_at: int | None = None):
+        self.writer = KVWriter(settings, kv, metadata, changelog, messages)
         self.on_batch = on_batch
+        self.on_applied = on_applied  # called with a batch's start once it is applied: Spark will not run below it
+        self.start_at = start_at  # where a batch starts whose start the offset log lacks (a new checkpoint's first)
+        self.applied_end: int | None = None  # where the last batch this process applied ends
         self.lock = threading.RLock()  # held while a batch is handed over; a graceful stop waits on it
         self._apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-apply")
         self._pending: Future | None = None
 
     def catch_up(self, committed: int | None) -> int:
         """Before the stream starts: what Spark committed but the view has not applied."""
+        self.applied_end = committed
         return self.writer.catch_up(committed)
 
     def process(self, batch: Batch) -> None:
@@ -68,10 +76,16 @@ class CompactionHandler:
             collect_s = time.monotonic() - t0
             crash_point("collected")
             self.flush()  # batches reach the view in order, one at a time
-            self._pending = self._apply_thread.submit(self._apply, batch.batch_id, changes, batch.end, collect_s)
+            start = batch.start if batch.start is not None else self.start_at
+            self._pending = self._apply_thread.submit(self._apply, batch.batch_id, changes, start, batch.end,
+                                                      collect_s)
 
-    def _apply(self, batch_id: int, changes, end: int, collect_s: float) -> None:
+    def _apply(self, batch_id: int, changes, start: int | None, end: int, collect_s: float) -> None:
         report = self.writer.apply(batch_id, changes, end, collect_s)
+        self.applied_end = end
+        if self.on_applied is not None and start is not None:
+            # Up to this batch's start only: Spark runs this batch again if it stops before committing it.
+            self.on_applied(start)
         if self.on_batch:
             self.on_batch(report)
 

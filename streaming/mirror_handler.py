@@ -194,8 +194,8 @@ class MirrorHandler:
             # stays recorded, or the batches after it would be sent again.
             self.metadata.journal.record_sink(MIRROR, end if recorded is None else max(recorded, end))
             # Up to this batch's start only: Spark runs this batch again if it stops (or dies) before
-            # committing it, and the batch before it is committed (the mirror is the tier's one consumer).
-            self.metadata.feed.release(start)
+            # committing it, and the batch before it is committed.
+            self.metadata.feed.release(MIRROR, start)
             self.start_at = end
             self.sent += report.sent
             report.seconds = time.monotonic() - started

@@ -31,20 +31,21 @@ def enabled_sinks(conf: cfg.Config) -> list[str]:
 
 
 def commitlog_sinks(conf: cfg.Config) -> list[str]:
-    """The sinks fed from the commitlog, whose applied offsets bound the safepoint: all but the mirror."""
+    """The sinks fed from the commitlog, whose applied offsets bound the safepoint: the tier's."""
     return [sink for q in queries(conf) if q.reads_commitlog for sink in q.sinks(conf)]
 
 
-def consumes_tier(conf: cfg.Config) -> bool:
-    """Whether a query of the run consumes the tier's committed batches (the mirror), so the tier
-    lists and keeps them for it (``state.feed``)."""
-    return any(not q.reads_commitlog for q in queries(conf))
+def tier_consumers(conf: cfg.Config) -> list[str]:
+    """The queries of the run that consume the tier's committed batches (compaction, the mirror),
+    for which the tier lists and keeps them (``state.feed``)."""
+    return [q.name for q in queries(conf) if not q.reads_commitlog]
 
 
 def safepoint(conf: cfg.Config, sinks: dict[str, int]) -> int | None:
     """Below it, no sink needs the commitlog any more: the lowest offset every sink fed from the
     commitlog has applied, and no lower than where each of its queries' last committed batch ends.
-    The mirror is not one of them: it reads the tier, which keeps what it has not sent.
+    Only the tier is one of them: compaction and the mirror read the tier's committed batches,
+    which the tier keeps until they have applied them, so a Kafka outage does not hold the disk.
 
     A sink records a batch before Spark commits it; after a crash Spark runs that batch again from
     the end of the last committed one, reading its bytes once more (the chaos harness found `gc`

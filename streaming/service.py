@@ -80,9 +80,9 @@ class Service:
         settings = self.settings
         kinds = plan.queries(conf)
         metadata = self._metadata = MetadataStore(plan.metadata_path(conf))
-        if not plan.consumes_tier(conf) and metadata.feed.listed_from() is not None:
-            log.info("no query consumes the tier's batches any more (the mirror is off): the tier stops keeping them")
-            metadata.feed.shut()
+        gone = metadata.feed.keep_only(plan.tier_consumers(conf))
+        if gone:
+            log.info("the tier stops keeping its committed batches for %s (off in this configuration)", ", ".join(gone))
         self.metrics.serve(conf.metrics.host, conf.metrics.port)
         kv = None
         self.queries = {}

@@ -182,26 +182,30 @@ def topic_filters(conf: cfg.Config) -> dict[str, TopicFilter]:
         out[sink] = TopicFilter(frozenset(classes), _globs(t.include) or ("*",),
                                 _globs(t.exclude) + _globs(getattr(t, f"{sink}_exclude")),
                                 _globs(getattr(t, f"{sink}_include")))
-    wider = _wider_than_tier(t) if conf.kafka.bootstrap.strip() and conf.kafka.mirror else None
-    if wider:
-        raise ConfigError(f"the Kafka mirror sends what the tier keeps, but {wider}: widen the tier's filter "
-                          "(topics.tier, tier_include) or narrow the mirror's (topics.mirror, mirror_include, "
-                          "mirror_exclude)")
+    consumers = {"compaction": conf.compaction.enabled,
+                 "mirror": bool(conf.kafka.bootstrap.strip()) and conf.kafka.mirror}
+    for sink, what in (("compaction", "the KV view takes"), ("mirror", "the Kafka mirror sends")):
+        wider = _wider_than_tier(t, sink) if consumers[sink] else None
+        if wider:
+            raise ConfigError(f"{what} what the tier keeps, but {wider}: widen the tier's filter (topics.tier, "
+                              f"tier_include) or narrow the {sink}'s (topics.{sink}, {sink}_include, {sink}_exclude)")
     return out
 
 
-def _wider_than_tier(t: cfg.TopicsConfig) -> str | None:
-    """How the mirror's topic filter takes a topic the tier's leaves out, judged by the settings'
-    words (globs are not compared by what they match); None when it does not."""
-    extra = [c for c in _globs(t.mirror) if c not in _globs(t.tier)]
+def _wider_than_tier(t: cfg.TopicsConfig, sink: str) -> str | None:
+    """How ``sink``'s topic filter (compaction's, the mirror's: they read the tier) takes a topic
+    the tier's leaves out, judged by the settings' words (globs are not compared by what they
+    match); None when it does not."""
+    classes, include, exclude = (_globs(getattr(t, sink + part)) for part in ("", "_include", "_exclude"))
+    extra = [c for c in classes if c not in _globs(t.tier)]
     if extra:
-        return f"topics.mirror takes the class(es) {', '.join(extra)}, which topics.tier ({t.tier!r}) leaves out"
-    left_out = [p for p in _globs(t.tier_exclude) if p not in _globs(t.mirror_exclude)]
+        return f"topics.{sink} takes the class(es) {', '.join(extra)}, which topics.tier ({t.tier!r}) leaves out"
+    left_out = [p for p in _globs(t.tier_exclude) if p not in exclude]
     if left_out:
-        return f"topics.tier_exclude leaves out {', '.join(left_out)}, which topics.mirror_exclude does not"
-    extra = [p for p in _globs(t.mirror_include) if p not in _globs(t.tier_include)]
+        return f"topics.tier_exclude leaves out {', '.join(left_out)}, which topics.{sink}_exclude does not"
+    extra = [p for p in include if p not in _globs(t.tier_include)]
     if extra and set(_globs(t.tier)) != set(CLASSES):
-        return f"topics.mirror_include takes {', '.join(extra)}, which topics.tier_include does not"
+        return f"topics.{sink}_include takes {', '.join(extra)}, which topics.tier_include does not"
     return None
 
 

@@ -57,6 +57,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from connectors.commitlog.arrow import MESSAGE_DDL, project_ddl
+from streaming.hold import BatchHold
 from connectors.commitlog.reader import ON_CORRUPT, ON_MISSING, CommitLogReader, ReaderOptions
 from connectors.errors import ConfigError
 
@@ -228,7 +229,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._target: int | None = None  # availableNow: never read past this
         self._reader: CommitLogReader | None = None
         self._planned: tuple[int, int, tuple[int, ...]] | None = None  # the last latestOffset's walk: start, end, cuts
-        self._waiting_since: float | None = None  # when a batch below minBytesPerTrigger first found data
+        self._hold = BatchHold(opts.min_bytes, opts.max_delay_s)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -274,28 +275,10 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return {"phy_offset": begin}
         result = self.reader.scan(begin, self._target, max_records=max_records, max_bytes=max_bytes,
                                   split_bytes=self.opts.partition_bytes)
-        if self._held_back(begin, result.end):
+        if self._hold.held_back(begin, result.end, draining=self._target is not None):
             return {"phy_offset": begin}
         self._planned = (begin, result.end, result.splits)  # partitions() of this range needs no second walk
         return {"phy_offset": result.end}
-
-    def _held_back(self, begin: int, end: int) -> bool:
-        """Whether a batch of ``[begin, end)`` waits for more (``minBytesPerTrigger``, at most
-        ``maxTriggerDelayMs``); never under availableNow, which drains what is there."""
-        import time
-
-        if not self.opts.min_bytes or self._target is not None or end - begin >= self.opts.min_bytes:
-            self._waiting_since = None
-            return False
-        if end == begin:
-            return False  # nothing there: no batch anyway
-        now = time.monotonic()
-        if self._waiting_since is None:
-            self._waiting_since = now
-        if now - self._waiting_since < self.opts.max_delay_s:
-            return True
-        self._waiting_since = None
-        return False
 
     def reportLatestOffset(self) -> dict:
         return {"phy_offset": self.reader.end_offset()}

@@ -163,7 +163,8 @@ def test_a_filter_changed_between_runs_applies_from_then_on(spark, tmp_path, kaf
     for f in (last, commits / f".{last.name}.crc"):
         f.unlink(missing_ok=True)
     conf = dataclasses.replace(conf, topics=cfg.TopicsConfig(mirror="business,retry", tier_exclude="users",
-                                                             mirror_exclude="users"))  # within the tier: it reads the tier
+                                                             mirror_exclude="users", compaction_exclude="users"))
+    # (within the tier's: compaction and the mirror read the tier)
     after = write(conf, broker_log(60, seed=2))
     run(spark, conf)
     retried = {int(dict(r.headers)["tierlog.phy"]) for records in
@@ -228,7 +229,8 @@ def test_inspect_summary_says_per_topic_its_class_counts_and_which_sinks_take_it
 
     from tests.cli_runner import tierlog, write_config
 
-    config = write_config(tmp_path, topics={"mirror": "business,retry", "tier_exclude": "users"})
+    config = write_config(tmp_path, topics={"mirror": "business,retry", "tier_exclude": "users",
+                                            "compaction_exclude": "users"})
     conf = cfg.load(str(config), env={})
     ledger = write(conf, broker_log(80))
     result = tierlog("inspect", "--summary", "--format", "json", "--config", str(config))
@@ -242,5 +244,5 @@ def test_inspect_summary_says_per_topic_its_class_counts_and_which_sinks_take_it
         assert rows[topic]["not_dispatched"] == sum(1 for _, m in mine if not entered(m))
         assert rows[topic]["bytes"] == sum(m.size for _, m in mine)
         assert rows[topic]["tier"] == ("yes" if cls != "system" and topic != "users" else "no")
-        assert rows[topic]["compaction"] == ("yes" if cls == "business" else "no")
+        assert rows[topic]["compaction"] == ("yes" if cls == "business" and topic != "users" else "no")
         assert rows[topic]["mirror"] == ("yes" if cls != "system" else "no")

@@ -4,9 +4,9 @@ port and data.
 
 Clients lose their connections and their requests in flight, and batches the transaction
 coordinator had open are aborted on its restart.  While Kafka is down the mirror and changelog
-wait with backoff and say so in ``tierlog status``, the tier keeps going, and the safepoint stays
-at what the changelog has (it rides on compaction, which reads the commitlog); with the mirror
-alone it moves on, since the mirror reads the tier.  After it is back, everything arrives exactly once.
+wait with backoff and say so in ``tierlog status``, the tier keeps going, and the safepoint moves
+on past them: compaction (the changelog rides on it) and the mirror read the tier's committed
+batches, which the tier keeps for them.  After it is back, everything arrives exactly once.
 
 A second test turns the TTL on across an outage: keys that expire while Kafka is away stay in the
 KV view until their tombstones are in the changelog, and get there once Kafka is back.
@@ -105,9 +105,9 @@ def test_a_30s_broker_outage_loses_and_duplicates_nothing(tmp_path, kafka, kafka
         kafka.start()
         sinks = seen_waiting["sinks"]
         assert sinks["mirror"]["error"] and sinks["tier"]["applied_phy"] > sinks["mirror"]["applied_phy"]
-        # The changelog rides on compaction, which reads the commitlog: GC holds for it.  (The mirror
-        # reads the tier, and holds only the tier's staging objects: test_the_safepoint_moves_...)
-        assert seen_waiting["summary"]["safepoint"] <= sinks["changelog"]["applied_phy"]
+        # The changelog rides on compaction, which reads the tier's committed batches, as the mirror
+        # does: GC does not hold for either (the tier keeps their staging objects instead).
+        assert seen_waiting["summary"]["safepoint"] > sinks["changelog"]["applied_phy"]
         # The producer goes on until the mirror is sending again, so the recovery too has new messages.
         wait_for(lambda: status(config)["sinks"]["mirror"]["state"] == "ok", 120, "the mirror to send again")
         stop.set()
@@ -190,8 +190,8 @@ def test_the_safepoint_moves_while_kafka_is_away_and_the_mirror_sends_every_mess
     """The mirror reads the tier's committed batches, not the commitlog: while Kafka is away the
     safepoint (what `commitlog gc` may delete below) passes what the mirror has sent, and the tier
     keeps the staging objects the mirror still needs, though it seals and folds past them."""
-    # Compaction off (the changelog rides on it, and reads the commitlog); the tier seals, retires
-    # and folds often, with no grace: only the feed's hold-back keeps what the mirror has not sent.
+    # Compaction off: the mirror is the tier's one consumer here; the tier seals, retires and folds
+    # often, with no grace: only the feed's hold-back keeps what the mirror has not sent.
     config = shared_config(tmp_path, source={"max_bytes_per_trigger": 60000}, compaction={"enabled": False},
                            tier={"delete_grace_s": 0, "segment_messages": 100, "fold_every": 4},
                            spark={"trigger_interval_s": 0.5},

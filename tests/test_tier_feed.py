@@ -72,7 +72,7 @@ def test_released_batches_are_deleted_and_no_longer_readable(tmp_path):
     batches, size = run.store.feed.held()
     assert batches == len(run.store.feed.batches(0, end)) and size >= sum(
         o[1] for b in run.store.feed.batches(0, end) for o in b.objects) > 0
-    run.store.feed.release(end)
+    run.store.feed.release("mirror", end)
     assert run.store.feed.held() == (0, 0)
     run.maintain()
     assert staging_objects(run) == live
@@ -89,6 +89,37 @@ def test_a_crash_at_any_write_loses_no_listed_batch(tmp_path, crash_at):
     assert did["crash"] == 1
     rows = read_back(run, 0, run.writer.source_end)
     assert sorted(rows, key=lambda r: r["phy_offset"]) == expected_rows(run)
+    run.close()
+
+
+def test_a_batch_stays_listed_until_every_consumer_is_past_it_and_a_late_consumer_is_backfilled(tmp_path):
+    """Compaction and the mirror each release the feed to their own position; a batch is unlisted
+    (and its retired staging objects deleted) only once both are past it.  A consumer that joins a
+    listing behind it gets what came before as a backfill, and one that is gone holds nothing."""
+    run, _ = drive(tmp_path, 4, feed=True)
+    feed, end = run.store.feed, run.writer.source_end
+    listed = feed.batches(0, end)
+    middle = listed[len(listed) // 2].end
+    assert feed.open("compaction", end, since=0) == (0, None)  # the listing starts at 0: nothing to backfill
+    feed.release("mirror", end)
+    assert feed.batches(0, end) == listed  # compaction has applied nothing yet
+    feed.release("compaction", middle)
+    assert feed.listed_from() == middle and feed.batches(middle, end) == listed[len(listed) // 2 + 1:]
+    with pytest.raises(FeedGapError):
+        feed.batches(0, end)
+    at, backfill = feed.open("audit", end, since=0)  # a consumer that joins behind the listing
+    assert at == 0 and (backfill.start, backfill.end, backfill.backfill) == (0, middle, True)
+    rows, states = read_back(run, 0, end), assert_tier_equals_ledger(run)
+    assert sorted(rows, key=lambda r: r["phy_offset"]) == [  # the backfill has what retention kept
+        r for r in expected_rows(run) if r["phy_offset"] >= middle or r["queue_offset"] >= states[
+            (r["topic"], r["queue_id"])].low]
+    assert feed.keep_only(["mirror", "compaction"]) == ["audit"]
+    assert feed.listed_from() == middle
+    feed.release("compaction", end)
+    assert feed.held() == (0, 0)
+    run.maintain()
+    assert staging_objects(run) == set(run.writer.head.staging)
+    assert feed.keep_only([]) == ["compaction", "mirror"] and feed.listed_from() is None
     run.close()
 
 
@@ -111,7 +142,7 @@ def test_a_feed_opened_on_a_tier_that_holds_messages_backfills_them_from_the_tie
     end = run.writer.source_end
     retained = [r for r in expected_rows(run) if r["queue_offset"] >= states[(r["topic"], r["queue_id"])].low]
     middle = retained[len(retained) // 2]["phy_offset"]
-    assert run.store.feed.open(end, since=middle) == middle
+    assert run.store.feed.open("mirror", end, since=middle)[0] == middle
     rows = read_back(run, middle, end)
     assert in_queue_order(rows)
     assert sorted(rows, key=lambda r: r["phy_offset"]) == [r for r in retained if r["phy_offset"] >= middle]
@@ -147,7 +178,7 @@ def test_on_s3_a_committed_batch_is_read_back_with_one_get_per_staging_object(tm
         ledger.append(w, Workload(messages=3000, topics=2, queues=4, keys=100, body_size=200, seed=7).generate())
     written = ledger.stored(log_dir)
     store = MetadataStore(str(tmp_path / "metadata"))
-    store.feed.open(None)
+    store.feed.open("mirror", None)
     cuts = tier_in_batches(log_dir, s3_location, store, 100_000)
     start, end = cuts[0], cuts[-1]
     listed = store.feed.batches(start, end)

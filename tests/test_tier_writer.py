@@ -99,7 +99,7 @@ class Run:
     def open(self) -> None:
         self.store = MetadataStore(str(self.root / "metadata"))
         if self.feed:  # a consumer of the tier (the mirror) is configured: the service opens the feed
-            self.store.feed.open(None)
+            self.store.feed.open("mirror", None)
         backend = FaultyBackend(open_backend(self.location), self.faults)
         self.writer = TierWriter(self.settings, FaultyIndex(self.store, self.faults), backend)
 

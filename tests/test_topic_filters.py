@@ -50,8 +50,9 @@ def test_every_combination_of_classes_includes_and_excludes_through_the_config(t
     for classes, include, exclude, also, not_this in itertools.product(CLASSES, INCLUDES, EXCLUDES, SINK_INCLUDES,
                                                                        SINK_EXCLUDES):
         toml = tmp_path / "tierlog.toml"
-        toml.write_text(f'[topics]\ninclude = "{include}"\nexclude = "{exclude}"\n{sink} = "{classes}"\n'
-                        f'{sink}_include = "{also}"\n{sink}_exclude = "{not_this}"\n')
+        # Compaction off: its filter must otherwise lie within the tier's (it reads the tier).
+        toml.write_text(f'[compaction]\nenabled = false\n[topics]\ninclude = "{include}"\nexclude = "{exclude}"\n'
+                        f'{sink} = "{classes}"\n{sink}_include = "{also}"\n{sink}_exclude = "{not_this}"\n')
         filters = derive(cfg.load(str(toml), env={})).filters
         for topic in TOPICS:
             want = expected(topic, classes, include, exclude, also, not_this)
@@ -91,11 +92,28 @@ def test_an_unknown_class_is_refused_naming_the_setting(tmp_path):
 def test_a_mirror_filter_wider_than_the_tiers_is_refused_while_the_mirror_is_on(tmp_path, topics, says):
     """The mirror sends what the tier committed: it cannot send a topic the tier leaves out."""
     toml = tmp_path / "tierlog.toml"
-    toml.write_text(f'[topics]\n{topics}\n')
+    toml.write_text(f'[compaction]\nenabled = false\n[topics]\n{topics}\n')
     derive(cfg.load(str(toml), env={}))  # Kafka off: no mirror, nothing to refuse
-    toml.write_text(f'[kafka]\nbootstrap = "localhost:9092"\n[topics]\n{topics}\n')
+    toml.write_text(f'[compaction]\nenabled = false\n[kafka]\nbootstrap = "localhost:9092"\n[topics]\n{topics}\n')
     with pytest.raises(cfg.ConfigError, match="the Kafka mirror sends what the tier keeps") as caught:
         derive(cfg.load(str(toml), env={}))
     assert says in str(caught.value)
-    toml.write_text(f'[kafka]\nbootstrap = "localhost:9092"\nmirror = false\n[topics]\n{topics}\n')
+    toml.write_text(f'[compaction]\nenabled = false\n[kafka]\nbootstrap = "localhost:9092"\nmirror = false\n'
+                    f'[topics]\n{topics}\n')
+    derive(cfg.load(str(toml), env={}))
+
+
+@pytest.mark.parametrize("topics, says", [
+    ('compaction = "business,retry"\ntier = "business"', "topics.compaction takes the class(es) retry, which "
+                                                          "topics.tier ('business') leaves out"),
+    ('tier_exclude = "orders-*"', "topics.tier_exclude leaves out orders-*, which topics.compaction_exclude does not"),
+])
+def test_a_compaction_filter_wider_than_the_tiers_is_refused_while_compaction_is_on(tmp_path, topics, says):
+    """The KV view is built from what the tier committed: it cannot take a topic the tier leaves out."""
+    toml = tmp_path / "tierlog.toml"
+    toml.write_text(f'[topics]\n{topics}\n')
+    with pytest.raises(cfg.ConfigError, match="the KV view takes what the tier keeps") as caught:
+        derive(cfg.load(str(toml), env={}))
+    assert says in str(caught.value)
+    toml.write_text(f'[compaction]\nenabled = false\n[topics]\n{topics}\n')
     derive(cfg.load(str(toml), env={}))

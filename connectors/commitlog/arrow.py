@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from connectors.brokers import DEFAULT_BROKER
 from connectors.commitlog import compression
 from connectors.commitlog import format as fmt
+from connectors.faults import note_decoded
 
 MESSAGE_SCHEMA = pa.schema(
     [
@@ -263,6 +264,7 @@ def decode_batch(
     crc = _field(head, fmt.POS_BODY_CRC, "i4")
     if check_crc:
         _check_body_crcs(memoryview(data), body_at, body_len, crc)
+    note_decoded(base_offset + int(at[0]), base_offset + int(at[-1] + size[-1]), n, check_crc)
 
     body = _slices(buffer, u8, body_at, body_len)
     if (sysflag & fmt.COMPRESSED_FLAG).any():

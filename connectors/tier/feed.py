@@ -1,5 +1,5 @@
 """The tier feed, read side: the messages of the tier's committed batches, for the queries that
-consume the tier instead of the commitlog (the Kafka mirror).
+consume the tier instead of the commitlog (the compaction query, the Kafka mirror).
 
 A consumer's position is the end of a batch the tier committed (its ``source_end``), so what it
 still needs is exactly the staging objects of the batches after it.  Those objects are read back
@@ -14,6 +14,7 @@ are read from the tier's committed view, queue by queue, sealed segments and sta
 Contract of :func:`read_batches`: every message of the listed batches in ``[start, end)`` (by
 physical offset) that the tier holds, once, and every queue's messages in queue order: each
 staging object's rows in physical order and the objects in the order the tier committed them.
+``FeedMessages`` offers the same to the KV writer in the commitlog reader's terms.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from connectors.commitlog.arrow import MESSAGE_SCHEMA
+from connectors.commitlog.arrow import MESSAGE_SCHEMA, project_schema
+from connectors.errors import TierlogError
 from connectors.tier.backend import Backend
 
 
@@ -102,3 +105,51 @@ def _within(table: pa.Table, start: int, end: int) -> pa.Table:
     """The rows whose physical offset is in ``[start, end)``."""
     phy = table["phy_offset"]
     return table.filter(pc.and_(pc.greater_equal(phy, start), pc.less(phy, end)))
+
+
+class FeedMessages:
+    """The messages of the tier's committed batches, read as the KV writer reads the commitlog
+    (``record_batches``, ``records_at``): the compaction query's changed keys resolved from the
+    batches the tier committed, never from a second decode of the commitlog.
+
+    ``listing(start, end)`` gives the listed ``FeedBatch``es that hold anything of ``[start, end)``
+    (``state.feed.TierFeed.batches``); ``first`` is where the consumer's listing starts."""
+
+    def __init__(self, backend: Backend, listing, broker: str | None, first: int = 0):
+        self.backend = backend
+        self.listing = listing
+        self.broker = broker
+        self.first = first
+
+    def first_offset(self) -> int:
+        return self.first
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def record_batches(self, start: int, end: int, *, columns: tuple[str, ...], key_property: str | None = None,
+                       **_) -> Iterator[pa.RecordBatch]:
+        """The messages in ``[start, end)``, ``columns`` in that order; ``key_property`` is the
+        stager's (the tier's ``key`` column was filled with it)."""
+        for batch in read_batches(self.backend, self.listing(start, end), start, end, columns, self.broker):
+            yield batch.select(list(columns)) if batch.schema.names != list(columns) else batch
+
+    def records_at(self, phy_offsets: np.ndarray, columns) -> pa.Table:
+        """``columns`` of the messages at ``phy_offsets`` (distinct), in that order; raises
+        TierlogError naming an offset the tier's listed batches do not hold."""
+        columns = list(columns)
+        if len(phy_offsets) == 0:
+            return project_schema(columns).empty_table()
+        lo, hi = int(phy_offsets.min()), int(phy_offsets.max()) + 1
+        wanted = pa.array(phy_offsets, pa.int64())
+        parts = [pa.Table.from_batches([b]).filter(pc.is_in(b.column("phy_offset"), value_set=wanted))
+                 for b in read_batches(self.backend, self.listing(lo, hi), lo, hi, tuple(columns), self.broker)]
+        found = pa.concat_tables(parts) if parts else project_schema(list(dict.fromkeys([*columns, "phy_offset"]))).empty_table()
+        at = pc.index_in(wanted, value_set=found["phy_offset"])
+        if at.null_count:
+            missing = wanted.filter(pc.is_null(at))[0].as_py()
+            raise TierlogError(
+                f"the message at physical offset {missing} is not in the tier's committed batches {lo}..{hi} "
+                f"(tier {self.backend.location}): the KV view "
+                "cannot take its value; was the tier or the metadata store replaced under a running service?")
+        return found.take(at).select(columns)

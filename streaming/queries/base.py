@@ -34,6 +34,7 @@ Contract of a query:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from typing import Callable, ClassVar
 
 from streaming import config as cfg
 from streaming.checkpoints import Batch
+
+log = logging.getLogger("tierlog.service")
 
 
 @dataclass
@@ -105,3 +108,17 @@ class Query:
 
     def close(self) -> None:
         """Release what the query holds; always called, last."""
+
+
+def open_feed(store, consumer: str, applied: int | None, what: str) -> int:
+    """List the tier's committed batches for ``consumer`` (a query that reads the tier), whose sink
+    has applied through ``applied``; returns its position (``state.feed.TierFeed.open``).  A
+    backfill from the tier is said, with what retention already dropped of it."""
+    at, backfill = store.feed.open(consumer, store.source_end(), since=applied or 0)
+    if backfill is not None:
+        expired = sum(1 for q in store.queues() if q.low > 0)
+        say = log.warning if expired else log.info
+        say("%s what the tier committed from physical offset %d to %d, read from the tier%s", what,
+            backfill.start, backfill.end, f"; retention has dropped the oldest messages of {expired} queue(s), "
+            "which are not read" if expired else "")
+    return at

@@ -1,5 +1,6 @@
-"""The compaction query as the runner sees it: commitlog -> latest value per key -> the KV view,
-compacted snapshots and, when Kafka is on, the changelog topic (``streaming.kv_handler``)."""
+"""The compaction query as the runner sees it: the tier's committed batches -> latest value per key
+-> the KV view, compacted snapshots and, when Kafka is on, the changelog topic
+(``streaming.kv_handler``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import logging
 
 from connectors.kafka.changelog import ChangelogSink
 from connectors.sinks import CHANGELOG, KV
+from connectors.tier.backend import open_backend
+from connectors.tier.feed import FeedMessages
 from streaming import config as cfg
 from streaming.checkpoints import SHUFFLE_PARTITIONS, STATE_PROVIDER, Batch
 from streaming.kv_handler import CompactionReport, CompactionHandler, compaction_stream
-from streaming.queries.base import Query, RunContext
+from streaming.queries.base import Query, RunContext, open_feed
 from streaming.settings import compaction_settings
 
 log = logging.getLogger("tierlog.service")
@@ -24,6 +27,7 @@ def changelog_enabled(conf: cfg.Config) -> bool:
 class CompactionQuery(Query):
     name = "compaction"
     output_mode = "update"
+    reads_commitlog = False
 
     @classmethod
     def enabled(cls, conf: cfg.Config) -> bool:
@@ -50,20 +54,38 @@ class CompactionQuery(Query):
                 on_health=lambda h: metadata.journal.record_health(CHANGELOG, h),
                 on_skip=lambda phy, why: metadata.journal.record_skip(CHANGELOG, phy, why),
             )
+        self.feed = FeedMessages(open_backend(conf.tier.location, create=False), metadata.feed.batches,
+                                 conf.broker.name)
         self.handler = CompactionHandler(compaction_settings(ctx.settings), ctx.kv, metadata, on_batch=self.report,
-                                      changelog=changelog)
+                                         changelog=changelog, messages=self.feed,
+                                         on_applied=lambda start: metadata.feed.release(self.name, start))
+        self.start_at = 0
         self.lock = self.handler.lock
         self._kafka_counts = {"sent": 0, "retries": 0}  # the changelog's, as last counted
 
     def stream(self, spark):
-        c = self.ctx.conf.compaction
-        return compaction_stream(spark, {**self.ctx.source_options,
+        conf = self.ctx.conf
+        return compaction_stream(spark, {"metadata": self.ctx.metadata.path, "startingOffset": self.start_at,
+                                         "maxBytesPerTrigger": self.ctx.source_options.get("maxBytesPerTrigger"),
+                                         "location": conf.tier.location, "broker": conf.broker.name,
                                          "topics": self.ctx.settings.filters["compaction"].to_json(),
-                                         "minBytesPerTrigger": c.min_batch_bytes or None,
-                                         "maxTriggerDelayMs": int(c.max_batch_delay_s * 1000) or None})
+                                         "minBytesPerTrigger": conf.compaction.min_batch_bytes or None,
+                                         "maxTriggerDelayMs": int(conf.compaction.max_batch_delay_s * 1000) or None})
 
     def start(self, committed_end: int | None) -> None:
+        # A new checkpoint (Spark's state lost or never made) reads all the tier holds, so Spark's
+        # state knows every key again; otherwise the tier's batches from what the view applied.
+        since = None if committed_end is None else self.ctx.kv.applied_through()
+        self.start_at = self.feed.first = self.handler.start_at = open_feed(
+            self.ctx.metadata, self.name, since, "the KV view takes")
         self.handler.catch_up(committed_end)
+
+    def caught_up(self) -> bool:
+        with self.lock:  # not in the middle of a batch
+            self.handler.flush()
+            # This query's own batches, not the view's record: a new checkpoint reads the tier again.
+            end = self.handler.applied_end
+            return end is not None and end >= (self.ctx.metadata.source_end() or 0)
 
     def process(self, batch: Batch) -> None:
         self.handler.process(batch)

@@ -9,7 +9,7 @@ import logging
 from connectors.sinks import MIRROR
 from streaming import config as cfg
 from streaming.checkpoints import Batch
-from streaming.queries.base import Query, RunContext
+from streaming.queries.base import Query, RunContext, open_feed
 from streaming.mirror_handler import MirrorHandler, MirrorReport
 
 log = logging.getLogger("tierlog.service")
@@ -31,17 +31,8 @@ class MirrorQuery(Query):
         super().__init__(ctx)
         store = ctx.metadata
         applied = store.journal.sinks().get(MIRROR)
-        tier_end = store.source_end()
-        listed = store.feed.listed_from()
-        if listed is None:  # the tier lists its batches for the mirror from here on
-            listed = store.feed.open(tier_end, since=applied or 0)
-            if tier_end is not None and tier_end > listed:
-                expired = sum(1 for q in store.queues() if q.low > 0)
-                say = log.warning if expired else log.info
-                say("the mirror first sends what the tier committed from physical offset %d to %d, read from the "
-                    "tier%s", listed, tier_end, f"; retention has dropped the oldest messages of {expired} queue(s), "
-                    "which are not sent" if expired else "")
-        self.start_at = listed if applied is None else applied
+        at = open_feed(store, self.name, applied, "the mirror first sends")
+        self.start_at = at if applied is None else applied
         self.handler = MirrorHandler(
             ctx.kafka, ctx.conf.tier.location, store, self.start_at, tasks=ctx.conf.kafka.mirror_tasks,
             should_stop=ctx.should_stop, on_batch=self.report, topics=ctx.settings.filters["mirror"],

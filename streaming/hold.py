@@ -1,0 +1,31 @@
+"""Holding a small micro-batch back: the ``minBytesPerTrigger`` and ``maxTriggerDelayMs`` options of
+the ``commitlog`` and ``tierfeed`` sources (as Spark's Kafka source's ``minOffsetsPerTrigger`` and
+``maxTriggerDelay``).  A micro-batch costs Spark several hundred ms of CPU whatever it holds, so a
+quiet stream's consumer may rather run one every few seconds."""
+
+from __future__ import annotations
+
+import time
+
+
+class BatchHold:
+    def __init__(self, min_bytes: int = 0, max_delay_s: float = 0.0):
+        self.min_bytes = min_bytes  # 0: never hold
+        self.max_delay_s = max_delay_s
+        self._waiting_since: float | None = None  # when a batch below min_bytes first found data
+
+    def held_back(self, begin: int, end: int, draining: bool = False) -> bool:
+        """Whether a batch of ``[begin, end)`` waits for more; never while ``draining`` (availableNow
+        drains what is there)."""
+        if not self.min_bytes or draining or end - begin >= self.min_bytes:
+            self._waiting_since = None
+            return False
+        if end == begin:
+            return False  # nothing there: no batch anyway
+        now = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = now
+        if now - self._waiting_since < self.max_delay_s:
+            return True
+        self._waiting_since = None
+        return False
