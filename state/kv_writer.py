@@ -120,6 +120,11 @@ class KVWriter:
         from state.replay import latest_changes
 
         sent_through = self.metadata.journal.sinks().get(CHANGELOG) if self.metadata is not None else None
+        if sent_through is not None and applied is not None and sent_through < self._messages.first_offset():
+            # A changelog turned on again after a while off: what it missed is no longer there to read.
+            log.info("changelog: its last record (physical offset %d) is older than what is left to read from; it "
+                     "starts again from the KV view", sent_through)
+            sent_through = None
         if sent_through is None and applied is not None:
             entries = sorted((e for _, e in self.kv.entries() if e is not None), key=lambda e: e.phy_offset)
             rows = [(e.topic, e.key, e.phy_offset, e.queue_id, e.queue_offset, e.store_ts, False, e.body)

@@ -157,7 +157,7 @@ class TierConfig:
         True, "Stage a tiering micro-batch that fits in one Spark task (source.partition_bytes) on the driver, "
               "without a Spark job: a job's own cost is most of a small batch's time, so this is what makes a "
               "message visible sooner. Larger batches (catching up) are staged by Spark's tasks in parallel. "
-              "On a cluster the driver then reads the commitlog too (it already does for compaction)."
+              "On a cluster the driver then reads the commitlog too."
     )
     fold_every: int = setting(200, "Commit records between folds of the tier's commit log into manifests (a fold "
                                 "also happens once the records since the last one reach 8 MiB).")

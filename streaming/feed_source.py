@@ -20,6 +20,9 @@ Options:
 ``columns``          message columns to yield (comma-separated); none: no rows
 ``location``, ``broker``  the tier and whose part of it (with ``columns``)
 ``topics``           a ``TopicFilter`` as JSON: only its topics' rows are yielded (with ``columns``)
+``latestPerKey``     ``true``: of each partition, only each ``(topic, key)``'s last message that
+                     entered a queue (``columns`` must be ``topic, key, phy_offset, sysflag``), so fewer rows reach
+                     Spark's aggregation; the result of a ``max(phy_offset)`` per key is the same
 
 Under ``availableNow`` a batch ends at most at the tier's end when the query started.  ``tierlog
 run --until-caught-up`` does not use it (the tier is still growing then): it runs the query on its
@@ -116,6 +119,7 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.location = opts.get("location", "")
         self.broker = opts.get("broker") or None
         self.topics = TopicFilter.from_json(opts["topics"]) if opts.get("topics") else None
+        self.latest_per_key = opts.get("latestperkey", "false").lower() == "true"
         self.starting = int(opts.get("startingoffset", 0))
         self.max_bytes = int(opts.get("maxbytespertrigger", 0) or 0)
         self._hold = BatchHold(int(opts.get("minbytespertrigger", 0) or 0),
@@ -169,7 +173,7 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition):
         if not self.columns:
             return iter(())
-        return read_partition(self.location, self.broker, self.columns, self.topics, partition)
+        return read_partition(self.location, self.broker, self.columns, self.topics, partition, self.latest_per_key)
 
     def commit(self, end: dict) -> None:
         pass  # the handler releases what the mirror applied (state.feed.TierFeed.release)
@@ -181,21 +185,54 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def read_partition(location: str, broker: str | None, columns: tuple[str, ...], topics: TopicFilter | None,
-                   partition: FeedPartition):
-    """The rows of one partition: ``columns`` of its messages that ``topics`` takes."""
-    import pyarrow.compute as pc
-
+                   partition: FeedPartition, latest: bool = False):
+    """The rows of one partition: ``columns`` of its messages that ``topics`` takes (with ``latest``,
+    each key's last; see the module's options)."""
     from connectors.tier.backend import open_backend
     from connectors.tier.feed import read_batches
 
     backend = open_backend(location, create=False)
     try:
+        batches, rows = [], 0
         for batch in read_batches(backend, [partition.batch], partition.start, partition.end, columns, broker):
             if topics is not None and not topics.everything and batch.num_rows:
                 batch = batch.filter(topics.mask(batch.column("topic")))
-            yield batch.select(list(columns))
+            batch = batch.select(list(columns))
+            if not latest:
+                yield batch
+                continue
+            batches.append(batch)
+            rows += batch.num_rows
+            if rows >= LATEST_CHUNK_ROWS:  # a backfill's partition is the whole tier: bound its memory
+                yield from last_per_key(batches, columns).to_batches()
+                batches, rows = [], 0
+        if batches:
+            yield from last_per_key(batches, columns).to_batches()
     finally:
         backend.close()
+
+
+LATEST_CHUNK_ROWS = 1_000_000  # rows reduced at a time under latestPerKey (Spark's max merges the chunks)
+
+
+def last_per_key(batches, columns: tuple[str, ...]) -> "pa.Table":
+    """Each ``(topic, key)``'s message with the highest physical offset, of the keyed messages
+    that entered a queue; ``sysflag`` 0 (a plain message: every row here entered a queue)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from connectors.commitlog.arrow import dispatched_mask, project_schema
+
+    schema = project_schema(columns)
+    if not batches:
+        return schema.empty_table()
+    table = pa.Table.from_batches(batches)
+    table = table.filter(pc.and_(pc.is_valid(table["key"]), dispatched_mask(table["sysflag"])))
+    last = table.group_by(["topic", "key"], use_threads=False).aggregate([("phy_offset", "max")])
+    out = {"topic": last["topic"], "key": last["key"], "phy_offset": last["phy_offset_max"],
+           "sysflag": pa.array(np.zeros(last.num_rows, np.int32))}
+    return pa.table([out[c] for c in columns], schema=schema)
 
 
 class TierFeedDataSource(DataSource):

@@ -4,7 +4,7 @@
 and keeps, for every key, a reference to its latest message: the physical
 offset of the one with the highest physical offset.  That offset names the
 message exactly (its body, queue offset, store time, and whether it is a
-delete are read from the commitlog there).  In ``update`` output mode each
+delete are read from the tier's committed batch that holds it).  In ``update`` output mode each
 micro-batch emits exactly the keys that changed in it, once each.
 
 Why this shape:
@@ -20,9 +20,14 @@ Why this shape:
   cannot move a key backwards, whatever is replayed or late.
 * **A delete stays in the state** (its offset is the key's maximum), so an
   older put replayed later can never bring the key back.
+* **Fewer rows reach it.**  The ``tierfeed`` source reduces each partition
+  (one staging object) to each key's last message in Arrow first
+  (``latestPerKey``): the same ``max``, with a key's repeats within an object
+  never crossing into the JVM.
 * **The state holds references, not bodies** (as RocketMQ's ConsumeQueue
-  does).  Each changed message travels once, from the commitlog to the KV
-  view, on the driver; the safepoint keeps it on disk until then.
+  does).  Each changed message's body is read once, from the tier's
+  committed batch to the KV view, on the driver; the tier keeps the batch
+  until then.
 """
 
 from __future__ import annotations

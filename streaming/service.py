@@ -110,7 +110,7 @@ class Service:
                                 movable=("commitlog.dir",) if moved_from else ())
             ctx = RunContext(conf=conf, settings=settings, metadata=metadata, kv=kv, metrics=self.metrics,
                              should_stop=self.stopping.is_set,
-                             source_options=settings.source, kafka=settings.kafka)
+                             source_options=settings.source, kafka=settings.kafka, until_caught_up=until_caught_up)
             for kind in kinds:
                 query = self.queries[kind.name] = kind(ctx)
                 query.start(committed[kind.name])

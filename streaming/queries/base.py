@@ -58,6 +58,7 @@ class RunContext:
     should_stop: Callable[[], bool]
     source_options: dict  # the commitlog source's options
     kafka: object | None  # connectors.kafka.settings.KafkaSettings, None when Kafka is off
+    until_caught_up: bool = False  # `tierlog run --until-caught-up`: no query holds a batch back
 
 
 class Query:

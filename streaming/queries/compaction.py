@@ -65,12 +65,13 @@ class CompactionQuery(Query):
 
     def stream(self, spark):
         conf = self.ctx.conf
+        hold = not self.ctx.until_caught_up  # a catch-up drains what is there
         return compaction_stream(spark, {"metadata": self.ctx.metadata.path, "startingOffset": self.start_at,
                                          "maxBytesPerTrigger": self.ctx.source_options.get("maxBytesPerTrigger"),
                                          "location": conf.tier.location, "broker": conf.broker.name,
                                          "topics": self.ctx.settings.filters["compaction"].to_json(),
-                                         "minBytesPerTrigger": conf.compaction.min_batch_bytes or None,
-                                         "maxTriggerDelayMs": int(conf.compaction.max_batch_delay_s * 1000) or None})
+                                         "minBytesPerTrigger": hold and conf.compaction.min_batch_bytes or None,
+                                         "maxTriggerDelayMs": hold and int(conf.compaction.max_batch_delay_s * 1000) or None})
 
     def start(self, committed_end: int | None) -> None:
         # A new checkpoint (Spark's state lost or never made) reads all the tier holds, so Spark's
