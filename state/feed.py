@@ -93,26 +93,8 @@ class TierFeed:
         return {batch_key(batch.end): batch.to_json()}
 
     def batches(self, start: int, end: int) -> list[FeedBatch]:
-        """The listed batches that hold anything of ``[start, end)``, in order.  Raises FeedGapError
-        when part of the range is not listed: it was released, or the feed opened after it."""
-        listed = self.listed_from()
-        if listed is None or start < listed:
-            why = "no consumer of the tier was configured" if listed is None else f"it lists from {listed}"
-            raise FeedGapError(
-                f"the tier's committed batches from physical offset {start} are not listed in the metadata store "
-                f"{self.store.path} ({why}), so the mirror cannot read them back: was its checkpoint restored from "
-                "an older copy? Delete the mirror's checkpoint (the `mirror` directory under checkpoint.dir): it "
-                "then resumes where it last recorded it had sent (`tierlog status`), and Kafka's read-back skips "
-                "what Kafka already holds")
-        out = []
-        for key, value in self.store.db.items(from_key=batch_key(start + 1)):  # the batches that end after start
-            if not key.startswith(PREFIX):
-                break
-            batch = FeedBatch.from_json(json.loads(value))
-            if batch.start >= end:
-                break
-            out.append(batch)
-        return out
+        """The listed batches that hold anything of ``[start, end)``, in order (``listed_batches``)."""
+        return listed_batches(self.store.db, start, end, self.store.path)
 
     def release(self, consumer: str, up_to: int) -> None:
         """``consumer`` has applied the batches that end at or below ``up_to`` and will not be run
@@ -152,3 +134,27 @@ class TierFeed:
             if batch.objects:
                 return batch.objects[0][2]
         return None
+
+
+def listed_batches(db, start: int, end: int, path: str) -> list[FeedBatch]:
+    """The batches listed in ``db`` (the metadata store at ``path``, or a secondary of it) that hold
+    anything of ``[start, end)``, in order.  Raises FeedGapError when part of the range is not
+    listed: it was released, or the feed opened after it."""
+    raw = db.get(FROM)
+    listed = None if raw is None else json.loads(raw)
+    if listed is None or start < listed:
+        why = "no consumer of the tier was configured" if listed is None else f"it lists from {listed}"
+        raise FeedGapError(
+            f"the tier's committed batches from physical offset {start} are not listed in the metadata store "
+            f"{path} ({why}), so a query that reads the tier (compaction, the mirror) cannot read them back: was "
+            "its checkpoint restored from an older copy? Delete that query's checkpoint (its directory under "
+            "checkpoint.dir): it then resumes where its sink last recorded it had applied (`tierlog status`)")
+    out = []
+    for key, value in db.items(from_key=batch_key(start + 1)):  # the batches that end after start
+        if not key.startswith(PREFIX):
+            break
+        batch = FeedBatch.from_json(json.loads(value))
+        if batch.start >= end:
+            break
+        out.append(batch)
+    return out

@@ -43,7 +43,7 @@ from connectors.commitlog.arrow import project_ddl
 from connectors.commitlog.topics import TopicFilter
 from connectors.tier.feed import FeedBatch
 from streaming.hold import BatchHold
-from state.feed import FROM, PREFIX, FeedGapError, batch_key
+from state.feed import PREFIX, batch_key, listed_batches
 
 FEED_DDL = "phy_offset bigint"
 
@@ -55,6 +55,7 @@ class _Listing:
     def __init__(self, path: str):
         from state.rocks import open_rdict
 
+        self.path = path
         self.scratch = tempfile.mkdtemp(prefix="tierlog-feed-")
         self.db = open_rdict(path, secondary=self.scratch)
 
@@ -72,21 +73,7 @@ class _Listing:
     def batches(self, start: int, end: int) -> list[FeedBatch]:
         """The listed batches that hold anything of ``[start, end)``, as ``state.feed.TierFeed.batches``."""
         self.db.try_catch_up_with_primary()
-        raw = self.db.get(FROM)
-        listed = None if raw is None else json.loads(raw)
-        if listed is None or start < listed:
-            raise FeedGapError(f"tierfeed: the tier's committed batches from physical offset {start} are not listed "
-                               f"in the metadata store (it lists from {listed}); was the checkpoint restored from an "
-                               "older copy? Delete this query's checkpoint: it then resumes from its recorded position")
-        out = []
-        for key, value in self.db.items(from_key=batch_key(start + 1)):
-            if not key.startswith(PREFIX):
-                break
-            batch = FeedBatch.from_json(json.loads(value))
-            if batch.start >= end:
-                break
-            out.append(batch)
-        return out
+        return listed_batches(self.db, start, end, self.path)
 
     def close(self) -> None:
         self.db.close()
