@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from connectors.tier.feed import read_batches
+from connectors.errors import TierlogError
 from connectors.tier.backend import open_backend
 from state.feed import FeedGapError
 from tests.oracle import entered_a_queue, message_row, normalize_arrow_row
@@ -188,6 +189,19 @@ def test_on_s3_a_committed_batch_is_read_back_with_one_get_per_staging_object(tm
     rows = [normalize_arrow_row(r) for b in read_batches(counting, listed, start, end) for r in b.to_pylist()]
     assert rows == [row for m in written if entered_a_queue(row := message_row(m))]  # one object a batch: phy order
     assert counting.gets == sum(len(b.objects) for b in listed) == len(listed)  # one GET per committed batch
+    # The KV writer's read of a batch's changed messages: one more GET per staging object it spans.
+    import numpy as np
+
+    from connectors.tier.feed import FeedMessages
+
+    counting.gets = 0
+    one = listed[2]
+    wanted = np.array([r["phy_offset"] for r in rows if one.start <= r["phy_offset"] < one.end][::7], np.int64)
+    got = FeedMessages(counting, store.feed.batches, None).records_at(wanted, ("phy_offset", "body"))
+    assert got["phy_offset"].to_pylist() == wanted.tolist() and counting.gets == len(one.objects) == 1
+    inside = one.end - 1  # the last byte of a message, where no message starts
+    with pytest.raises(TierlogError, match=f"physical offset {inside} is not in the tier's committed batches"):
+        FeedMessages(counting, store.feed.batches, None).records_at(np.array([inside], np.int64), ("body",))
     backend.close()
     store.close()
 
