@@ -28,7 +28,7 @@ class Metrics:
              registry=r).info({"broker": broker})
         self.batch_seconds = Histogram("tierlog_batch_duration_seconds", "Seconds per micro-batch.", ["query"],
                                        buckets=_BATCH_BUCKETS, registry=r)
-        self.rows_in = Counter("tierlog_rows_in", "Messages a query took in.", ["query"], registry=r)
+        self.rows_in = Counter("tierlog_rows_in", "Rows a query's source gave Spark (compaction: each key's last of a staging object).", ["query"], registry=r)
         self.bytes_in = Counter("tierlog_bytes_in", "Message bytes a query took in.", ["query"], registry=r)
         self.behind_messages = Gauge("tierlog_dispatch_behind_messages",
                                      "Messages in the commitlog not yet tiered, after the last batch.", registry=r)

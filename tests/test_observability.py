@@ -65,13 +65,22 @@ def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafk
         keyed = {(r["topic"], r["key"]) for r in rows if r["key"] is not None}
         end = rows[-1]["phy_offset"] + rows[-1]["size"]
 
+        def kv_applied() -> int | None:
+            store = MetadataStore(metadata_path(conf), read_only=True)
+            try:
+                return store.journal.sinks().get("kv")
+            finally:
+                store.close()
+
         def caught_up():
             s = scrape(port)
             done = (value(s, "tierlog_rows_in_total", query="tiering") >= MESSAGES
-                    and value(s, "tierlog_rows_in_total", query="compaction") >= MESSAGES
                     and value(s, "tierlog_kafka_records_sent_total", sink="mirror") >= MESSAGES
-                    and value(s, "tierlog_safepoint_offset") == end)
-            return s if done else None
+                    and value(s, "tierlog_safepoint_offset") == end and kv_applied() == end)
+            if not done:
+                return None
+            time.sleep(3)  # the runner's next ticks count what the last batches sent (poll_metrics)
+            return scrape(port)
 
         s = wait_for(caught_up, 240, "the service to tier, mirror and apply every message")
         status = [json.loads(line) for line in tierlog("status", "--format", "json", "--config", str(config)).stdout.splitlines()]
@@ -88,7 +97,9 @@ def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafk
     # Rows and bytes in equal the ledger; nothing is left behind.
     assert value(s, "tierlog_rows_in_total", query="tiering") == MESSAGES
     assert value(s, "tierlog_bytes_in_total", query="tiering") == sum(r["size"] for r in rows)
-    assert value(s, "tierlog_rows_in_total", query="compaction") == MESSAGES
+    # Compaction's source gives Spark each key's last message of each staging object: every key
+    # at least once, and fewer rows than messages (keys repeat within an object).
+    assert len(keyed) <= value(s, "tierlog_rows_in_total", query="compaction") < MESSAGES
     assert value(s, "tierlog_dispatch_behind_messages") == 0 and value(s, "tierlog_dispatch_behind_seconds") == 0
     # Every tiering batch, upload, object and seal was counted.
     assert value(s, "tierlog_batch_duration_seconds_count", query="tiering") >= 2

@@ -661,17 +661,17 @@ class ChaosRun:
         after = list_files(self.conf.commitlog.dir)
         deleted = before - {f.base for f in after}
         self.report.gc_files_deleted += len(deleted)
-        # What a restart would read again from the commitlog: the position of every sink fed from it,
-        # and each of its readers' last committed batch end (Spark replays an uncommitted batch from
-        # there), read straight from the checkpoints.  Not the mirror's: it reads the tier, which keeps
-        # what it has not sent (its completeness is checked at the end, against the ledger).
+        # What a restart would read again from the commitlog: the tier sink's position, and the
+        # tiering query's last committed batch end (Spark replays an uncommitted batch from there),
+        # read straight from the checkpoint.  Not compaction's or the mirror's: they read the tier,
+        # which keeps what they have not applied (their completeness is checked at the end, against
+        # the ledger).
         from streaming.checkpoints import Checkpoint
         from streaming.plan import checkpoint_path
 
-        needed = [self._sinks().get(s, -1) for s in ("tier", "kv", "changelog")]
+        needed = [self._sinks().get("tier", -1)]
         try:
-            needed += [Checkpoint(checkpoint_path(self.conf, q)).last_committed_end() or -1
-                       for q in ("tiering", "compaction")]
+            needed += [Checkpoint(checkpoint_path(self.conf, "tiering")).last_committed_end() or -1]
         except TierlogError:
             return  # Spark is writing that checkpoint right now: check at the next gc
         if deleted and after and after[0].base > min(needed):
