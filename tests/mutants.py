@@ -106,6 +106,22 @@ MUTANTS = (
         ("tests/test_tier_feed.py",),
     ),
     Mutant(
+        "feed_released_for_one_consumer",
+        "the tier unlists a batch once one consumer is past it, though the other (compaction or the mirror) is not",
+        "state/feed.py",
+        """        up_to = min(positions, default=None)""",
+        """        up_to = max(positions, default=None)""",
+        ("tests/test_tier_feed.py",),
+    ),
+    Mutant(
+        "compaction_decodes_the_commitlog_again",
+        "the KV writer reads the changed keys' messages from the commitlog instead of the tier's committed batches",
+        "streaming/queries/compaction.py",
+        """                                         changelog=changelog, messages=self.feed,""",
+        """                                         changelog=changelog, messages=None,""",
+        ("tests/test_one_read.py",),
+    ),
+    Mutant(
         "metadata_store_left_behind_after_a_crash",
         "a restart finds the metadata store one record behind the tier and does not catch it up",
         "connectors/tier/writer.py",
