@@ -61,32 +61,31 @@ MUTANTS = (
         "kv_view_forgets_deletes",
         "the KV view skips a changed key's delete and keeps its old value",
         "state/kv.py",
-        """            topic, _key, phy, queue_id, queue_offset, store_ts, deleted, body = latest[k]
-            wb.put(k,""",
-        """            topic, _key, phy, queue_id, queue_offset, store_ts, deleted, body = latest[k]
-            if deleted:
+        """        for k, v in zip(keys, values.to_pylist()):
+            wb.put(k, v)""",
+        """        for k, v, gone in zip(keys, values.to_pylist(), deleted):
+            if gone:
                 continue
-            wb.put(k,""",
+            wb.put(k, v)""",
         ("tests/test_compaction.py::test_latest_per_key_survives_restarts_and_equals_the_oracle",),
     ),
     Mutant(
         "mirror_sends_a_record_twice",
         "the mirror sends the message at queue offset 5 of every queue twice",
         "connectors/kafka/mirror_sink.py",
-        """            self.send(route[0], partition, None if key is None else key.encode(), body, headers, phy, ts)""",
-        """            self.send(route[0], partition, None if key is None else key.encode(), body, headers, phy, ts)
+        """            send(kafka_topic, partition, key, body, headers, phy, ts)""",
+        """            send(kafka_topic, partition, key, body, headers, phy, ts)
             if queue_offset == 5:
-                self.send(route[0], partition, None if key is None else key.encode(), body, headers, phy, ts,
-                          force=True)""",
+                send(kafka_topic, partition, key, body, headers, phy, ts, force=True)""",
         ("tests/test_kafka_sinks.py::test_mirror_and_changelog_equal_the_oracle_across_restarts",),
     ),
     Mutant(
         "staging_object_lost_after_a_crash",
         "a restart that catches the metadata store up also schedules the batch's staging objects for deletion",
-        "connectors/tier/writer.py",
-        """            deletes = {n: now for n in record.get("retire", ())} | {n: now for s in expired for n in (s.name, s.keys) if n}""",
-        """            deletes = {n: now for n in record.get("retire", ())} | {n: now for s in expired for n in (s.name, s.keys) if n}
-            deletes |= {o["name"]: now for o in record.get("staging", ())}""",
+        "state/metadata.py",
+        """        deletes = {n: now for n in record.get("retire", ())} | {n: now for s in expired for n in (s.name, s.keys) if n}""",
+        """        deletes = {n: now for n in record.get("retire", ())} | {n: now for s in expired for n in (s.name, s.keys) if n}
+        deletes |= {o["name"]: now for o in record.get("staging", ())}""",
         ("tests/test_tier_writer.py", "tests/test_crash.py"),
     ),
     Mutant(
@@ -204,9 +203,9 @@ MUTANTS = (
         "the changelog tries an expiry's tombstones once and gives up on a failure, while the KV view "
         "forgets the keys: a Kafka outage at the moment keys expire keeps their old values in the changelog",
         "connectors/kafka/changelog.py",
-        """        self.deliver(lambda: self._send_rows(rows, op="expire", floor=floor))""",
+        """        self.deliver(lambda: self._send_columns(_columns(rows), op="expire", floor=floor))""",
         """        try:
-            self.deliver_once(lambda: self._send_rows(rows, op="expire", floor=floor))
+            self.deliver_once(lambda: self._send_columns(_columns(rows), op="expire", floor=floor))
         except Exception:
             pass""",
         ("tests/test_kafka_outage.py::test_keys_that_expire_while_kafka_is_away_stay_until_their_tombstones_are_in_the_changelog",),
@@ -215,8 +214,8 @@ MUTANTS = (
         "stager_ignores_on_corrupt",
         "the stager's settings keep the default on_corrupt = fail whatever tierlog.toml says",
         "streaming/settings.py",
-        """                            key_property=c.key_property, check_crc=c.check_crc, on_corrupt=c.on_corrupt,""",
-        """                            key_property=c.key_property, check_crc=c.check_crc,""",
+        """    return ReaderOptions(c.dir, check_crc=c.check_crc, on_corrupt=c.on_corrupt, broker=conf.broker.name,""",
+        """    return ReaderOptions(c.dir, check_crc=c.check_crc, broker=conf.broker.name,""",
         ("tests/test_settings.py",),
     ),
     Mutant(
