@@ -99,7 +99,7 @@ class KVWriter:
     def catch_up(self, committed: int | None) -> int:
         """Replay what the query committed (through ``committed``, where its last committed batch
         ends) but the view (or the changelog) has not applied; returns messages replayed into the view."""
-        from state.replay import replay_commitlog
+        from state.replay import replay_messages
 
         applied = self.kv.applied_through()
         if self.changelog is not None:
@@ -107,7 +107,7 @@ class KVWriter:
         if committed is None or (applied is not None and applied >= committed):
             return 0
         start = self._messages.first_offset() if applied is None else applied
-        count = replay_commitlog(self.kv, self._messages, start, committed, self.key_property, self.settings.topics)
+        count = replay_messages(self.kv, self._messages, start, committed, self.key_property, self.settings.topics)
         self.kv.apply([], applied_through=committed)
         self._record_sink(KV, committed)
         log.info("the KV view was behind the compaction checkpoint: replayed %d message(s) from physical "

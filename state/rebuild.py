@@ -34,7 +34,7 @@ from connectors.tier import snapshots
 from connectors.tier.backend import open_backend
 from connectors.tier.reader import TierReader
 from state.kv import KVView
-from state.replay import keyed_rows, replay_commitlog
+from state.replay import keyed_rows, replay_messages
 
 log = logging.getLogger("tierlog.kv")
 
@@ -138,7 +138,7 @@ def _from_commitlog(kv: KVView, commitlog_dir: str, cursor: int, key_property: s
                 "(`tierlog kv rebuild --from tier`) or restore those files"
             )
         start = max(cursor, first)
-        report.commitlog_messages += replay_commitlog(kv, reader, start, end, key_property, topics)
+        report.commitlog_messages += replay_messages(kv, reader, start, end, key_property, topics)
         kv.apply([], applied_through=max(end, cursor))
         progress(f"commitlog: {report.commitlog_messages} message(s) from physical offset {start} to {end}")
         return max(end, cursor)

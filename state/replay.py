@@ -21,17 +21,23 @@ log = logging.getLogger("tierlog.kv")
 REPLAY_COLUMNS = ("topic", "key", "phy_offset", "queue_id", "queue_offset", "store_ts", "sysflag", "op", "body")
 
 
+def keyed_mask(table) -> pa.Array:
+    """The Arrow twin of ``streaming.latest_per_key.keyed_messages``: true for a keyed message that
+    entered a queue."""
+    return pc.and_(pc.is_valid(table["key"]), dispatched_mask(table["sysflag"]))
+
+
 def keyed_rows(table: pa.Table, topics: TopicFilter | None = None) -> pa.Table:
-    """The Arrow twin of ``streaming.latest_per_key.keyed_messages``: keyed messages that entered a queue
-    (of the topics ``topics`` accepts), with ``deleted`` in place of ``op``."""
-    keep = pc.and_(pc.is_valid(table["key"]), dispatched_mask(table["sysflag"]))
+    """Keyed messages that entered a queue (``keyed_mask``, of the topics ``topics`` accepts), with
+    ``deleted`` in place of ``op``."""
+    keep = keyed_mask(table)
     if topics is not None and table.num_rows:
         keep = pc.and_(keep, topics.mask(table["topic"]))
     table = table.filter(keep)
     return table.append_column("deleted", pc.equal(table["op"], "delete"))
 
 
-def replay_commitlog(kv: KVView, reader, start: int, end: int, key_property: str = "KEYS",
+def replay_messages(kv: KVView, reader, start: int, end: int, key_property: str = "KEYS",
                      topics: TopicFilter | None = None) -> int:
     """Apply every keyed message in ``[start, end)`` of ``reader`` to ``kv``; returns how many were read."""
     count, next_report = 0, time.monotonic() + 5

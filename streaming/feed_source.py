@@ -207,15 +207,15 @@ def last_per_key(batches, columns: tuple[str, ...]) -> "pa.Table":
     that entered a queue; ``sysflag`` 0 (a plain message: every row here entered a queue)."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    from connectors.commitlog.arrow import dispatched_mask, project_schema
+    from connectors.commitlog.arrow import project_schema
+    from state.replay import keyed_mask
 
     schema = project_schema(columns)
     if not batches:
         return schema.empty_table()
     table = pa.Table.from_batches(batches)
-    table = table.filter(pc.and_(pc.is_valid(table["key"]), dispatched_mask(table["sysflag"])))
+    table = table.filter(keyed_mask(table))
     last = table.group_by(["topic", "key"], use_threads=False).aggregate([("phy_offset", "max")])
     out = {"topic": last["topic"], "key": last["key"], "phy_offset": last["phy_offset_max"],
            "sysflag": pa.array(np.zeros(last.num_rows, np.int32))}

@@ -19,7 +19,7 @@ from connectors.tables.latest import LatestTables
 from connectors.tier import snapshots
 from connectors.tier.backend import open_backend
 from state.kv import KVView
-from state.replay import replay_commitlog
+from state.replay import replay_messages
 from streaming import config as cfg
 from state.kv_writer import write_snapshot
 from tests.kv_helpers import append, kv_messages
@@ -137,7 +137,7 @@ def test_latest_tables_are_the_ledgers_latest_values_at_each_snapshot(tmp_path, 
         append(conf, kv_messages(400, keys=150, seed=round_, topics=3, delete_ratio=0.2))
         with CommitLogReader(conf.commitlog.dir) as reader, KVView(str(tmp_path / "kv")) as kv:
             end = reader.end_offset(start)
-            replay_commitlog(kv, reader, start, end)
+            replay_messages(kv, reader, start, end)
             kv.apply([], applied_through=end)
             start = end
             kills["armed"], away["on"] = round_ == 3, round_ == 5
@@ -173,7 +173,7 @@ def test_a_rebuild_commits_the_newest_snapshots_and_a_repeat_changes_nothing(tmp
     append(conf, kv_messages(600, keys=200, seed=7, topics=2))
     with CommitLogReader(conf.commitlog.dir) as reader, KVView(str(tmp_path / "kv")) as kv:
         end = reader.end_offset(0)
-        replay_commitlog(kv, reader, 0, end)
+        replay_messages(kv, reader, 0, end)
         write_snapshot(kv, tier, BROKER, end, keep=2)  # no tables yet
     tables = LatestTables(default_settings(tier, str(tmp_path / "state")), tier, BROKER)
     backend = open_backend(tier)
@@ -207,7 +207,7 @@ def test_two_brokers_commit_into_one_latest_table_at_once(tmp_path):
                 append(conf, kv_messages(300, keys=120, seed=seed + round_, topics=3, delete_ratio=0.2))
                 with CommitLogReader(conf.commitlog.dir) as reader, KVView(str(tmp_path / broker / "kv")) as kv:
                     end = reader.end_offset(start)
-                    replay_commitlog(kv, reader, start, end)
+                    replay_messages(kv, reader, start, end)
                     kv.apply([], applied_through=end)
                     start = end
                     write_snapshot(kv, tier, broker, end, keep=2, tables=tables)
