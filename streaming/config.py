@@ -159,6 +159,10 @@ class TierConfig:
               "message visible sooner. Larger batches (catching up) are staged by Spark's tasks in parallel. "
               "On a cluster the driver then reads the commitlog too."
     )
+    local_copy_bytes: int = setting(
+        512 << 20, "On an S3 tier, keep the staging objects just uploaded in state.dir as well, up to this many "
+        "bytes (oldest out first), so compaction and the mirror read them back without a GET. 0: always GET.",
+        size=True)
     fold_every: int = setting(200, "Commit records between folds of the tier's commit log into manifests (a fold "
                                 "also happens once the records since the last one reach 8 MiB).")
 

@@ -19,6 +19,8 @@ Options:
                      the ``commitlog`` source's (``streaming.hold``)
 ``columns``          message columns to yield (comma-separated); none: no rows
 ``location``, ``broker``  the tier and whose part of it (with ``columns``)
+``localCopies``      ``connectors.tier.copies.CopySettings`` as JSON: read the stagers' local
+                     copies where they are (with ``columns``)
 ``topics``           a ``TopicFilter`` as JSON: only its topics' rows are yielded (with ``columns``)
 ``latestPerKey``     ``true``: of each partition, only each ``(topic, key)``'s last message that
                      entered a queue (``columns`` must be ``topic, key, phy_offset, sysflag``), so fewer rows reach
@@ -41,6 +43,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from connectors.commitlog.arrow import project_ddl
 from connectors.commitlog.topics import TopicFilter
+from connectors.tier.copies import CopySettings
 from connectors.tier.feed import FeedBatch
 from streaming.hold import BatchHold
 from state.feed import PREFIX, batch_key, listed_batches
@@ -105,6 +108,7 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.columns = tuple(c for c in opts.get("columns", "").split(",") if c)
         self.location = opts.get("location", "")
         self.broker = opts.get("broker") or None
+        self.copies = CopySettings(**json.loads(opts["localcopies"])) if opts.get("localcopies") else None
         self.topics = TopicFilter.from_json(opts["topics"]) if opts.get("topics") else None
         self.latest_per_key = opts.get("latestperkey", "false").lower() == "true"
         self.starting = int(opts.get("startingoffset", 0))
@@ -160,7 +164,8 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition):
         if not self.columns:
             return iter(())
-        return read_partition(self.location, self.broker, self.columns, self.topics, partition, self.latest_per_key)
+        return read_partition(self.location, self.broker, self.columns, self.topics, partition, self.latest_per_key,
+                              self.copies)
 
     def commit(self, end: dict) -> None:
         pass  # the handler releases what the mirror applied (state.feed.TierFeed.release)
@@ -172,13 +177,13 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def read_partition(location: str, broker: str | None, columns: tuple[str, ...], topics: TopicFilter | None,
-                   partition: FeedPartition, latest: bool = False):
+                   partition: FeedPartition, latest: bool = False, copies: CopySettings | None = None):
     """The rows of one partition: ``columns`` of its messages that ``topics`` takes (with ``latest``,
     each key's last; see the module's options)."""
     from connectors.tier.backend import open_backend
     from connectors.tier.feed import read_batches
 
-    backend = open_backend(location, create=False)
+    backend = open_backend(location, create=False, copies=copies)
     try:
         batches, rows = [], 0
         for batch in read_batches(backend, [partition.batch], partition.start, partition.end, columns, broker):

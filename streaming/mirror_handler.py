@@ -52,6 +52,7 @@ from connectors.kafka.mirror_sink import MIRROR_COLUMNS, MirrorSink, slot_of
 from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.sink import Health, backoff
 from connectors.tier.backend import open_backend
+from connectors.tier.copies import CopySettings
 from connectors.tier.feed import FeedBatch, read_batches
 from streaming.checkpoints import Batch
 from connectors.faults import crash_point
@@ -87,6 +88,7 @@ class SendTask:
     partitions: dict  # Kafka topic -> partition count, where known
     positions: dict  # "topic\x00partition" -> position, where known
     topics: TopicFilter | None = None  # the messages of the topics it accepts are sent
+    copies: CopySettings | None = None  # the stagers' local copies, read where they are
 
 
 def send_slot(task: SendTask, slot: int) -> dict:
@@ -97,7 +99,7 @@ def send_slot(task: SendTask, slot: int) -> dict:
                       topics=task.topics)
     sink.seed(task.partitions, {tuple(_split(k)): v for k, v in task.positions.items()})
     error, retriable = None, False
-    backend = open_backend(task.location)
+    backend = open_backend(task.location, copies=task.copies)
     try:
         sink.publish(lambda: read_batches(backend, task.batches, task.start, task.end, MIRROR_COLUMNS,
                                           broker=task.kafka.broker), once=True)
@@ -158,8 +160,9 @@ class MirrorHandler:
     def __init__(self, kafka: KafkaSettings, location: str, metadata, start_at: int, *, tasks: int = 0,
                  should_stop: Callable[[], bool] = lambda: False,
                  on_batch: Callable[[MirrorReport], None] | None = None,
-                 topics: TopicFilter | None = None):
+                 topics: TopicFilter | None = None, copies: CopySettings | None = None):
         self.kafka = kafka
+        self.copies = copies
         self.topics = topics
         self.location = location
         self.metadata = metadata
@@ -208,7 +211,7 @@ class MirrorHandler:
         attempt = 0
         while pending:
             task = SendTask(self.kafka, self.location, listed, start, end, slots_total, dict(self._partitions),
-                            dict(self._positions), self.topics)
+                            dict(self._positions), self.topics, self.copies)
             outcomes = (spark.range(0, len(pending), 1, len(pending))
                         .mapInArrow(make_sender(task, pending), OUTCOME_DDL).toArrow().to_pylist())
             report.attempts += 1

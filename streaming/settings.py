@@ -9,6 +9,7 @@ before Spark starts.  Nothing else parses a setting's text.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from connectors.commitlog.reader import ReaderOptions
@@ -17,6 +18,7 @@ from connectors.errors import ConfigError
 from connectors.kafka.settings import KafkaSettings, parse_topic_map
 from connectors.sinks import FILTERED_SINKS
 from connectors.tables.catalog import TableSettings, default_settings
+from connectors.tier.copies import CopySettings
 from connectors.tier.retention import Retention
 from connectors.tier.staging import StageSettings
 from connectors.tier.writer import WriterSettings
@@ -31,6 +33,7 @@ class Settings:
     retention: Retention  # tier.retention, retention_bytes, retention_messages
     local_retention_s: float  # commitlog.local_retention
     reader: ReaderOptions  # how every commitlog reader of this broker reads
+    copies: CopySettings | None  # tier.local_copy_bytes on an S3 tier; None: every read back is a GET
     stage: StageSettings  # the tiering query's stagers
     writer: WriterSettings  # the tier writer
     tables: TableSettings | None  # the Iceberg message tables; None: tables.enabled is off
@@ -42,7 +45,7 @@ class Settings:
 def derive(conf: cfg.Config) -> Settings:
     """Every typed setting of ``conf``; raises ``ConfigError`` naming the first bad one."""
     t = conf.tier
-    filters, kept, reader = topic_filters(conf), retention(conf), reader_options(conf)
+    filters, kept, reader, copies = topic_filters(conf), retention(conf), reader_options(conf), local_copies(conf)
     return Settings(
         conf=conf,
         filters=filters,
@@ -50,15 +53,23 @@ def derive(conf: cfg.Config) -> Settings:
         retention=kept,
         local_retention_s=local_retention_s(conf),
         reader=reader,
-        stage=StageSettings(location=t.location, reader=reader, filters=filters),
+        copies=copies,
+        stage=StageSettings(location=t.location, reader=reader, filters=filters, copies=copies),
         writer=WriterSettings(location=t.location, broker=conf.broker.name, segment_bytes=t.segment_bytes,
                               segment_messages=t.segment_messages, segment_age_s=t.segment_age_s,
-                              retention=kept, fold_every=max(1, t.fold_every), delete_grace_s=t.delete_grace_s),
+                              retention=kept, fold_every=max(1, t.fold_every), delete_grace_s=t.delete_grace_s,
+                              copies=copies),
         tables=tables(conf),
         driver_stage_bytes=conf.source.partition_bytes if t.stage_on_driver else 0,
         kafka=kafka_settings(conf),
         source=source_options(conf, reader),
     )
+
+
+def local_copies(conf: cfg.Config) -> CopySettings | None:
+    if not conf.tier.location.startswith("s3://") or conf.tier.local_copy_bytes <= 0:
+        return None  # a directory tier is read back from local files already
+    return CopySettings(os.path.join(os.path.abspath(conf.state.dir), "tier-copies"), conf.tier.local_copy_bytes)
 
 
 def reader_options(conf: cfg.Config) -> ReaderOptions:

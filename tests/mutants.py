@@ -113,6 +113,14 @@ MUTANTS = (
         ("tests/test_tier_feed.py",),
     ),
     Mutant(
+        "stale_local_copy_outlives_its_object",
+        "a staging object's local copy is only replaced after the upload, so a failed upload leaves the old copy to be read",
+        "connectors/tier/copies.py",
+        """            _remove(path)  # before the upload: a stale copy must never outlive the object it copied""",
+        """            pass""",
+        ("tests/test_tier_feed.py",),
+    ),
+    Mutant(
         "compaction_decodes_the_commitlog_again",
         "the KV writer reads the changed keys' messages from the commitlog instead of the tier's committed batches",
         "streaming/queries/compaction.py",

@@ -10,6 +10,8 @@ grace) would have deleted the staging objects that held them.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from connectors.tier.feed import read_batches
@@ -167,7 +169,9 @@ class CountingGets:
         return getattr(self.backend, attr)
 
 
-def test_on_s3_a_committed_batch_is_read_back_with_one_get_per_staging_object(tmp_path, s3_location):
+def _tier_on_s3(tmp_path, s3_location, copies=None):
+    """A commitlog of 3,000 messages tiered to ``s3_location`` in batches of one staging object;
+    returns the messages written (the ledger), the metadata store and the listed batches."""
     from connectors.commitlog.workload import Workload
     from connectors.commitlog.writer import CommitLogWriter
     from state.metadata import MetadataStore
@@ -177,23 +181,28 @@ def test_on_s3_a_committed_batch_is_read_back_with_one_get_per_staging_object(tm
     log_dir = str(tmp_path / "commitlog")
     with CommitLogWriter(log_dir, file_size=1 << 20, fsync="never") as w:
         ledger.append(w, Workload(messages=3000, topics=2, queues=4, keys=100, body_size=200, seed=7).generate())
-    written = ledger.stored(log_dir)
     store = MetadataStore(str(tmp_path / "metadata"))
     store.feed.open("mirror", None)
-    cuts = tier_in_batches(log_dir, s3_location, store, 100_000)
-    start, end = cuts[0], cuts[-1]
-    listed = store.feed.batches(start, end)
-    assert len(listed) == len(cuts) - 1 >= 5
-    backend = open_backend(s3_location)
-    counting = CountingGets(backend)
-    rows = [normalize_arrow_row(r) for b in read_batches(counting, listed, start, end) for r in b.to_pylist()]
-    assert rows == [row for m in written if entered_a_queue(row := message_row(m))]  # one object a batch: phy order
-    assert counting.gets == sum(len(b.objects) for b in listed) == len(listed)  # one GET per committed batch
-    # The KV writer's read of a batch's changed messages: one more GET per staging object it spans.
+    cuts = tier_in_batches(log_dir, s3_location, store, 100_000, copies=copies)
+    listed = store.feed.batches(cuts[0], cuts[-1])
+    assert len(listed) == len(cuts) - 1 >= 5 and all(len(b.objects) == 1 for b in listed)
+    return ledger.stored(log_dir), store, listed
+
+
+def test_on_s3_a_committed_batch_is_read_back_with_one_get_per_staging_object(tmp_path, s3_location):
+    """Without local copies (``tier.local_copy_bytes = 0``)."""
     import numpy as np
 
     from connectors.tier.feed import FeedMessages
 
+    written, store, listed = _tier_on_s3(tmp_path, s3_location)
+    start, end = listed[0].start, listed[-1].end
+    backend = open_backend(s3_location)
+    counting = CountingGets(backend)
+    rows = [normalize_arrow_row(r) for b in read_batches(counting, listed, start, end) for r in b.to_pylist()]
+    assert rows == [row for m in written if entered_a_queue(row := message_row(m))]  # one object a batch: phy order
+    assert counting.gets == len(listed)  # one GET per committed batch
+    # The KV writer's read of a batch's changed messages: one more GET per staging object it spans.
     counting.gets = 0
     one = listed[2]
     wanted = np.array([r["phy_offset"] for r in rows if one.start <= r["phy_offset"] < one.end][::7], np.int64)
@@ -203,6 +212,53 @@ def test_on_s3_a_committed_batch_is_read_back_with_one_get_per_staging_object(tm
     with pytest.raises(TierlogError, match=f"physical offset {inside} is not in the tier's committed batches"):
         FeedMessages(counting, store.feed.batches, None).records_at(np.array([inside], np.int64), ("body",))
     backend.close()
+    store.close()
+
+
+def test_on_s3_the_stagers_local_copies_spare_every_get_and_never_change_what_is_read(tmp_path, s3_location):
+    import numpy as np
+
+    from connectors.tier.copies import CopySettings, LocalCopies
+    from connectors.tier.feed import FeedMessages
+
+    copies = CopySettings(str(tmp_path / "copies"), 64 << 20)
+    written, store, listed = _tier_on_s3(tmp_path, s3_location, copies)
+    start, end = listed[0].start, listed[-1].end
+    expected = [row for m in written if entered_a_queue(row := message_row(m))]
+    counting = CountingGets(open_backend(s3_location))
+    reads = LocalCopies(counting, copies)
+    rows = [normalize_arrow_row(r) for b in read_batches(reads, listed, start, end) for r in b.to_pylist()]
+    assert rows == expected and counting.gets == 0  # compaction's partitions and the mirror's slots
+    one = listed[2]
+    wanted = np.array([r["phy_offset"] for r in rows if one.start <= r["phy_offset"] < one.end][::7], np.int64)
+    got = FeedMessages(reads, store.feed.batches, None).records_at(wanted, ("phy_offset", "body"))
+    assert got["phy_offset"].to_pylist() == wanted.tolist() and counting.gets == 0  # the KV writer's bodies
+
+    # The byte bound keeps the newest copies; what it evicted is read from S3, the same rows.
+    sizes = [size for b in listed for _, size, _ in b.objects]
+    bounded = LocalCopies(counting, CopySettings(copies.directory, sum(sizes[-2:])))
+    bounded.put("_staging/unrelated-probe", b"")  # any put trims to the bound
+    rows = [normalize_arrow_row(r) for b in read_batches(bounded, listed, start, end) for r in b.to_pylist()]
+    assert rows == expected and counting.gets == len(listed) - 2
+
+    # An upload that fails leaves no copy of the object it was replacing: a reader gets the tier's.
+    name = listed[-2].objects[0][0]  # kept by the bound above
+
+    class FailingPut(CountingGets):
+        def put(self, name, data):
+            raise OSError("injected: the upload failed")
+
+    failing = LocalCopies(FailingPut(counting.backend), copies)
+    assert os.path.exists(failing._path(name))
+    with pytest.raises(OSError, match="injected"):
+        failing.put(name, b"another content")
+    assert not os.path.exists(failing._path(name))
+    # A deleted object takes its copy with it.
+    last = listed[-1].objects[0][0]
+    assert os.path.exists(reads._path(last))
+    reads.delete(last)
+    assert not os.path.exists(reads._path(last)) and not counting.backend.exists(last)
+    reads.close()
     store.close()
 
 

@@ -53,19 +53,19 @@ def assert_tier_equals_commitlog(conf: cfg.Config) -> None:
 
 
 def tier_in_batches(log_dir: str, location: str, store, batch_bytes: int, broker: str = "broker-a",
-                    **settings) -> list[int]:
+                    copies=None, **settings) -> list[int]:
     """Tier the whole commitlog at ``log_dir`` without Spark, as the tiering query would in batches of
     about ``batch_bytes`` (each staged in one piece, as the driver stages a small batch), committing
     to ``store`` (a ``MetadataStore``); returns the batches' ends, the first offset before them.
-    ``broker``: whose commitlog it is; ``settings``: ``WriterSettings`` fields (sealing, retention),
+    ``broker``: whose commitlog it is; ``copies``: the stagers' local copies; ``settings``: ``WriterSettings`` fields (sealing, retention),
     then maintained after each batch."""
     from connectors.commitlog.reader import CommitLogReader, ReaderOptions
     from connectors.tier.staging import CommitLogGaps, StageSettings, stage_range
     from connectors.tier.writer import TierWriter, WriterSettings
 
-    writer = TierWriter(WriterSettings(location=location, broker=broker,
+    writer = TierWriter(WriterSettings(location=location, broker=broker, copies=copies,
                                        **{"segment_messages": 10**9, **settings}), store)
-    stager = StageSettings(location=location, reader=ReaderOptions(log_dir, broker=broker))
+    stager = StageSettings(location=location, reader=ReaderOptions(log_dir, broker=broker), copies=copies)
     gaps = CommitLogGaps(ReaderOptions(log_dir, broker=broker))  # a file's blank tail lies between two batches
     with CommitLogReader(log_dir) as reader:
         start, end = reader.first_offset(), reader.end_offset()

@@ -167,12 +167,17 @@ class Backend(ABC):
         """Release connections; the backend must not be used afterwards."""
 
 
-def open_backend(location: str, *, create: bool = True) -> Backend:
+def open_backend(location: str, *, create: bool = True, copies=None) -> Backend:
     """A backend for ``location``: ``s3://bucket/prefix`` or a directory path; ``create=False``
-    (readers) never makes the directory."""
+    (readers) never makes the directory; ``copies`` (a ``connectors.tier.copies.CopySettings``):
+    keep local copies of the staging objects an S3 tier's consumers read back."""
     if location.startswith("s3://"):
         from connectors.tier.s3 import S3Backend
 
+        if copies is not None and copies.max_bytes > 0:
+            from connectors.tier.copies import LocalCopies
+
+            return LocalCopies(S3Backend(location), copies)
         return S3Backend(location)
     from connectors.tier.posix import PosixBackend
 

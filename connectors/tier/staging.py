@@ -25,6 +25,7 @@ from connectors.errors import TierlogError
 from connectors.faults import crash_point
 from connectors.tier import layout
 from connectors.tier.backend import open_backend
+from connectors.tier.copies import CopySettings
 from connectors.tier.manifest import StagingObject
 from connectors.tier.records import LastRecord
 
@@ -36,6 +37,7 @@ class StageSettings:
     location: str
     reader: ReaderOptions
     filters: dict | None = None  # sink -> TopicFilter; the tier keeps what filters["tier"] accepts; all are counted
+    copies: CopySettings | None = None  # local copies for the tier's consumers (connectors.tier.copies)
 
 
 @dataclass
@@ -123,7 +125,7 @@ def stage(settings: StageSettings, first_phy: int, end_phy: int, last_phy: int) 
         table = layout.sort_rows(table)
         data = layout.to_staging_parquet(table)
         part.name = layout.Names(options.broker).staging(first_phy)
-        backend = open_backend(settings.location)
+        backend = open_backend(settings.location, copies=settings.copies)
         started = time.monotonic()
         try:
             backend.put(part.name, data)

@@ -40,6 +40,7 @@ from connectors.errors import TierlogError
 from connectors.faults import crash_point
 from connectors.tier import layout
 from connectors.tier.backend import Backend, open_backend
+from connectors.tier.copies import CopySettings
 from connectors.tier.log import TierHead, TierLog
 from connectors.tier.manifest import Segment, add_counts
 from connectors.tier.records import batch_record, expire_record, seal_record
@@ -85,6 +86,7 @@ class WriterSettings:
     delete_grace_s: float = 60.0  # retired objects stay readable this long
     delete_batch: int = 500  # retired objects deleted per maintenance call, at most
     sweep_batch: int = 2000  # queues looked at for retention per maintenance call, at most
+    copies: CopySettings | None = None  # the stagers' local copies, deleted with their objects
 
 
 @dataclass
@@ -105,7 +107,7 @@ class TierWriter:
     def __init__(self, settings: WriterSettings, index: TierIndex, backend: Backend | None = None, tables=None):
         self.settings = settings
         self.tables = tables  # connectors.tables.MessageTables: kept in step by maintain(), if set
-        self.backend = backend or open_backend(settings.location)
+        self.backend = backend or open_backend(settings.location, copies=settings.copies)
         self.log = TierLog(self.backend, settings.broker)
         self.index = index
         self.head = self.log.open_head()

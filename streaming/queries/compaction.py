@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -54,8 +55,8 @@ class CompactionQuery(Query):
                 on_health=lambda h: metadata.journal.record_health(CHANGELOG, h),
                 on_skip=lambda phy, why: metadata.journal.record_skip(CHANGELOG, phy, why),
             )
-        self.feed = FeedMessages(open_backend(conf.tier.location, create=False), metadata.feed.batches,
-                                 conf.broker.name)
+        self.feed = FeedMessages(open_backend(conf.tier.location, create=False, copies=ctx.settings.copies),
+                                 metadata.feed.batches, conf.broker.name)
         self.handler = CompactionHandler(compaction_settings(ctx.settings), ctx.kv, metadata, on_batch=self.report,
                                          changelog=changelog, messages=self.feed,
                                          on_applied=lambda start: metadata.feed.release(self.name, start))
@@ -64,11 +65,12 @@ class CompactionQuery(Query):
         self._kafka_counts = {"sent": 0, "retries": 0}  # the changelog's, as last counted
 
     def stream(self, spark):
-        conf = self.ctx.conf
+        conf, copies = self.ctx.conf, self.ctx.settings.copies
         hold = not self.ctx.until_caught_up  # a catch-up drains what is there
         return compaction_stream(spark, {"metadata": self.ctx.metadata.path, "startingOffset": self.start_at,
                                          "maxBytesPerTrigger": self.ctx.source_options.get("maxBytesPerTrigger"),
                                          "location": conf.tier.location, "broker": conf.broker.name,
+                                         "localCopies": copies and json.dumps(dataclasses.asdict(copies)),
                                          "topics": self.ctx.settings.filters["compaction"].to_json(),
                                          "minBytesPerTrigger": hold and conf.compaction.min_batch_bytes or None,
                                          "maxTriggerDelayMs": hold and int(conf.compaction.max_batch_delay_s * 1000) or None})

@@ -35,7 +35,7 @@ class MirrorQuery(Query):
         self.start_at = at if applied is None else applied
         self.handler = MirrorHandler(
             ctx.kafka, ctx.conf.tier.location, store, self.start_at, tasks=ctx.conf.kafka.mirror_tasks,
-            should_stop=ctx.should_stop, on_batch=self.report, topics=ctx.settings.filters["mirror"],
+            should_stop=ctx.should_stop, on_batch=self.report, topics=ctx.settings.filters["mirror"], copies=ctx.settings.copies,
         )
         self.lock = self.handler.lock
 

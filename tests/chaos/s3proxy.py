@@ -29,7 +29,8 @@ class S3FaultProxy:
     """``start()``; ``endpoint``; ``set_mode(mode, share)``; ``stop()``.
 
     Counts what it did in ``injected``: each error code and timeout it caused, and under
-    ``retried`` each request it failed that later came again and went through.  The first
+    ``retried`` each request it failed that later came again and went through; ``requests`` lists
+    every request it forwarded.  The first
     request after a switch to a failing mode always fails, so a short window still injects.
     """
 
@@ -46,6 +47,7 @@ class S3FaultProxy:
         self._connections: set[socket.socket] = set()
         self._fail_next = False
         self._failed: set[tuple[str, str]] = set()  # (method, path) of requests failed and not yet redone
+        self.requests: list[tuple[str, str]] = []  # (method, path) of every request it forwarded
 
     @property
     def endpoint(self) -> str:
@@ -140,6 +142,8 @@ class S3FaultProxy:
             time.sleep(self.hold_s)
             req.close_connection = True
             return
+        with self._lock:
+            self.requests.append(request)
         if self._forward(req, body):
             with self._lock:
                 if request in self._failed:
