@@ -3,9 +3,10 @@ RocksDB (rocksdict).
 
 The tier index (this class) holds, per queue, RocketMQ's *dispatch* offset (rows handed to upload)
 and *commit* offset (rows durable in the tier and recorded), the sealed offset; the segment index;
-the objects to delete; the quarantined ranges and the filter counts.  It changes only through the
+the objects to delete; the quarantined ranges and what the tier's filter left out.  It changes only through the
 tier writer (``apply`` takes in one commit record).  The journal (``state.journal``, ``.journal``)
-holds each sink's applied physical offset, its health and what it skipped: what the queries write
+holds each sink's applied physical offset, its health, what it skipped and what its filter left
+out: what the queries write
 as they go, apart from the tier's index.  Both live in one RocksDB so the tier's own progress is
 written in the commit's WriteBatch.  Every change is one WriteBatch written with the WAL on and
 synced, so a crash leaves either all of a commit or none of it.
@@ -179,13 +180,16 @@ class MetadataStore:
             puts[_qkey(topic, q)] = cur
         self.write_json(puts)
 
-    def apply(self, head, record: dict, now: float) -> None:
+    def apply(self, head, record: dict, now: float, counted: dict | None = None) -> None:
         """Take in one commit record of the tier's log (``connectors.tier.records``), which ``head``
         (a ``TierHead``) has just applied, in one atomic, synced WriteBatch: the offsets of the
         queues it changes, the segments it seals or expires, the objects it retires (to delete once
-        the grace after ``now`` has passed), the messages each sink's filter left out, and the
-        corrupt ranges it skipped.  Everything comes from the record: a commit, a seal, an expiry
-        and a catch-up after a crash are the same call, so they cannot disagree."""
+        the grace after ``now`` has passed), the messages the tier's filter left out, and the
+        corrupt ranges it skipped.  Everything of the tier comes from the record: a commit, a seal,
+        an expiry and a catch-up after a crash are the same call, so they cannot disagree.
+        ``counted``: what the other sinks' filters left out of a batch (the stagers count every
+        sink's filter, where each message passes once), for the journal, in the same WriteBatch;
+        the tier's record holds only its own."""
         kind = record["type"]
         segments = [Segment.from_json(d) for d in record.get("segments", ())]
         sealed = segments if kind == "seal" else []
@@ -203,10 +207,11 @@ class MetadataStore:
             puts[_segkey(seg.topic, seg.queue_id, seg.base)] = seg.to_json()
         for name, when in deletes.items():
             puts["del" + SEP + name] = when
-        for sink, by_class in (record.get("filtered") or {}).items():
+        # A record written before the split holds every sink's counts: they are counted as before.
+        for sink, by_class in [*(record.get("filtered") or {}).items(), *(counted or {}).items()]:
             for cls, n in by_class.items():
                 key = f"filtered{SEP}{sink}{SEP}{cls}"
-                puts[key] = (self.get_json(key) or 0) + n
+                puts[key] = (puts.get(key) or self.get_json(key) or 0) + n
         puts.update(self._quarantine_puts(record.get("quarantined", ())))
         puts.update(self.feed.puts(record))
         self.write_json(puts, [_segkey(s.topic, s.queue_id, s.base) for s in expired])
@@ -234,7 +239,7 @@ class MetadataStore:
         listing is dropped (the tier's log no longer says which batches a consumer lacks): a
         consumer behind it is told so when it reads (``state.feed.FeedGapError``)."""
         stale = [k for k in self.db.keys()
-                 if k.startswith(("q" + SEP, "seg" + SEP, "meta" + SEP, "quarantine" + SEP, "filtered" + SEP,
+                 if k.startswith(("q" + SEP, "seg" + SEP, "meta" + SEP, "quarantine" + SEP, f"filtered{SEP}tier{SEP}",
                                   "feed" + SEP))]
         self.write_json({}, stale)
         for key in view.queue_keys():
@@ -243,5 +248,5 @@ class MetadataStore:
         self.write_json({"meta" + SEP + "last_seq": view.seq, "meta" + SEP + "source_end": view.source_end,
                      **({"sink" + SEP + "tier": view.source_end} if view.source_end is not None else {})})
         self.write_json(self._quarantine_puts(view.quarantined.values()))
-        self.write_json({f"filtered{SEP}{sink}{SEP}{cls}": n for sink, by_class in view.filtered.items()
-                     for cls, n in by_class.items()})
+        # The other sinks' counts are the journal's, not the tier's: they stay.
+        self.write_json({f"filtered{SEP}tier{SEP}{cls}": n for cls, n in view.filtered.get("tier", {}).items()})

@@ -121,6 +121,14 @@ MUTANTS = (
         ("tests/test_tier_feed.py",),
     ),
     Mutant(
+        "tier_record_carries_every_sinks_filter_counts",
+        "the tier's commit record holds the other sinks' filter counts again, as before the metadata store's split",
+        "connectors/tier/writer.py",
+        """        own = {"tier": filtered.pop("tier")} if "tier" in filtered else None""",
+        """        own, filtered = dict(filtered) or None, {}""",
+        ("tests/test_journal.py",),
+    ),
+    Mutant(
         "compaction_decodes_the_commitlog_again",
         "the KV writer reads the changed keys' messages from the commitlog instead of the tier's committed batches",
         "streaming/queries/compaction.py",

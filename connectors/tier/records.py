@@ -29,7 +29,7 @@ class BatchRecord(TypedDict):
     staging: list[dict]  # StagingObject.to_json()
     last_record: LastRecord
     quarantined: NotRequired[list[dict]]  # commitlog ranges skipped under on_corrupt = quarantine
-    filtered: NotRequired[dict]  # sink -> topic class -> messages its topic filter left out
+    filtered: NotRequired[dict]  # {"tier": topic class -> messages the tier's filter left out} (older records: every sink's)
 
 
 class SealRecord(TypedDict):
