@@ -405,4 +405,15 @@ def _root_cause(text: str) -> tuple[str, type[TierlogError]]:
         name, sep, message = stripped.partition(": ")
         if sep and name in ours:  # a bare class name, as some of Spark's wrappers print it
             return message, ours[name]
-    return (text.strip().splitlines()[0] if text.strip() else "unknown error"), TierlogError
+    lines = text.strip().splitlines()
+    if not lines:
+        return "unknown error", TierlogError
+    head, trace, _ = lines[0].partition("Traceback (most recent call last):")
+    if trace:  # Spark's line ends where Python's trace starts: name the exception it ends with instead
+        raised = next((ln.strip() for ln in lines[1:] if _PYTHON_EXCEPTION_LINE.match(ln)), None)
+        if raised:
+            return f"{head}{raised}", TierlogError
+    return lines[0], TierlogError
+
+
+_PYTHON_EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt|Warning)(: .*)?$")

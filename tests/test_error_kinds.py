@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors.errors import EXIT_CODES
+from connectors.errors import EXIT_CODES, TierlogError
 from tests.cli_runner import tierlog
 
 
@@ -86,3 +86,20 @@ def test_each_known_error_is_one_plain_paragraph_with_its_exit_code(tmp_path, ki
     assert errors, r.stderr[-2000:]
     for text in says:
         assert any(text in line for line in errors), (kind, text, errors)
+
+
+def test_a_python_failure_inside_a_spark_query_is_named_by_its_exception_not_by_the_trace():
+    """What a query's failure says when the error is not one of tierlog's: Spark's line, then the
+    exception Python's trace ends with, never "Traceback (most recent call last):"."""
+    from streaming.service import _root_cause
+
+    text = ("[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data source perform "
+            "latestOffset: Traceback (most recent call last):\n"
+            '  File "/work/streaming/feed_source.py", line 67, in batch_ends\n'
+            "    self.db.try_catch_up_with_primary()\n"
+            "Exception: IO error: No such file or directory: MANIFEST-000012\n"
+            "\tat org.apache.spark.sql.execution.python.PythonStreamingSourceRunner.latestOffset(...)\n")
+    message, kind = _root_cause(text)
+    assert message == ("[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data source "
+                       "perform latestOffset: Exception: IO error: No such file or directory: MANIFEST-000012")
+    assert kind is TierlogError
