@@ -34,6 +34,7 @@ trigger and stops it once tiering is done and the query has applied all the tier
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -49,6 +50,7 @@ from streaming.hold import BatchHold
 from state.feed import PREFIX, batch_key, listed_batches
 
 FEED_DDL = "phy_offset bigint"
+log = logging.getLogger("tierlog.feed")
 
 
 class _Listing:
@@ -56,15 +58,29 @@ class _Listing:
     running service on each call: a read-only open would replay the store's whole WAL every trigger."""
 
     def __init__(self, path: str):
+        self.path = path
+        self.scratch = self.db = None
+        self._open()
+
+    def _open(self) -> None:
         from state.rocks import open_rdict
 
-        self.path = path
         self.scratch = tempfile.mkdtemp(prefix="tierlog-feed-")
-        self.db = open_rdict(path, secondary=self.scratch)
+        self.db = open_rdict(self.path, secondary=self.scratch)
+
+    def _catch_up(self) -> None:
+        """Up to the primary.  A secondary that meets a file the primary has just replaced (its
+        MANIFEST after a restart, say) fails; a new secondary reads the primary as it is now."""
+        try:
+            self.db.try_catch_up_with_primary()
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exception with RocksDB's message
+            log.info("the feed's RocksDB secondary of %s could not catch up (%s): opening it again", self.path, exc)
+            self.close()
+            self._open()
 
     def batch_ends(self, start: int) -> list[tuple[int, int]]:
         """(end, commitlog bytes) of each listed batch that ends after ``start``, in order."""
-        self.db.try_catch_up_with_primary()
+        self._catch_up()
         out = []
         for key, raw in self.db.items(from_key=batch_key(start + 1)):
             if not key.startswith(PREFIX):
@@ -75,7 +91,7 @@ class _Listing:
 
     def batches(self, start: int, end: int) -> list[FeedBatch]:
         """The listed batches that hold anything of ``[start, end)``, as ``state.feed.TierFeed.batches``."""
-        self.db.try_catch_up_with_primary()
+        self._catch_up()
         return listed_batches(self.db, start, end, self.path)
 
     def close(self) -> None:

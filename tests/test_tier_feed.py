@@ -281,3 +281,23 @@ def test_a_mirror_batch_run_again_below_the_record_keeps_the_record(tmp_path):
         assert handler.sent == 0
     finally:
         store.close()
+
+
+def test_the_tierfeed_sources_listing_opens_its_secondary_again_when_a_catch_up_fails(tmp_path):
+    """The source reads the feed as a RocksDB secondary; a catch-up that fails (here: its handle
+    closed under it, as a file the primary replaced would) opens a new one instead of failing the query."""
+    from state.metadata import MetadataStore
+    from streaming.feed_source import _Listing
+
+    store = MetadataStore(str(tmp_path / "metadata"))
+    store.feed.open("mirror", None)
+    store.write_json(store.feed.puts({"type": "batch", "source_start": 0, "source_end": 100, "staging": []}))
+    listing = _Listing(store.path)
+    try:
+        assert listing.batch_ends(-1) == [(100, 100)]
+        listing.db.close()  # the fault
+        store.write_json(store.feed.puts({"type": "batch", "source_start": 100, "source_end": 250, "staging": []}))
+        assert listing.batch_ends(-1) == [(100, 100), (250, 150)]
+    finally:
+        listing.close()
+        store.close()
