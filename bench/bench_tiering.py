@@ -23,6 +23,12 @@ freshness  `tierlog produce --rate R` appends while `tierlog run` tiers; per
            service (a clean stop folds the commit records away); messages still
            not committed are reported.  Compaction runs beside tiering; with
            --kafka the mirror and the changelog too, on an embedded tansu.
+           The consumers of the tier are timed the same way, per message:
+           append -> in the KV view (the compaction batch that applied it,
+           changelog sent first) and append -> in Kafka (the mirror batch
+           whose sends were acknowledged), each from the time of the
+           service's own log line for that batch; the run then also waits
+           for them to apply the whole log.
            --big-tier N first seals about N one-message segments over
            --big-queues idle queues (the service itself, tiering them), so the
            steady run's batches commit, fold and maintain on a tier with that
@@ -248,6 +254,8 @@ def _freshness(args, root: str, broker) -> dict:
     # --drain seconds, and count what it had not), then kill the service, so no clean stop folds the
     # commit records this reads (a fold deletes them).
     _wait_for_tier(service, conf, args.drain)
+    consumers = ["compaction"] + (["mirror"] if broker else [])
+    _wait_for_consumers(service, consumers, args.drain)
     service.kill()
     produced = json.loads(producer.stdout)
     lines = [json.loads(line.split("batch ", 1)[1]) for line in open(service.log) if "tierlog.service: batch {" in line]
@@ -260,15 +268,20 @@ def _freshness(args, root: str, broker) -> dict:
     commit_maintain = [round(sum(line.get("phases", {}).get(k, 0) for k in ("dispatch", "commit", "maintain")), 3)
                        for line in lines if line["query"] == "tiering" and line.get("rows")]
     backend = open_backend(conf.tier.location)
-    latencies = []
+    latencies, steady_phys = [], []
     for obj in backend.list(layout.LOG_PREFIX):
         record = json.loads(backend.read(obj.name))
         if record.get("type") != "batch":
             continue
         for staging in record["staging"]:
-            ts = layout.from_parquet(backend.read(staging["name"])).column("store_ts").to_pylist()
-            latencies += [(record["time_ms"] - int(t.timestamp() * 1000), int(t.timestamp() * 1000)) for t in ts]
+            table = layout.from_parquet(backend.read(staging["name"]))
+            for t, phy in zip(table.column("store_ts").to_pylist(), table.column("phy_offset").to_pylist()):
+                stored_ms = int(t.timestamp() * 1000)
+                latencies.append((record["time_ms"] - stored_ms, stored_ms))
+                if stored_ms >= steady_from_ms:
+                    steady_phys.append((phy, stored_ms))
     values = sorted(lat for lat, stored in latencies if stored >= steady_from_ms)
+    applied = {name: _applied_times(service.log, name, steady_phys) for name in consumers}
     steady = sum(1 for t in _store_times(conf.commitlog.dir) if t >= steady_from_ms)
     uncommitted = steady - len(values)
     q = statistics.quantiles(values, n=100)
@@ -283,6 +296,8 @@ def _freshness(args, root: str, broker) -> dict:
         "kafka": "mirror and changelog on an embedded tansu" if broker else "off",
         "tier_before": big or "new",
         "append_to_committed_ms": {"p50": round(q[49]), "p99": round(q[98]), "max": max(values)},
+        # The tier's consumers: the KV view (compaction) and, with --kafka, the mirror's acknowledged sends.
+        **{f"append_to_{'kv_view' if n == 'compaction' else 'kafka'}_ms": applied[n] for n in consumers},
         "batch_seconds": {"count": len(batch_seconds), "p50": batch_seconds[len(batch_seconds) // 2],
                           "max": batch_seconds[-1]},
         "first_tiering_batches_s": first_tiering,
@@ -323,6 +338,54 @@ def _wait_for_tier(service: ServiceProcess, conf: cfg.Config, timeout_s: float) 
         if service.proc.poll() is not None:
             raise RuntimeError(f"the service stopped (exit {service.proc.poll()}); see {service.log}")
         time.sleep(0.2)
+
+
+def _wait_for_consumers(service: ServiceProcess, queries: list[str], timeout_s: float) -> None:
+    """Until each of ``queries`` has logged a batch ending at the tier's end, or ``timeout_s`` passed."""
+    tier_end = TierReader(service.conf.tier.location).view().source_end or 0
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ends = {name: max((end for end, _ in _batch_lines(service.log, name)), default=-1) for name in queries}
+        if all(end >= tier_end for end in ends.values()):
+            return
+        time.sleep(0.5)
+
+
+def _batch_lines(log_path: str, query: str) -> list[tuple[int, int]]:
+    """(source_end, wall-clock ms of the line) of each batch line ``query`` logged, in order."""
+    out = []
+    for line in open(log_path):
+        if "tierlog.service: batch {" not in line or f'"query": "{query}"' not in line:
+            continue
+        stamp = line[:23]  # logging's asctime, local time: "2026-11-27 23:45:48,123"
+        at_ms = int(time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) * 1000) + int(stamp[20:23])
+        out.append((json.loads(line.split("batch ", 1)[1])["source_end"], at_ms))
+    return out
+
+
+def _applied_times(log_path: str, query: str, messages: list[tuple[int, int]]) -> dict:
+    """p50/p99/max of append -> the first batch line of ``query`` whose end is past the message
+    (``messages``: (physical offset, store ms)); messages no batch reached are counted, not timed."""
+    import bisect
+
+    lines = _batch_lines(log_path, query)
+    ends, reached = [], []
+    for end, at_ms in lines:  # a batch that ends no further (a replay) does not make anything visible
+        if not ends or end > ends[-1]:
+            ends.append(end)
+            reached.append(at_ms)
+    values, missed = [], 0
+    for phy, stored_ms in messages:
+        i = bisect.bisect_right(ends, phy)
+        if i == len(ends):
+            missed += 1
+        else:
+            values.append(reached[i] - stored_ms)
+    if len(values) < 2:
+        return {"measured": len(values), "not_applied": missed}
+    values.sort()
+    q = statistics.quantiles(values, n=100)
+    return {"p50": round(q[49]), "p99": round(q[98]), "max": values[-1], "measured": len(values), "not_applied": missed}
 
 
 def _store_times(directory: str) -> list[int]:
