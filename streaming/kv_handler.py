@@ -23,6 +23,7 @@ from typing import Callable
 from connectors.faults import crash_point
 from state.kv import KVView
 from state.kv_writer import CompactionReport, CompactionSettings, KVWriter
+from connectors.threads import name_native
 from streaming.checkpoints import Batch
 from streaming.latest_per_key import SOURCE_COLUMNS, latest_per_key
 
@@ -62,7 +63,7 @@ class CompactionHandler:
         self.start_at = start_at  # where a batch starts whose start the offset log lacks (a new checkpoint's first)
         self.applied_end: int | None = None  # where the last batch this process applied ends
         self.lock = threading.RLock()  # held while a batch is handed over; a graceful stop waits on it
-        self._apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-apply")
+        self._apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-apply", initializer=name_native)
         self._pending: Future | None = None
 
     def catch_up(self, committed: int | None) -> int:
@@ -71,6 +72,7 @@ class CompactionHandler:
         return self.writer.catch_up(committed)
 
     def process(self, batch: Batch) -> None:
+        name_native("compaction")  # py4j's callback thread, for the cost ledger
         with self.lock:
             t0 = time.monotonic()
             changes = batch.df.toArrow()  # runs this batch's Spark job while the apply thread works on the last one

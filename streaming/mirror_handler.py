@@ -56,6 +56,7 @@ from connectors.tier.copies import CopySettings
 from connectors.tier.feed import FeedBatch, read_batches
 from streaming.checkpoints import Batch
 from connectors.faults import crash_point
+from connectors.threads import name_native
 from connectors.sinks import MIRROR
 
 log = logging.getLogger("tierlog.mirror")
@@ -178,6 +179,7 @@ class MirrorHandler:
         self.sent = 0  # messages sent since start, all batches
 
     def process(self, batch: Batch) -> None:
+        name_native("mirror")  # py4j's callback thread, for the cost ledger
         with self.lock:
             started = time.monotonic()
             batch_id, end = batch.batch_id, batch.end

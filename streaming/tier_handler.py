@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from connectors.tier.staging import CommitLogGaps, StagedPart, StageSettings, stage, stage_range
 from connectors.tables.catalog import TableSettings
+from connectors.threads import name_native
 from connectors.tier.writer import TierWriter, WriterSettings
 
 if TYPE_CHECKING:
@@ -110,10 +111,11 @@ class TieringHandler:
         self.lock = threading.RLock()  # held while a batch is processed; graceful stop waits on it
         self.writer_lock = threading.Lock()  # the writer is not thread-safe: a commit or a maintenance
         self.on_batch = on_batch
-        self._maintenance = ThreadPoolExecutor(1, thread_name_prefix="tierlog-maintain")
+        self._maintenance = ThreadPoolExecutor(1, thread_name_prefix="tier-maintain", initializer=name_native)
         self._maintained: Future | None = None  # the last batch's maintenance: (seals, seconds)
 
     def process(self, batch: Batch) -> None:
+        name_native("tiering")  # py4j's callback thread, for the cost ledger
         with self.lock:
             started = time.monotonic()
             report = self._process(batch)

@@ -9,6 +9,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from connectors.threads import name_native
+
 IO_THREADS = 8  # metadata objects read or written at once
 
 _pool: ThreadPoolExecutor | None = None
@@ -23,6 +25,6 @@ def io_map(fn, items: list) -> list:
         return [fn(i) for i in items]
     with _pool_lock:
         if _pool is None or _pool_pid != os.getpid():
-            _pool, _pool_pid = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="tier-meta"), os.getpid()
+            _pool, _pool_pid = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="tier-meta", initializer=name_native), os.getpid()
         pool = _pool
     return list(pool.map(fn, items))

@@ -31,6 +31,7 @@ from connectors.tier import layout
 from connectors.tier.backend import Backend, open_backend
 from connectors.tier.errors import NotFoundInTier, ObjectNotFound, TierError
 from connectors.tier.log import TierLog
+from connectors.threads import name_native
 from connectors.tier.manifest import QueueKey
 from connectors.tier.view import TierView
 
@@ -245,7 +246,7 @@ class TierReader:
         if len(reads) <= 1:
             return [read() for read in reads]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="tier-read")
+            self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="tier-read", initializer=name_native)
         return list(self._pool.map(lambda read: read(), reads))
 
     def _segment_range(self, seg, start: int, end: int, columns: list[str] | None) -> pa.Table:
