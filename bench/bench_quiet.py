@@ -22,6 +22,7 @@ It prints each round's cores (CPU seconds over wall seconds) and the medians.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -69,29 +70,38 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
     return conf
 
 
-def measure(name: str, args, kafka: str | None) -> dict:
-    root = tempfile.mkdtemp(prefix="tierlog-quiet-")
-    service = ServiceProcess(root, conf=variant_conf(root, name, kafka))
+@contextlib.contextmanager
+def service_under_load(conf_for, rate: float, body: int = 1024, prefix: str = "tierlog-quiet-"):
+    """A service over a new root (``conf_for(root)``), its first batch committed, while a separate
+    ``tierlog produce`` appends ``rate`` messages a second of ``body`` bytes over 64 queues; both are
+    killed and the root removed on the way out."""
+    root = tempfile.mkdtemp(prefix=prefix)
+    service = ServiceProcess(root, conf=conf_for(root))
     producer = None
     try:
         service.produce(100, seed=1)
         service.start_until_first_commit()
-        producer = subprocess.Popen(service.command("produce", "--messages", str(10**8), "--rate", str(args.rate),
-                                                    "--queues", "64", "--body-size", "1024", "--seed", "2"),
+        producer = subprocess.Popen(service.command("produce", "--messages", str(10**9), "--rate", str(rate),
+                                                    "--queues", "64", "--body-size", str(body), "--seed", "2"),
                                     env=service.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(args.warmup)
-        cpu0, t0 = tree_cpu_s(service.proc.pid), time.monotonic()
-        time.sleep(args.seconds)
-        cpu1, t1 = tree_cpu_s(service.proc.pid), time.monotonic()
-        if service.proc.poll() is not None:
-            raise RuntimeError(f"the service in {root} exited (see {service.log})")
-        return {"variant": name, "cores": round((cpu1 - cpu0) / (t1 - t0), 3)}
+        yield service
     finally:
         if producer is not None:
             producer.kill()
             producer.wait()
         service.kill()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def measure(name: str, args, kafka: str | None) -> dict:
+    with service_under_load(lambda root: variant_conf(root, name, kafka), args.rate) as service:
+        time.sleep(args.warmup)
+        cpu0, t0 = tree_cpu_s(service.proc.pid), time.monotonic()
+        time.sleep(args.seconds)
+        cpu1, t1 = tree_cpu_s(service.proc.pid), time.monotonic()
+        if service.proc.poll() is not None:
+            raise RuntimeError(f"the service in {service.root} exited (see {service.log})")
+        return {"variant": name, "cores": round((cpu1 - cpu0) / (t1 - t0), 3)}
 
 
 def main() -> None:

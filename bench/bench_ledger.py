@@ -1,0 +1,219 @@
+"""The cost ledger: where the whole service's CPU goes, by part, at a fixed append rate.
+
+    ./dev bench ledger [--rates 100,10000] [--body 1024] [--seconds 60] [--warmup 30] [--kafka]
+
+For each rate: a new root; ``tierlog run`` as a process (tiering and compaction; with ``--kafka``
+the mirror and the changelog into an embedded tansu, which is not counted); a separate ``tierlog
+produce --rate`` process (not counted either); after ``--warmup`` seconds, the CPU of every thread
+of the service's process tree over ``--seconds``, read from ``/proc/<pid>/task/<tid>/stat``
+before and after, user and system time apart.  A thread is put in a part by its process (the
+Python driver, the JVM, Spark's Python workers) and its name (the JVM names its threads; RocksDB
+and librdkafka name theirs).  What is not put in a part is printed as ``unattributed``: threads
+that ended inside the window, processes that exited (their time reaches the parent's
+children's time), and the difference between a process's own total and its live threads.
+
+It prints, per rate, each part's cores, core-seconds per GB of commitlog appended in the window
+and µs per message appended (both counted in the commitlog itself), the total measured from the processes' own counters, the unattributed share, and the
+micro-batches each query ran in the window with the CPU they cost on average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections import defaultdict
+
+from bench.common import descendants, report
+from bench.bench_quiet import service_under_load, variant_conf
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+# The JVM's thread names (``/proc``'s comm: the first 15 bytes), by part.  Checked in order.
+JVM_PARTS = (
+    ("Executor task", "JVM: executor tasks (Spark's operators, the state store, Arrow to Python)"),
+    ("C1 CompilerThre", "JVM: JIT compilers"), ("C2 CompilerThre", "JVM: JIT compilers"),
+    ("GC Thread", "JVM: GC"), ("G1 ", "JVM: GC"), ("VM Thread", "JVM: GC"),
+    ("stream executio", "JVM: micro-batch planning and commits (stream threads)"),
+    ("rocksdb:", "RocksDB (Spark's state store: background and maintenance threads)"),
+    ("state-store-mai", "RocksDB (Spark's state store: background and maintenance threads)"),
+)
+SCHEDULING = ("dag-scheduler", "dispatcher-", "spark-listener", "task-result", "executor-", "driver-heart",
+              "rpc-", "shuffle-", "netty", "block-manager", "Spark Context", "map-output", "heartbeat",
+              "context-clean", "element-track", "RemoteBlock", "task-reaper", "streaming-shuff", "async-log",
+              "stdout reader", "stderr reader", "stdin writer", "process reaper", "Idle Worker", "Worker Monitor")
+
+# The driver's threads, named by connectors.threads.name_native.
+DRIVER_PARTS = (
+    ("kv-apply", "driver: KV view apply thread (resolve from the tier, changelog, KV view writes)"),
+    ("compaction", "driver: compaction's handler (collecting the changed keys)"),
+    ("tiering", "driver: tiering's handler (driver staging, the tier's commit)"),
+    ("tier-maintain", "driver: tier maintenance (seals, folds, retention, tables)"),
+    ("mirror", "driver: the mirror's handler"),
+    ("tier-meta", "driver: tier metadata I/O pool"), ("tier-read", "driver: tier metadata I/O pool"),
+)
+
+
+def _part(role: str, comm: str) -> str:
+    if comm.startswith("rdk:"):
+        return "librdkafka threads (the mirror's and changelog's producers)"
+    if role == "jvm":
+        for prefix, part in JVM_PARTS:
+            if comm.startswith(prefix):
+                return part
+        if comm.startswith(SCHEDULING):
+            return "JVM: Spark's scheduling, RPC and Python-worker plumbing"
+        return "JVM: other threads"
+    if comm.startswith("rocksdb:"):
+        return "RocksDB background threads (metadata store, KV view)"
+    if role == "driver":
+        for prefix, part in DRIVER_PARTS:
+            if comm.startswith(prefix):
+                return part
+        return "driver: other Python threads (the runner's loop, py4j, metrics)"
+    return "Spark's Python workers (stagers, tierfeed reads, mirror senders, sources)"
+
+
+def _stat(path: str) -> tuple[int, int, int, int] | None:
+    """utime, stime, cutime, cstime in ticks."""
+    try:
+        with open(path) as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]), int(fields[12]), int(fields[13]), int(fields[14])
+
+
+def _role(pid: int, root: int) -> str:
+    if pid == root:
+        return "driver"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "other"
+    return "jvm" if "java" in cmd.split(" ", 1)[0] else "python-worker"
+
+
+def snapshot(root: int) -> dict:
+    """Per process: its role and own counters; per thread: its part and (user, system) ticks."""
+    procs, threads = {}, {}
+    for pid in [root, *descendants(root)]:
+        own = _stat(f"/proc/{pid}/stat")
+        if own is None:
+            continue
+        role = _role(pid, root)
+        procs[pid] = (role, own)
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            st = _stat(f"/proc/{pid}/task/{tid}/stat")
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+                    comm = fh.read().strip()
+            except OSError:
+                continue
+            if st is not None:
+                threads[(pid, int(tid))] = (_part(role, comm), st[0], st[1])
+    return {"procs": procs, "threads": threads}
+
+
+def appended(directory: str, start: int | None = None) -> tuple[int, int]:
+    """The commitlog's end now, and how many records lie between ``start`` and it."""
+    from connectors.commitlog.reader import CommitLogReader
+
+    with CommitLogReader(directory) as reader:
+        end = reader.end_offset()
+        records = 0 if start is None else sum(len(span.starts) for span in reader.spans(start, end))
+    return end, records
+
+
+def ledger(before: dict, after: dict, seconds: float, messages: int, nbytes: int) -> dict:
+    """The parts' CPU between two snapshots, and what is left unattributed."""
+    total = 0
+    for pid, (_role_, (u, s, cu, cs)) in after["procs"].items():
+        u0, s0, cu0, cs0 = before["procs"].get(pid, (None, (0, 0, 0, 0)))[1]
+        total += (u + s + cu + cs) - (u0 + s0 + cu0 + cs0)
+    parts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for key, (part, u, s) in after["threads"].items():
+        _p, u0, s0 = before["threads"].get(key, (part, 0, 0))
+        parts[part][0] += u - u0
+        parts[part][1] += s - s0
+    attributed = sum(u + s for u, s in parts.values())
+    gb = nbytes / 1e9
+    rows = []
+    for part, (u, s) in sorted(parts.items(), key=lambda kv: -sum(kv[1])):
+        cpu_s = (u + s) / TICK
+        rows.append({"part": part, "cores": round(cpu_s / seconds, 3), "system_share": round(s / max(1, u + s), 2),
+                     "core_s_per_gb": round(cpu_s / gb, 1) if gb else None,
+                     "us_per_message": round(cpu_s / messages * 1e6, 1) if messages else None})
+    unattributed = (total - attributed) / TICK
+    return {"total_cores": round(total / TICK / seconds, 3), "parts": rows,
+            "unattributed": {"cores": round(unattributed / seconds, 3),
+                             "share": round(unattributed / max(1e-9, total / TICK), 3)},
+            "system_share": round(sum(s for _, s in parts.values()) / max(1, attributed), 3)}
+
+
+def _batches(log_path: str, since: float, until: float) -> dict[str, int]:
+    """Micro-batches each query logged between two wall-clock times."""
+    import json
+
+    counts: dict[str, int] = defaultdict(int)
+    for line in open(log_path):
+        if "tierlog.service: batch {" not in line:
+            continue
+        at = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + int(line[20:23]) / 1000
+        if since <= at <= until:
+            counts[json.loads(line.split("batch ", 1)[1])["query"]] += 1
+    return dict(counts)
+
+
+def measure(rate: float, args, kafka: str | None) -> dict:
+    conf_for = lambda root: variant_conf(root, "the default", kafka)  # noqa: E731
+    with service_under_load(conf_for, rate, args.body, prefix="tierlog-ledger-") as service:
+        time.sleep(args.warmup)
+        log_start, _ = appended(service.conf.commitlog.dir)
+        start_wall, before, t0 = time.time(), snapshot(service.proc.pid), time.monotonic()
+        time.sleep(args.seconds)
+        after, t1, end_wall = snapshot(service.proc.pid), time.monotonic(), time.time()
+        log_end, messages = appended(service.conf.commitlog.dir, log_start)
+        if service.proc.poll() is not None:
+            raise RuntimeError(f"the service in {service.root} exited (see {service.log})")
+        seconds = t1 - t0
+        out = {"rate_msgs_s": rate, "body_bytes": args.body, "window_s": round(seconds, 1),
+               "appended": {"messages": messages, "mb": round((log_end - log_start) / 1e6, 1)},
+               **ledger(before, after, seconds, messages, log_end - log_start)}
+        batches = _batches(service.log, start_wall, end_wall)
+        total_batches = sum(batches.values())
+        out["micro_batches"] = batches
+        out["cpu_ms_per_micro_batch"] = (round(out["total_cores"] * seconds / total_batches * 1000)
+                                         if total_batches else None)
+        return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rates", default="100,10000", help="messages per second, comma-separated")
+    parser.add_argument("--body", type=int, default=1024, help="body bytes (default 1024)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured window (default 60)")
+    parser.add_argument("--warmup", type=float, default=30.0, help="seconds before the window (default 30)")
+    parser.add_argument("--kafka", action="store_true", help="the mirror and changelog into an embedded tansu")
+    args = parser.parse_args()
+    broker = None
+    if args.kafka:
+        from connectors.kafka.embedded import EmbeddedBroker
+
+        broker = EmbeddedBroker(log_path=os.path.join(tempfile.gettempdir(), "tierlog-ledger-tansu.log")).start()
+    try:
+        runs = [measure(float(r), args, broker.bootstrap if broker else None) for r in args.rates.split(",")]
+    finally:
+        if broker is not None:
+            broker.stop()
+    report({"benchmark": "ledger", "kafka": args.kafka, "runs": runs, "target_unattributed_share": 0.10})
+
+
+if __name__ == "__main__":
+    main()
