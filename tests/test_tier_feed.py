@@ -237,7 +237,12 @@ def test_on_s3_the_stagers_local_copies_spare_every_get_and_never_change_what_is
     # The byte bound keeps the newest copies; what it evicted is read from S3, the same rows.
     sizes = [size for b in listed for _, size, _ in b.objects]
     bounded = LocalCopies(counting, CopySettings(copies.directory, sum(sizes[-2:])))
-    bounded.put("_staging/unrelated-probe", b"")  # any put trims to the bound
+    left = os.path.join(bounded.directory, "00000000000000000000.parquet.tmp-left-by-a-crash")
+    with open(left, "wb") as f:
+        f.write(b"half")
+    os.utime(left, (1, 1))
+    bounded.put("_staging/unrelated-probe", b"")  # any put trims to the bound, and drops what a crash left
+    assert not os.path.exists(left)
     rows = [normalize_arrow_row(r) for b in read_batches(bounded, listed, start, end) for r in b.to_pylist()]
     assert rows == expected and counting.gets == len(listed) - 2
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Iterator
@@ -27,6 +28,7 @@ from connectors.tier.backend import Backend, ObjectInfo
 from connectors.tier.layout import STAGING_PREFIX
 
 log = logging.getLogger("tierlog.tier")
+STALE_TMP_S = 600.0  # a copy being written is seconds old; one this old was left by a crash
 
 
 @dataclass(frozen=True)
@@ -76,12 +78,15 @@ class LocalCopies(Backend):
         self._trim()
 
     def _trim(self) -> None:
-        """Oldest copies out until the rest fit in ``max_bytes``."""
+        """Oldest copies out until the rest fit in ``max_bytes``; a copy a crash left half-written goes too."""
         try:
-            entries = [e for e in os.scandir(self.directory) if ".tmp-" not in e.name]
-            held = [(e.stat().st_mtime_ns, e.stat().st_size, e.path) for e in entries]
+            entries = list(os.scandir(self.directory))
+            held = [(e.stat().st_mtime_ns, e.stat().st_size, e.path) for e in entries if ".tmp-" not in e.name]
+            stale = [e.path for e in entries if ".tmp-" in e.name and time.time() - e.stat().st_mtime > STALE_TMP_S]
         except OSError:
             return  # another process trimmed at the same time
+        for path in stale:
+            _remove(path)
         total = sum(size for _, size, _ in held)
         for _, size, path in sorted(held):
             if total <= self.max_bytes:
