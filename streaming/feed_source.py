@@ -38,6 +38,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, SupportsTriggerAvailableNow
@@ -62,11 +63,23 @@ class _Listing:
         self.scratch = self.db = None
         self._open()
 
-    def _open(self) -> None:
+    def _open(self, attempts: int = 10) -> None:
+        """A new secondary.  Opened while the primary is writing its MANIFEST, RocksDB can refuse it
+        for a moment (CI met "leveldb.BytewiseComparator: does not match existing comparator
+        rocksdict" in a compaction query's latestOffset); a moment later it opens."""
         from state.rocks import open_rdict
 
-        self.scratch = tempfile.mkdtemp(prefix="tierlog-feed-")
-        self.db = open_rdict(self.path, secondary=self.scratch)
+        for attempt in range(attempts):
+            self.scratch = tempfile.mkdtemp(prefix="tierlog-feed-")
+            try:
+                self.db = open_rdict(self.path, secondary=self.scratch)
+                return
+            except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exception with RocksDB's message
+                shutil.rmtree(self.scratch, ignore_errors=True)
+                if attempt == attempts - 1:
+                    raise
+                log.info("the feed's RocksDB secondary of %s did not open (%s): trying again", self.path, exc)
+                time.sleep(0.2 * (attempt + 1))
 
     def _catch_up(self) -> None:
         """Up to the primary.  A secondary that meets a file the primary has just replaced (its
@@ -95,7 +108,9 @@ class _Listing:
         return listed_batches(self.db, start, end, self.path)
 
     def close(self) -> None:
-        self.db.close()
+        if self.db is not None:
+            self.db.close()
+            self.db = None
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
