@@ -27,6 +27,7 @@ from collections import defaultdict
 
 from bench.common import descendants, report
 from bench.bench_quiet import service_under_load, variant_conf
+from bench.bench_tiering import batch_lines
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -159,15 +160,10 @@ def ledger(before: dict, after: dict, seconds: float, messages: int, nbytes: int
 
 def _batches(log_path: str, since: float, until: float) -> dict[str, int]:
     """Micro-batches each query logged between two wall-clock times."""
-    import json
-
     counts: dict[str, int] = defaultdict(int)
-    for line in open(log_path):
-        if "tierlog.service: batch {" not in line:
-            continue
-        at = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + int(line[20:23]) / 1000
-        if since <= at <= until:
-            counts[json.loads(line.split("batch ", 1)[1])["query"]] += 1
+    for at_ms, batch in batch_lines(log_path):
+        if since <= at_ms / 1000 <= until:
+            counts[batch["query"]] += 1
     return dict(counts)
 
 

@@ -351,16 +351,21 @@ def _wait_for_consumers(service: ServiceProcess, queries: list[str], timeout_s: 
         time.sleep(0.5)
 
 
-def _batch_lines(log_path: str, query: str) -> list[tuple[int, int]]:
-    """(source_end, wall-clock ms of the line) of each batch line ``query`` logged, in order."""
+def batch_lines(log_path: str) -> list[tuple[int, dict]]:
+    """(wall-clock ms of the line, the batch's report) of each batch line the service logged, in order."""
     out = []
     for line in open(log_path):
-        if "tierlog.service: batch {" not in line or f'"query": "{query}"' not in line:
+        if "tierlog.service: batch {" not in line:
             continue
         stamp = line[:23]  # logging's asctime, local time: "2026-11-27 23:45:48,123"
         at_ms = int(time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) * 1000) + int(stamp[20:23])
-        out.append((json.loads(line.split("batch ", 1)[1])["source_end"], at_ms))
+        out.append((at_ms, json.loads(line.split("batch ", 1)[1])))
     return out
+
+
+def _batch_lines(log_path: str, query: str) -> list[tuple[int, int]]:
+    """(source_end, wall-clock ms of the line) of each batch line ``query`` logged, in order."""
+    return [(batch["source_end"], at_ms) for at_ms, batch in batch_lines(log_path) if batch["query"] == query]
 
 
 def _applied_times(log_path: str, query: str, messages: list[tuple[int, int]]) -> dict:
