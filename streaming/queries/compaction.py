@@ -77,8 +77,12 @@ class CompactionQuery(Query):
 
     def start(self, committed_end: int | None) -> None:
         # A new checkpoint (Spark's state lost or never made) reads all the tier holds, so Spark's
-        # state knows every key again; otherwise the tier's batches from what the view applied.
-        since = None if committed_end is None else self.ctx.kv.applied_through()
+        # state knows every key again; otherwise the tier's batches from what the view applied, or
+        # from where Spark's last committed batch ends if that is lower: a stop between the view's
+        # apply and Spark's commit runs that batch again, and after a `tier rebuild-metadata` the
+        # listing holds only what this opens.
+        applied = self.ctx.kv.applied_through()
+        since = None if committed_end is None else applied if applied is None else min(applied, committed_end)
         self.start_at = self.feed.first = self.handler.start_at = open_feed(
             self.ctx.metadata, self.name, since, "the KV view takes")
         self.handler.catch_up(committed_end)
