@@ -119,7 +119,7 @@ def main() -> None:
                 dep.append(all_queues(dep.queues))
             dep.run(spark, lines)
         build_s = time.monotonic() - started
-        sealed = {name: sum(q.segments for q in TierReader(dep.conf.tier.location).view().queue_states().values())
+        sealed = {name: sum(q.segments for q in TierReader(dep.conf.tier.location).committed().queue_states().values())
                   for name, dep in (("big", big), ("small", small))}
         samples = {name: {"commit_maintain_s": [], "batch_s": [], "get_s": []} for name in ("big", "small")}
         probe = ("topic-0", 0)

@@ -93,7 +93,7 @@ def best_of(fn, repeat: int = 2) -> tuple[float, object]:
 
 
 def sequential(reader: TierReader) -> dict:
-    state = reader.view()
+    state = reader.committed()
     root = reader.backend.root
     files = [os.path.join(root, o.name) for o in [*state.segments.values(), *state.staging.values()]]
     committed = sum(q.commit - q.low for q in state.queues.values())
@@ -137,7 +137,7 @@ def rate(rows: int, seconds: float) -> dict:
 
 
 def offset_for_time(reader: TierReader, calls: int, rng: random.Random) -> dict:
-    state = reader.view()
+    state = reader.committed()
     queues = sorted(state.queues)
     truth: dict = {}
 
@@ -167,7 +167,7 @@ def offset_for_time(reader: TierReader, calls: int, rng: random.Random) -> dict:
 
 
 def by_key(reader: TierReader, calls: int, keys: int, rng: random.Random) -> dict:
-    state = reader.view()
+    state = reader.committed()
     topics = sorted({t for t, _ in state.queues})
     checked, seconds, rows = 0, [], 0
     whole: dict = {}
@@ -192,7 +192,7 @@ def by_key(reader: TierReader, calls: int, keys: int, rng: random.Random) -> dic
 
 
 def cache_consumers(reader: TierReader, lag_shares: list[float], pull: int, max_bytes: int) -> dict:
-    state = reader.view()
+    state = reader.committed()
     key = max(state.queues, key=lambda k: state.queues[k].commit - state.queues[k].low)
     q = state.queues[key]
     lags = [int(share * (q.commit - q.low)) for share in lag_shares]

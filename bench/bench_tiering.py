@@ -201,7 +201,7 @@ class ServiceProcess:
             self.proc = subprocess.Popen(self.command("run"), env=self.env, stdout=subprocess.DEVNULL, stderr=log)
 
     def seq(self) -> int:
-        return TierReader(self.conf.tier.location).view().seq
+        return TierReader(self.conf.tier.location).committed().seq
 
     def start_until_first_commit(self, timeout_s: float = 600) -> float:
         """Start the service; seconds until the tier has a commit record it did not have before."""
@@ -324,7 +324,7 @@ def _build_big_tier(root: str, conf: cfg.Config, segments: int, queues: int) -> 
         conf, tier=dataclasses.replace(conf.tier, segment_messages=1, delete_grace_s=0.0),
         source=dataclasses.replace(conf.source, max_records_per_trigger=queues)))  # a queue's message a batch
     builder.cli("run", "--until-caught-up")
-    sealed = sum(q.segments for q in TierReader(conf.tier.location).view().queue_states().values())
+    sealed = sum(q.segments for q in TierReader(conf.tier.location).committed().queue_states().values())
     return {"sealed_segments": sealed, "queues": queues + 64, "build_s": round(time.monotonic() - started, 1)}
 
 
@@ -334,7 +334,7 @@ def _wait_for_tier(service: ServiceProcess, conf: cfg.Config, timeout_s: float) 
         log_end = reader.end_offset()
     tier = TierReader(conf.tier.location)
     deadline = time.monotonic() + timeout_s
-    while (tier.view().source_end or 0) < log_end and time.monotonic() < deadline:
+    while (tier.committed().source_end or 0) < log_end and time.monotonic() < deadline:
         if service.proc.poll() is not None:
             raise RuntimeError(f"the service stopped (exit {service.proc.poll()}); see {service.log}")
         time.sleep(0.2)
@@ -342,7 +342,7 @@ def _wait_for_tier(service: ServiceProcess, conf: cfg.Config, timeout_s: float) 
 
 def _wait_for_consumers(service: ServiceProcess, queries: list[str], timeout_s: float) -> None:
     """Until each of ``queries`` has logged a batch ending at the tier's end, or ``timeout_s`` passed."""
-    tier_end = TierReader(service.conf.tier.location).view().source_end or 0
+    tier_end = TierReader(service.conf.tier.location).committed().source_end or 0
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         ends = {name: max((end for end, _ in _batch_lines(service.log, name)), default=-1) for name in queries}

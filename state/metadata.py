@@ -28,7 +28,7 @@ from rocksdict import WriteBatch
 from connectors.errors import TierlogError
 from connectors.tier.manifest import Segment, record_keys
 from state import rocks
-from state.feed import TierFeed
+from state.tier_feed import TierFeed
 from state.journal import SinkJournal
 
 SEP = "\x00"
@@ -141,7 +141,7 @@ class MetadataStore:
 
     def held_from(self) -> int | None:
         """Retired staging objects at or above this physical offset are still to be read by a consumer
-        of the tier (``state.feed``); None: nothing is held."""
+        of the tier (``state.tier_feed``); None: nothing is held."""
         return self.feed.held_from()
 
     def pending_deletes(self) -> dict[str, float]:
@@ -233,20 +233,20 @@ class MetadataStore:
     def forget_deletes(self, names: list[str]) -> None:
         self.write_json({}, ["del" + SEP + n for n in names])
 
-    def rebuild(self, view) -> None:
-        """Replace everything tier-derived with what ``view`` (a ``TierView`` of the tier) says,
+    def rebuild(self, committed) -> None:
+        """Replace everything tier-derived with what ``committed`` (a ``CommittedTier`` of the tier) says,
         quarantined commitlog ranges included.  Reads the whole tier: an offline repair.  The feed's
         listing is dropped (the tier's log no longer says which batches a consumer lacks): a
-        consumer behind it is told so when it reads (``state.feed.FeedGapError``)."""
+        consumer behind it is told so when it reads (``state.tier_feed.FeedGapError``)."""
         stale = [k for k in self.db.keys()
                  if k.startswith(("q" + SEP, "seg" + SEP, "meta" + SEP, "quarantine" + SEP, f"filtered{SEP}tier{SEP}",
                                   "feed" + SEP))]
         self.write_json({}, stale)
-        for key in view.queue_keys():
-            self.write_json({_qkey(*key): self._queue_value(*key, view.state_of(key)),
-                         **{_segkey(*key, s.base): s.to_json() for s in view.segments_for(key)}})
-        self.write_json({"meta" + SEP + "last_seq": view.seq, "meta" + SEP + "source_end": view.source_end,
-                     **({"sink" + SEP + "tier": view.source_end} if view.source_end is not None else {})})
-        self.write_json(self._quarantine_puts(view.quarantined.values()))
+        for key in committed.queue_keys():
+            self.write_json({_qkey(*key): self._queue_value(*key, committed.state_of(key)),
+                         **{_segkey(*key, s.base): s.to_json() for s in committed.segments_for(key)}})
+        self.write_json({"meta" + SEP + "last_seq": committed.seq, "meta" + SEP + "source_end": committed.source_end,
+                     **({"sink" + SEP + "tier": committed.source_end} if committed.source_end is not None else {})})
+        self.write_json(self._quarantine_puts(committed.quarantined.values()))
         # The other sinks' counts are the journal's, not the tier's: they stay.
-        self.write_json({f"filtered{SEP}tier{SEP}{cls}": n for cls, n in view.filtered.get("tier", {}).items()})
+        self.write_json({f"filtered{SEP}tier{SEP}{cls}": n for cls, n in committed.filtered.get("tier", {}).items()})

@@ -109,7 +109,7 @@ def _from_snapshots(kv: KVView, tier_location: str, broker: str, report: Rebuild
 def _from_tier(kv: KVView, tier_location: str, broker: str, cursor: int, report: RebuildReport, progress,
                topics: TopicFilter | None = None) -> int:
     reader = TierReader(tier_location, broker=broker)  # the view holds this broker's keys; physical offsets are its own
-    state = reader.view()
+    state = reader.committed()
     if state.source_end is None or state.source_end <= cursor:
         return cursor
     queues = reader.queues(state)

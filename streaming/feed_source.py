@@ -2,7 +2,7 @@
 committed batches (compaction, the mirror) instead of the commitlog.
 
 Its offsets are the commitlog source's own shape, ``{"phy_offset": N}``, and every one is the end
-of a batch the tier committed, so a consumer's batch is whole tier batches: ``state.feed`` lists
+of a batch the tier committed, so a consumer's batch is whole tier batches: ``state.tier_feed`` lists
 them.  With ``columns`` the source yields those columns of the batches' messages, read back from
 their staging objects (``connectors.tier.feed``: decoded and CRC-checked once, by the stager), one
 partition per staging object; without, it yields no rows and the query's handler reads the
@@ -48,7 +48,7 @@ from connectors.commitlog.topics import TopicFilter
 from connectors.tier.copies import CopySettings
 from connectors.tier.feed import FeedBatch
 from streaming.hold import BatchHold
-from state.feed import PREFIX, batch_key, listed_batches
+from state.tier_feed import PREFIX, batch_key, listed_batches
 
 FEED_DDL = "phy_offset bigint"
 log = logging.getLogger("tierlog.feed")
@@ -103,7 +103,7 @@ class _Listing:
         return out
 
     def batches(self, start: int, end: int) -> list[FeedBatch]:
-        """The listed batches that hold anything of ``[start, end)``, as ``state.feed.TierFeed.batches``."""
+        """The listed batches that hold anything of ``[start, end)``, as ``state.tier_feed.TierFeed.batches``."""
         self._catch_up()
         return listed_batches(self.db, start, end, self.path)
 
@@ -199,7 +199,7 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                               self.copies)
 
     def commit(self, end: dict) -> None:
-        pass  # the handler releases what the mirror applied (state.feed.TierFeed.release)
+        pass  # the handler releases what the mirror applied (state.tier_feed.TierFeed.release)
 
     def stop(self) -> None:
         if self._listing is not None:

@@ -6,7 +6,7 @@
 The mirror never reads the commitlog: the tiering query decoded and CRC-checked each message
 once, and the mirror reads it back from the staging objects the tier committed
 (``connectors.tier.feed``), which the tier keeps until the mirror has sent them
-(``state.feed``).  So the mirror does not hold the commitlog's safepoint: a Kafka outage holds
+(``state.tier_feed``).  So the mirror does not hold the commitlog's safepoint: a Kafka outage holds
 staging objects in the tier instead of the broker's disk.
 
 Spark gives the query its micro-batches and checkpoint, and the executors do the sending.  Per batch:

@@ -37,7 +37,7 @@ def commitlog_sinks(conf: cfg.Config) -> list[str]:
 
 def tier_consumers(conf: cfg.Config) -> list[str]:
     """The queries of the run that consume the tier's committed batches (compaction, the mirror),
-    for which the tier lists and keeps them (``state.feed``)."""
+    for which the tier lists and keeps them (``state.tier_feed``)."""
     return [q.name for q in queries(conf) if not q.reads_commitlog]
 
 

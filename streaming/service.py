@@ -154,7 +154,7 @@ class Service:
             return None  # the broker changed too: check_or_record refuses, naming broker.name
         backend = open_backend(conf.tier.location)
         try:
-            last = TierLog(backend, conf.broker.name).view().last_record
+            last = TierLog(backend, conf.broker.name).committed().last_record
         finally:
             backend.close()
         check_commitlog(self.settings.reader, last, committed, moved_from)

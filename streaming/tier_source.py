@@ -114,7 +114,7 @@ class TierBatchReader(DataSourceReader):
         staged: dict[str, TierPartition] = {}
         for broker in reader.brokers():
             if b.brokers is None or broker in b.brokers:
-                self._plan(reader.view(broker), parts, staged)
+                self._plan(reader.committed(broker), parts, staged)
         reader.backend.close()
         return parts + list(staged.values()) or [TierPartition("", 0, [])]
 

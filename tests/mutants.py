@@ -107,7 +107,7 @@ MUTANTS = (
     Mutant(
         "feed_released_for_one_consumer",
         "the tier unlists a batch once one consumer is past it, though the other (compaction or the mirror) is not",
-        "state/feed.py",
+        "state/tier_feed.py",
         """        up_to = min(positions, default=None)""",
         """        up_to = max(positions, default=None)""",
         ("tests/test_tier_feed.py",),

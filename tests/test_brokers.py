@@ -70,7 +70,7 @@ def test_three_brokers_write_one_tier_and_readers_see_each_and_all(spark, tmp_pa
         assert rows(TierReader(tier_location, broker=b).read_all()) == ledger[b]
 
     # Segments keep the topic first, then the broker; every broker sealed some.
-    state = TierReader(tier_location, broker="broker-b").view()
+    state = TierReader(tier_location, broker="broker-b").committed()
     assert state.segments and all(n.startswith(f"topic={s.topic}/broker=broker-b/queue={s.queue_id}/")
                                   for n, s in state.segments.items())
 
@@ -345,8 +345,8 @@ def test_failover_to_a_replica_goes_on_exactly_once_and_a_wrong_one_is_refused(s
     ledger: dict = {}
     append(master, ledger, 400, 0, seed=7)
     run(spark, master)
-    seq = TierReader(master.tier.location).view().seq
-    last = TierReader(master.tier.location).view().last_record
+    seq = TierReader(master.tier.location).committed().seq
+    last = TierReader(master.tier.location).committed().last_record
     assert last["phy"] == ledger["broker-a"][-1]["phy_offset"]
 
     def at(conf: cfg.Config, directory: str) -> cfg.Config:
@@ -363,7 +363,7 @@ def test_failover_to_a_replica_goes_on_exactly_once_and_a_wrong_one_is_refused(s
     append(at(master, lost), {}, 120, 350, seed=99)
     with pytest.raises(ReplicaMismatchError, match=f"other bytes at physical offset {last['phy']}"):
         run(spark, at(master, lost))
-    assert TierReader(master.tier.location).view().seq == seq  # nothing was written
+    assert TierReader(master.tier.location).committed().seq == seq  # nothing was written
 
     # A true replica takes over: the same bytes, then messages the new master takes.
     replica = at(master, str(tmp_path / "replica"))

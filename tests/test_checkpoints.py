@@ -22,14 +22,14 @@ def replace(conf: cfg.Config, section: str, **values) -> cfg.Config:
 
 
 def refused(spark, conf: cfg.Config, *needles: str) -> str:
-    before = TierReader(conf.tier.location).view().seq if os.path.isdir(conf.tier.location) else None
+    before = TierReader(conf.tier.location).committed().seq if os.path.isdir(conf.tier.location) else None
     with pytest.raises(ConfigError) as info:
         Service(conf).run(until_caught_up=True, spark=spark)
     text = str(info.value)
     assert all(n in text for n in needles), text
     assert "\n" not in text and "checkpoint.dir" in text  # one line, saying what to do
     if before is not None:
-        assert TierReader(conf.tier.location).view().seq == before  # nothing was written
+        assert TierReader(conf.tier.location).committed().seq == before  # nothing was written
     return text
 
 

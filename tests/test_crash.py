@@ -41,7 +41,7 @@ def run_service(config: Path, fault: str | None, fault_dir: Path) -> subprocess.
 
 
 def committed_offsets(conf) -> dict:
-    return {k: q.commit for k, q in TierReader(conf.tier.location).view().queue_states().items()}
+    return {k: q.commit for k, q in TierReader(conf.tier.location).committed().queue_states().items()}
 
 
 @pytest.mark.heavy
@@ -72,7 +72,7 @@ def test_sigkill_at_every_point_then_restart_loses_and_duplicates_nothing(tmp_pa
     assert fired == declared, f"crash points that never fired: {sorted(declared - fired)}"
     assert_tier_equals_commitlog(conf)
 
-    state = TierReader(conf.tier.location).view()
+    state = TierReader(conf.tier.location).committed()
     store = MetadataStore(metadata_path(conf), read_only=True)
     try:
         for q in store.queues():

@@ -97,7 +97,7 @@ def test_the_demos_table_queries_return_the_ledgers_counts(demo_root):
                for r in outputs]
     messages, latest = (numbers[0], numbers[1]) if "messages" in outputs[0].stdout else (numbers[1], numbers[0])
     written = written_messages(str(demo_dir / "commitlog"))
-    states = TierReader(str(demo_dir / "tier")).view().queue_states()
+    states = TierReader(str(demo_dir / "tier")).committed().queue_states()
     want = {}
     for m in written:
         row = message_row(m)

@@ -17,7 +17,7 @@ def test_the_journal_survives_reopening_and_a_rebuild_of_the_tier_index(tmp_path
     journal.record_skip("mirror", 120, "too large")
     journal.record_health("kv", None)  # healthy: nothing recorded
     backend = open_backend(str(tmp_path / "tier"))
-    store.rebuild(TierLog(backend).view())  # the index is replaced; the journal is not the tier's
+    store.rebuild(TierLog(backend).committed())  # the index is replaced; the journal is not the tier's
     backend.close()
     store.close()
     reopened = MetadataStore(path, read_only=True)
@@ -64,9 +64,9 @@ def test_the_tiers_commit_records_hold_only_its_own_filter_counts_and_the_journa
                 "mirror": {"business": per_topic["topic-0"] + per_topic["topic-1"]}}
     assert store.filtered() == expected and all(expected.values())
     backend = open_backend(location)
-    view = TierLog(backend).view()
-    assert view.filtered == {"tier": expected["tier"]}  # all the tier's log holds
-    store.rebuild(view)
+    committed = TierLog(backend).committed()
+    assert committed.filtered == {"tier": expected["tier"]}  # all the tier's log holds
+    store.rebuild(committed)
     assert store.filtered() == expected
     backend.close()
     store.close()

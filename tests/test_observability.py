@@ -104,7 +104,7 @@ def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafk
     # Every tiering batch, upload, object and seal was counted.
     assert value(s, "tierlog_batch_duration_seconds_count", query="tiering") >= 2
     assert value(s, "tierlog_batch_duration_seconds_sum", query="tiering") > 0
-    state = TierReader(conf.tier.location).view()
+    state = TierReader(conf.tier.location).committed()
     assert value(s, "tierlog_seals_total") == len(state.segments) > 0
     for kind in ("segment", "key_index"):
         assert value(s, "tierlog_objects_written_total", kind=kind) == len(state.segments)

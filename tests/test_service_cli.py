@@ -39,7 +39,7 @@ def test_run_status_rebuild_and_gc(tmp_path):
         assert note not in r.stderr, note
     assert_tier_equals_commitlog(conf)
 
-    state = TierReader(conf.tier.location).view()
+    state = TierReader(conf.tier.location).committed()
     r = tierlog("status", "--config", str(config), "--format", "json")
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines()]
@@ -83,7 +83,7 @@ def test_run_status_rebuild_and_gc(tmp_path):
     r = tierlog("run", "--until-caught-up", "--config", str(config), env={"TIERLOG_TABLES_ENABLED": "false"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert TierReader(conf.tier.location).read_all().num_rows == 3000
-    assert TierReader(conf.tier.location).view().segments.keys() - state.segments.keys(), "the run sealed nothing"
+    assert TierReader(conf.tier.location).committed().segments.keys() - state.segments.keys(), "the run sealed nothing"
     assert touched() == before_tables
     assert view_contents(conf) == latest_per_key(conf.commitlog.dir)  # the batch run again included
 
@@ -96,7 +96,7 @@ def test_sigterm_finishes_the_batch_and_exits_zero(tmp_path):
                             stderr=subprocess.PIPE, text=True)
     try:
         def tiered_to() -> int:
-            state = TierReader(conf.tier.location).view() if os.path.exists(conf.tier.location) else None
+            state = TierReader(conf.tier.location).committed() if os.path.exists(conf.tier.location) else None
             return (state.source_end or 0) if state else 0
 
         deadline = time.time() + 120
@@ -198,7 +198,7 @@ def test_a_query_that_cannot_start_within_its_budget_ends_the_run_saying_why(tmp
     assert r.returncode != 0
     assert "query could not start for 0 s: in 1 starts, Spark's Python worker never connected back" in r.stderr
     assert "spark.late_start_s (now 0)" in r.stderr.splitlines()[-1], r.stderr[-2000:]
-    assert TierReader(conf.tier.location).view().seq == -1  # nothing was committed
+    assert TierReader(conf.tier.location).committed().seq == -1  # nothing was committed
 
 
 def test_second_service_on_the_same_state_is_refused(tmp_path):

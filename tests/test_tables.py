@@ -128,7 +128,7 @@ def drive(root, seed: int, crash_at: int | None = None, messages: int = 240):
 def expected_rows(run) -> dict[tuple[str, int], list[tuple]]:
     """The ledger's messages at each queue's sealed and retained offsets (from the tier, itself
     checked against the ledger by ``assert_tier_equals_ledger``)."""
-    states = TierReader(run.location).view().queue_states()
+    states = TierReader(run.location).committed().queue_states()
     out: dict[tuple[str, int], list[tuple]] = {}
     for m in run.written:
         row = message_row(m)
@@ -434,7 +434,7 @@ def test_two_brokers_commit_into_one_table_at_once(tmp_path):
             table = tables.catalog.load_table(tables._identifier(topic))
             rows = table.scan(selected_fields=("broker", "queue_id", "queue_offset")).to_arrow().to_pylist()
             for run in runs:
-                states = TierReader(run.location, broker=run.settings.broker).view().queue_states()
+                states = TierReader(run.location, broker=run.settings.broker).committed().queue_states()
                 low_sealed = {k[1]: (s.low, s.sealed) for k, s in states.items() if k[0] == topic}
                 mine = sorted((r["queue_id"], r["queue_offset"]) for r in rows if r["broker"] == run.settings.broker)
                 assert mine == sorted((q, o) for q, (lo, hi) in low_sealed.items() for o in range(lo, hi))
@@ -534,7 +534,7 @@ def sealed_ledger_rows(conf) -> dict:
     """(topic, queue) -> the ledger's rows below the queue's sealed offset in the tier, in order."""
     from tests.oracle import written_rows
 
-    states = TierReader(conf.tier.location).view().queue_states()
+    states = TierReader(conf.tier.location).committed().queue_states()
     want: dict = {}
     for row in written_rows(conf.commitlog.dir):
         key = (row["topic"], row["queue_id"])
@@ -582,7 +582,7 @@ def test_readme_table_examples_run_against_a_real_tier(spark, tmp_path):
                    tables=cfg.TablesConfig(enabled=True))
     produce(conf, 1200)
     assert Service(conf).run(until_caught_up=True, spark=spark) == 0
-    sealed = TierReader(conf.tier.location).view().queue_states()
+    sealed = TierReader(conf.tier.location).committed().queue_states()
     rows = [r for r in written_rows(conf.commitlog.dir)
             if r["topic"] == "topic-0" and entered_a_queue(r) and r["queue_offset"] < sealed[("topic-0", r["queue_id"])].sealed]
 

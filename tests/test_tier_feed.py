@@ -17,7 +17,7 @@ import pytest
 from connectors.tier.feed import read_batches
 from connectors.errors import TierlogError
 from connectors.tier.backend import open_backend
-from state.feed import FeedGapError
+from state.tier_feed import FeedGapError
 from tests.oracle import entered_a_queue, message_row, normalize_arrow_row
 from tests.test_tier_writer import assert_tier_equals_ledger, drive
 

@@ -2,7 +2,7 @@
 
 The oracle is the test's own ledger: a plain dict of what it committed per queue (offsets,
 segments, staging parts), kept by the test and never by the code under test.  Every check
-reads the tier afresh through ``TierLog.view`` or ``TierLog.open_head``.
+reads the tier afresh through ``TierLog.committed`` or ``TierLog.open_head``.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class Ledger:
 
 
 def check_view(tier_log: TierLog, ledger: Ledger, keys) -> None:
-    view = tier_log.view()
+    view = tier_log.committed()
     for key in keys:
         want = ledger.queues[key]
         state = view.state_of(key)
@@ -124,7 +124,7 @@ def test_views_and_restarts_agree_with_the_ledger(tmp_path, seed):
     live = lambda h: {k: [o.name for o in objs] for k, objs in h.unsealed().items()}  # noqa: E731
     assert live(again) == live(head)
     # Many segments per queue: some moved to pages, and pages are only read when asked for.
-    assert any(tier_log.view().queue(k).pages for k in ledger.queues)
+    assert any(tier_log.committed().queue(k).pages for k in ledger.queues)
 
 
 def test_a_checkpoint_writes_only_the_queues_that_changed(tmp_path):
@@ -228,7 +228,7 @@ def test_a_first_layout_tier_is_upgraded_in_place(tmp_path):
             record["retire"] = []
         backend.put(layout.Names(None).log(seq), json.dumps({**record, "seq": seq}).encode())
     old = put_data_objects(backend, ledger)
-    for refused in (lambda: TierLog(backend).view(), lambda: TierLog(backend).open_head()):
+    for refused in (lambda: TierLog(backend).committed(), lambda: TierLog(backend).open_head()):
         with pytest.raises(TierLayoutError, match="tierlog tier upgrade"):
             refused()
     report = upgrade_to_broker(backend, DEFAULT_BROKER, progress=lambda line: None)
@@ -288,7 +288,7 @@ def test_retention_by_bytes_and_messages_drops_each_queues_oldest_segments(tmp_p
     tier_log, head, ledger = run_workload(tmp_path, 5, steps=300, fold_every=9)
     store = MetadataStore(str(tmp_path / "metadata"))
     try:
-        store.rebuild(tier_log.view())
+        store.rebuild(tier_log.committed())
         settings = WriterSettings(location=str(tmp_path / "tier"),
                                   retention=Retention(bytes={"t1": 120}, messages={"*": 25}, check_s=0))
         sink = TierWriter(settings, store)

@@ -64,7 +64,7 @@ def oracle_queues(conf) -> dict:
 def test_get_returns_committed_messages_in_order_and_clear_statuses(tier, backend):
     conf = tier[backend]
     reader = TierReader(conf.tier.location)
-    state = reader.view()
+    state = reader.committed()
     assert state.segments and state.staging  # both kinds of object are read
     for (topic, queue), rows in oracle_queues(conf).items():
         for offset, limit in ((0, 7), (115, 30), (len(rows) - 3, 32), (len(rows) // 2, 1000)):
@@ -84,7 +84,7 @@ def test_get_returns_committed_messages_in_order_and_clear_statuses(tier, backen
 def test_offset_for_time_matches_a_brute_force_search(tier, backend):
     conf = tier[backend]
     reader = TierReader(conf.tier.location)
-    state = reader.view()
+    state = reader.committed()
     rng = random.Random(3)
     for (topic, queue), rows in oracle_queues(conf).items():
         times = [r["store_ts"] for r in rows]
@@ -162,7 +162,7 @@ def test_by_key_matches_the_ledger_and_opens_only_segments_holding_the_key(tier,
 
     conf = tier[backend]
     reader = TierReader(conf.tier.location)
-    state = reader.view()
+    state = reader.committed()
     rows = written_rows(conf.commitlog.dir)
     rng = random.Random(4)
     for topic, key in [("t0", "k0"), ("t1", "k1"), ("t0", "k48"), ("t1", "k49")]:
@@ -177,7 +177,7 @@ def test_by_key_matches_the_ledger_and_opens_only_segments_holding_the_key(tier,
             assert got == expected, (topic, key, begin, end)
     # A key in no segment: only key indexes (and staging objects) are read, never a segment.
     counting = CountingBackend(open_backend(conf.tier.location))
-    assert TierReader(counting).by_key("t0", "k1", view=state).num_rows == 0  # k1 is only ever on t1
+    assert TierReader(counting).by_key("t0", "k1", committed=state).num_rows == 0  # k1 is only ever on t1
     segment_names = {s.name for s in state.segments.values()}
     assert not segment_names & set(counting.read_names)
     assert {s.keys for s in state.segments.values() if s.topic == "t0"} <= set(counting.read_names)
@@ -206,7 +206,7 @@ def test_spark_tier_source_duckdb_and_tier_reader_agree(spark, tier, backend):
     conf = tier[backend]
     location = conf.tier.location
     reader = TierReader(location)
-    state = reader.view()
+    state = reader.committed()
     expected = written_rows(conf.commitlog.dir)
     from_spark = _rows(spark.read.format("tier").load(location).toArrow())
     assert from_spark == _rows(reader.read_all(state)) == expected
@@ -331,7 +331,7 @@ def test_every_query_equals_the_oracle_while_batches_commit_and_seals_run(spark,
             problems.append((what, got if len(str(got)) < 300 else "...", expected if len(str(expected)) < 300 else "..."))
 
     def one_round(reader, cache, positions, rng):
-        state = reader.view()
+        state = reader.committed()
         if not state.queues:
             return
         seen["seqs"][state.seq] = len(state.segments)
@@ -348,7 +348,7 @@ def test_every_query_equals_the_oracle_while_batches_commit_and_seals_run(spark,
         key = f"k{rng.randrange(50)}"
         committed = [r for (t, qid), rs in queues.items() if t == topic and (t, qid) in state.queues
                      for r in rs[state.queues[(t, qid)].low : state.queues[(t, qid)].commit] if r["key"] == key]
-        got = [normalize_arrow_row(r) for r in reader.by_key(topic, key, view=state).to_pylist()]
+        got = [normalize_arrow_row(r) for r in reader.by_key(topic, key, committed=state).to_pylist()]
         check(("by_key", topic, key), got, sorted(committed, key=lambda r: r["phy_offset"]))
         at = positions.get((topic, queue), 0)
         result = cache.get("follower", topic, queue, at, 25)
@@ -412,7 +412,7 @@ def test_readme_tier_examples_run_against_a_real_tier(spark, tmp_path):
     append(conf, (Message(topic="orders" if i % 5 else "payments", queue_id=i % 4, body=b"o%d" % i,
                           properties={"KEYS": f"order-{i % 97}"}, store_ts=base + i) for i in range(7000)))
     assert Service(conf).run(until_caught_up=True, spark=spark) == 0
-    state = TierReader(location).view()
+    state = TierReader(location).committed()
     rows = written_rows(conf.commitlog.dir)
     sealed = [r for r in rows if r["queue_offset"] < state.queues[(r["topic"], r["queue_id"])].sealed]
     assert state.staging and len(sealed) > 3000  # both kinds of object

@@ -181,7 +181,7 @@ def assert_tier_equals_ledger(run: Run) -> dict:
     """Every queue holds exactly the ledger's messages from its lowest retained offset to its
     commit offset, which is the queue's end; the metadata store says the same.  Returns the queues."""
     reader = TierReader(run.location)
-    states = reader.view().queue_states()
+    states = reader.committed().queue_states()
     expected = [message_row(m) for m in run.written if entered_a_queue(message_row(m))]
     ends: dict[tuple[str, int], int] = {}
     for row in expected:
@@ -194,9 +194,9 @@ def assert_tier_equals_ledger(run: Run) -> dict:
     assert got == kept
     indexed = {(q.topic, q.queue_id): (q.commit, q.sealed, q.low) for q in run.store.queues()}
     assert indexed == {k: (s.commit, s.sealed, s.low) for k, s in states.items()}
-    view = reader.view()
+    committed = reader.committed()
     for key in states:
-        assert [s.base for s in run.store.segments(*key)] == [s.base for s in view.segments_for(key)]
+        assert [s.base for s in run.store.segments(*key)] == [s.base for s in committed.segments_for(key)]
     return states
 
 

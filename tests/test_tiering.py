@@ -53,7 +53,7 @@ def test_tier_holds_exactly_the_commitlog_and_seals_segments(spark, tmp_path, ti
     assert service.batches["tiering"] > 3  # admission control cut the backlog into batches
     assert_tier_equals_commitlog(conf)
 
-    state = TierReader(tier_location).view()
+    state = TierReader(tier_location).committed()
     assert state.segments, "queues past segment_messages must have been sealed"
     for seg in state.segments.values():
         assert seg.name == NAMES.segment(seg.topic, seg.queue_id, seg.base)
@@ -96,7 +96,7 @@ def test_batches_that_fit_one_task_are_staged_by_the_driver_and_the_rest_by_spar
     staged_by = [json.loads(r.getMessage().split("batch ", 1)[1]).get("staged_by") for r in caplog.records
                  if r.getMessage().startswith("batch {") and '"tiering"' in r.getMessage()]
     assert staged_by.count("driver") > 5 and "spark" in staged_by, staged_by
-    assert TierReader(conf.tier.location).view().segments, "sealing ran over driver-staged objects"
+    assert TierReader(conf.tier.location).committed().segments, "sealing ran over driver-staged objects"
 
 
 def test_more_data_later_and_a_new_checkpoint_commit_nothing_twice(spark, tmp_path):
@@ -106,13 +106,13 @@ def test_more_data_later_and_a_new_checkpoint_commit_nothing_twice(spark, tmp_pa
     produce(conf, 300, start=400)
     run_until_caught_up(spark, conf)
     assert_tier_equals_commitlog(conf)
-    seq = TierReader(conf.tier.location).view().seq
+    seq = TierReader(conf.tier.location).committed().seq
 
     # A lost Spark checkpoint starts over at the earliest offset: every batch is below the tier's end.
     fresh = make_conf(tmp_path, conf.tier.location, segment_messages=100)
     object.__setattr__(fresh.checkpoint, "dir", str(tmp_path / "other-checkpoints"))
     run_until_caught_up(spark, fresh)
-    assert TierReader(conf.tier.location).view().seq == seq  # no commit record at all: replays are no-ops
+    assert TierReader(conf.tier.location).committed().seq == seq  # no commit record at all: replays are no-ops
     assert_tier_equals_commitlog(conf)
 
 
@@ -143,7 +143,7 @@ def test_retention_expires_old_segments(spark, tmp_path):
         restarted.maintain()  # deletes what the first call retired (no grace in these tests)
     finally:
         index.close()
-    state = TierReader(conf.tier.location).view()
+    state = TierReader(conf.tier.location).committed()
     assert not state.segments
     assert all(q.low == q.sealed for q in state.queues.values())
     assert not [o for o in open_backend(conf.tier.location).list() if o.name.startswith(("topic=", layout.KEYS_PREFIX))]
@@ -155,7 +155,7 @@ def test_log_compaction_keeps_the_same_state(spark, tmp_path):
     run_until_caught_up(spark, conf)
     names = [o.name for o in open_backend(conf.tier.location).list(layout.LOG_PREFIX)]
     assert any(n.endswith(".root.json") for n in names)
-    assert len(names) < TierReader(conf.tier.location).view().seq  # old records were deleted
+    assert len(names) < TierReader(conf.tier.location).committed().seq  # old records were deleted
     assert_tier_equals_commitlog(conf)
 
 
@@ -172,7 +172,7 @@ def test_readers_see_only_committed_data_while_tiering_runs(spark, tmp_path, tie
         try:
             while not stop.is_set():
                 reader_ = TierReader(tier_location)
-                state = reader_.view()
+                state = reader_.committed()
                 try:
                     for key, q in state.queues.items():
                         rows = [normalize_arrow_row(r) for r in reader_.read_queue(*key, state).to_pylist()]
@@ -204,7 +204,7 @@ def test_spark_reads_sealed_segments_as_a_table(spark, tmp_path):
     conf = make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=20)
     produce(conf, 400, topics=1, queues=2)
     run_until_caught_up(spark, conf)
-    state = TierReader(conf.tier.location).view()
+    state = TierReader(conf.tier.location).committed()
     sealed = {(s.topic, s.queue_id, o) for s in state.segments.values() for o in range(s.base, s.end + 1)}
     df = spark.read.parquet(conf.tier.location)
     got = {(r["topic"], r["queue_id"], r["queue_offset"]) for r in df.select("topic", "queue_id", "queue_offset").collect()}

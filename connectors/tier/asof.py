@@ -35,7 +35,7 @@ from connectors.tier import snapshots
 from connectors.tier.errors import TierError
 from connectors.tier.layout import read_where_equal
 from connectors.tier.reader import TierReader
-from connectors.tier.view import TierView
+from connectors.tier.committed import CommittedTier
 
 CHANGE_COLUMNS = ["phy_offset", "queue_id", "queue_offset", "store_ts", "op", "body", "broker"]
 
@@ -69,7 +69,7 @@ class AsOfReader:
         self.reader = reader
         self.ttl_ms = ttl_ms or {}
         self._firsts: dict[tuple, tuple[int, int] | None] = {}  # (broker, topic, queue, low) -> (phy, ts)
-        self._held: list[TierView] | None = None
+        self._held: list[CommittedTier] | None = None
         self._lists: dict[tuple[str, str], list[snapshots.Snapshot]] = {}  # (broker, topic) -> its snapshots
         self._times: dict[str, int | None] = {}  # snapshot name -> the moment it stands as of
 
@@ -79,7 +79,7 @@ class AsOfReader:
     def history(self, topic: str, key: str, from_ms: int | None = None, to_ms: int | None = None) -> list[dict]:
         """Every change of ``key`` the tier holds, stored in ``[from_ms, to_ms]``, broker by broker in
         physical order: store time (ms), broker, physical and queue offsets, op, body."""
-        tables = [_dispatched(self.reader.by_key(topic, key, from_ms, to_ms, view=v)) for v in self._views(topic)]
+        tables = [_dispatched(self.reader.by_key(topic, key, from_ms, to_ms, committed=v)) for v in self._committed_each(topic)]
         return [row for table in tables for row in _rows(table)]
 
     def get(self, topic: str, key: str, at_ms: int) -> AsOf:
@@ -87,9 +87,9 @@ class AsOfReader:
         broker's part of the tier cannot answer for that time, ``NotFoundInTier`` for a topic the tier
         does not hold."""
         answers, refusals = [], []
-        for view in self._views(topic):
+        for committed in self._committed_each(topic):
             try:
-                answers.append(self._get(view, topic, key, at_ms))
+                answers.append(self._get(committed, topic, key, at_ms))
             except AsOfRefused as exc:
                 refusals.append(exc)
         if refusals:
@@ -99,33 +99,33 @@ class AsOfReader:
             return answers[0]
         return max(decided, key=lambda a: a.change["store_ts"])
 
-    def _views(self, topic: str) -> list[TierView]:
-        """The views of the brokers holding ``topic``, taken at the first question: one reader
+    def _committed_each(self, topic: str) -> list[CommittedTier]:
+        """The committed tiers of the brokers holding ``topic``, taken at the first question: one reader
         answers from one state of the tier (make another for a newer one)."""
         if self._held is None:
-            self._held = self.reader.views()
-        views = [v for v in self._held if v.queue_ids(topic) > 0]
-        if not views:
+            self._held = self.reader.committed_each()
+        held = [v for v in self._held if v.queue_ids(topic) > 0]
+        if not held:
             self.reader.require_topic(topic)  # raises, naming the topics there are
-        return views
+        return held
 
     # ------------------------------------------------------------ one broker
 
-    def _get(self, view: TierView, topic: str, key: str, at_ms: int) -> AsOf:
-        broker = view.log.broker
+    def _get(self, committed: CommittedTier, topic: str, key: str, at_ms: int) -> AsOf:
+        broker = committed.log.broker
         ttl = self.ttl_of(topic)
-        lows = self._first_retained(view, topic)
+        lows = self._first_retained(committed, topic)
         whole = all(first is None for first in lows)  # no queue lost a message: the history is whole
         if ttl is not None:
             # A change at or before at_ms - ttl has expired by at_ms, so the window answers; snapshots do
-            # not, as the view left out keys it expired when it wrote them, after at_ms perhaps.
+            # not, as the KV view left out keys it expired when it wrote them, after at_ms perhaps.
             window_from = at_ms - ttl
             if not all(first is None or first[1] <= window_from for first in lows):
                 earliest = max(first[1] for first in lows if first is not None) + ttl
                 raise AsOfRefused(self._refusal(topic, broker, at_ms, earliest, f"its time to live ({ttl} ms)"))
-            changes = self._changes(view, topic, key, window_from + 1, at_ms)
+            changes = self._changes(committed, topic, key, window_from + 1, at_ms)
             if not changes and whole:  # nothing live then: the history says whether it expired or never was
-                changes = self._changes(view, topic, key, None, at_ms)
+                changes = self._changes(committed, topic, key, None, at_ms)
             return self._answer(topic, key, at_ms, changes, None, None)
         base, snapshot, stands = None, None, None
         # Only snapshots the tier still holds everything after (their offset alone says so).
@@ -140,14 +140,14 @@ class AsOfReader:
             raise AsOfRefused(self._refusal(topic, broker, at_ms, min(times) if times else None,
                                             "a compacted snapshot"))
         if snapshot is None:
-            changes = self._changes(view, topic, key, None, at_ms)
+            changes = self._changes(committed, topic, key, None, at_ms)
         else:
             # Store times follow physical order (the broker stamps them as it appends), so what follows
             # the snapshot was stored at or after the newest change it reflects.
-            changes = self._changes(view, topic, key, stands, at_ms, snapshot.through_phy)
+            changes = self._changes(committed, topic, key, stands, at_ms, snapshot.through_phy)
             if base is None and not changes and whole:
                 # Not live in the snapshot, which keeps no deletes: the history says deleted or never set.
-                snapshot, changes = None, self._changes(view, topic, key, None, at_ms)
+                snapshot, changes = None, self._changes(committed, topic, key, None, at_ms)
         return self._answer(topic, key, at_ms, changes, base, None if snapshot is None else snapshot.name)
 
     def _newest_by(self, usable: list[snapshots.Snapshot], at_ms: int) -> snapshots.Snapshot | None:
@@ -188,9 +188,9 @@ class AsOfReader:
             return AsOf(topic, key, at_ms, "expired", None, last, snapshot)
         return AsOf(topic, key, at_ms, "live", last["body"], last, snapshot)
 
-    def _changes(self, view: TierView, topic: str, key: str, from_ms: int | None, to_ms: int,
+    def _changes(self, committed: CommittedTier, topic: str, key: str, from_ms: int | None, to_ms: int,
                  since_phy: int | None = None) -> list[dict]:
-        table = _dispatched(self.reader.by_key(topic, key, from_ms, to_ms, view=view))
+        table = _dispatched(self.reader.by_key(topic, key, from_ms, to_ms, committed=committed))
         if since_phy is not None:
             table = table.filter(pc.greater_equal(table["phy_offset"], since_phy))
         return _rows(table)
@@ -207,18 +207,18 @@ class AsOfReader:
                 "phy_offset": row["phy_offset"], "queue_id": row["queue_id"], "queue_offset": row["queue_offset"],
                 "op": "put", "body": row["body"]}
 
-    def _first_retained(self, view: TierView, topic: str) -> list[tuple[int, int] | None]:
+    def _first_retained(self, committed: CommittedTier, topic: str) -> list[tuple[int, int] | None]:
         """Per queue of ``topic``: (physical offset, store time) of its first retained message, or
         None when the queue never lost one (its first retained offset is 0)."""
         out = []
-        for queue_key in view.queue_keys(topic):
-            state = view.state_of(queue_key)
+        for queue_key in committed.queue_keys(topic):
+            state = committed.state_of(queue_key)
             if state is None or state.low == 0:
                 out.append(None)
                 continue
-            memo = (view.log.broker, *queue_key, state.low)
+            memo = (committed.log.broker, *queue_key, state.low)
             if memo not in self._firsts:
-                got = self.reader.get(queue_key[0], queue_key[1], state.low, 1, view=view).messages
+                got = self.reader.get(queue_key[0], queue_key[1], state.low, 1, committed=committed).messages
                 self._firsts[memo] = ((got["phy_offset"][0].as_py(), int(epoch_ms_array(got["store_ts"])[0].as_py()))
                                       if got.num_rows else (2**62, 2**62))  # nothing readable: nothing answers
             out.append(self._firsts[memo])

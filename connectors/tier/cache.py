@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from connectors.tier.view import TierView
+from connectors.tier.committed import CommittedTier
 from connectors.tier.reader import GetResult, GetStatus, TierReader
 
 
@@ -91,7 +91,7 @@ class ReadAheadCache:
         self._windows: OrderedDict[tuple[str, int, int], _Window] = OrderedDict()
         self._factor: dict[tuple[str, int], int] = {}
         self._groups: dict[tuple[str, int], dict[str, _Group]] = {}
-        self._state: TierView | None = None
+        self._state: CommittedTier | None = None
         self._state_at = 0.0
         self._lock = threading.Lock()
         _LIVE.add(self)
@@ -123,11 +123,11 @@ class ReadAheadCache:
             self._advance(group, key, end)
             return GetResult(GetStatus.FOUND, rows, end, q.low, q.commit)
 
-    def _current_state(self, topic: str, queue_id: int, offset: int) -> TierView:
+    def _current_state(self, topic: str, queue_id: int, offset: int) -> CommittedTier:
         now = time.monotonic()
         q = self._state.state_of((topic, queue_id)) if self._state else None
         if self._state is None or now - self._state_at > self.refresh_s or q is None or offset >= q.commit:
-            self._state, self._state_at = self.reader.view(), now
+            self._state, self._state_at = self.reader.committed(), now
         return self._state
 
     def _find(self, topic: str, queue_id: int, start: int, end: int) -> _Window | None:
@@ -136,7 +136,7 @@ class ReadAheadCache:
                 return w
         return None
 
-    def _load(self, state: TierView, topic: str, queue_id: int, start: int, end: int) -> _Window:
+    def _load(self, state: CommittedTier, topic: str, queue_id: int, start: int, end: int) -> _Window:
         q = state.state_of((topic, queue_id))
         wanted = min(end, q.commit)
         # Keep the rest of the row group the read decodes anyway, within a quarter of the memory bound.

@@ -5,11 +5,11 @@ A consumer's position is the end of a batch the tier committed (its ``source_end
 still needs is exactly the staging objects of the batches after it.  Those objects are read back
 as they were committed: already decoded and CRC-checked by the stager, so nothing reads or decodes
 the commitlog a second time.  The tier keeps them until every consumer has applied them
-(``state.feed.TierFeed`` lists them; ``TierWriter.delete_retired`` holds back their deletion).
+(``state.tier_feed.TierFeed`` lists them; ``TierWriter.delete_retired`` holds back their deletion).
 
 A *backfill* batch stands for what the tier committed before the feed listed anything (a mirror
 turned on for a tier that holds messages, or one whose position the listing lost): its messages
-are read from the tier's committed view, queue by queue, sealed segments and staging alike.
+are read from the committed tier, queue by queue, sealed segments and staging alike.
 
 Contract of :func:`read_batches`: every message of the listed batches in ``[start, end)`` (by
 physical offset) that the tier holds, once, and every queue's messages in queue order: each
@@ -41,7 +41,7 @@ class FeedBatch:
     start: int
     end: int
     objects: tuple[tuple[str, int, int], ...]
-    backfill: bool = False  # read from the tier's committed view, not from listed objects
+    backfill: bool = False  # read from the committed tier, not from listed objects
 
     def to_json(self) -> dict:
         out = {"start": self.start, "end": self.end, "objects": [list(o) for o in self.objects]}
@@ -89,11 +89,11 @@ def _backfill(backend: Backend, broker: str | None, start: int, end: int,
     from connectors.tier.reader import TierReader
 
     reader = TierReader(backend, broker)
-    view = reader.view()
-    for topic, queue_id in view.queue_keys():
-        offset = view.queue((topic, queue_id)).low
+    committed = reader.committed()
+    for topic, queue_id in committed.queue_keys():
+        offset = committed.queue((topic, queue_id)).low
         while True:
-            got = reader.get(topic, queue_id, offset, BACKFILL_CHUNK, view=view)
+            got = reader.get(topic, queue_id, offset, BACKFILL_CHUNK, committed=committed)
             if got.messages.num_rows == 0:
                 break
             table = got.messages if columns is None else got.messages.select(columns)
@@ -113,7 +113,7 @@ class FeedMessages:
     batches the tier committed, never from a second decode of the commitlog.
 
     ``listing(start, end)`` gives the listed ``FeedBatch``es that hold anything of ``[start, end)``
-    (``state.feed.TierFeed.batches``); ``first`` is where the consumer's listing starts."""
+    (``state.tier_feed.TierFeed.batches``); ``first`` is where the consumer's listing starts."""
 
     def __init__(self, backend: Backend, listing, broker: str | None, first: int = 0):
         self.backend = backend

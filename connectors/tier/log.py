@@ -45,7 +45,7 @@ from connectors.tier.manifest import (
 )
 from connectors.tier.pool import io_map
 from connectors.tier.records import CommitRecord
-from connectors.tier.view import TierView
+from connectors.tier.committed import CommittedTier
 
 log = logging.getLogger("tierlog.tier")
 
@@ -222,7 +222,7 @@ class TierLog:
             return True
         return bool(listing.records) and self.read_json(self.names.log(listing.records[0])).get("v") != FORMAT
 
-    def view(self, *, attempts: int = 5) -> TierView:
+    def committed(self, *, attempts: int = 5) -> CommittedTier:
         """The committed state: the newest root and every record after it.
 
         A fold running at the same time may delete what was just listed; the read
@@ -230,7 +230,7 @@ class TierLog:
         """
         for attempt in range(attempts):
             try:
-                return self._view_once()
+                return self._committed_once()
             except ObjectNotFound:
                 if attempt == attempts - 1:
                     raise
@@ -246,7 +246,7 @@ class TierLog:
                 "tier's objects under broker=<name>/ and rewrites its metadata"
             )
 
-    def _view_once(self) -> TierView:
+    def _committed_once(self) -> CommittedTier:
         listing = self._listing()
         self._refuse_before_brokers(listing)
         if self._is_legacy(listing):
@@ -258,7 +258,7 @@ class TierLog:
         root = self.read_json(self.names.root(listing.roots[-1])) if listing.roots else empty_root(self.new_buckets)
         tail = [self.read_json(self.names.log(seq)) for seq in listing.records if seq > root["seq"]]
         _check_sequence(root["seq"], tail)
-        return TierView(self, root, tail)
+        return CommittedTier(self, root, tail)
 
 
     def open_head(self) -> TierHead:

@@ -58,9 +58,9 @@ class PosixBackend(Backend):
             os.makedirs(directory, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
+                rest = memoryview(data)
+                while rest:
+                    rest = rest[os.write(fd, rest) :]
                 os.fsync(fd)
             finally:
                 os.close(fd)

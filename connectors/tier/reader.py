@@ -1,7 +1,7 @@
 """Reading what a tier holds, from its location alone.
 
-``TierReader`` trusts only the commit log: it reads the committed view, then
-the segments and staging objects that view names.  An object being written,
+``TierReader`` trusts only the commit log: it reads the committed tier (the newest root and
+the commit records after it), then the segments and staging objects it names.  An object being written,
 or written but never committed, is never read; rows past a queue's commit
 offset are never returned.
 
@@ -33,7 +33,7 @@ from connectors.tier.errors import NotFoundInTier, ObjectNotFound, TierError
 from connectors.tier.log import TierLog
 from connectors.threads import name_native
 from connectors.tier.manifest import QueueKey
-from connectors.tier.view import TierView
+from connectors.tier.committed import CommittedTier
 
 
 READ_THREADS = 8  # objects read at once by one query (by_key, a range across segments and staging)
@@ -59,7 +59,7 @@ class GetResult:
 
 
 class AmbiguousBrokerError(TierError):
-    """Several brokers could answer (a queue of the same topic and id, a whole view): the question
+    """Several brokers could answer (a queue of the same topic and id, a whole tier): the question
     must name one."""
 
 
@@ -76,8 +76,8 @@ class QueueInfo:
 
 
 class TierReader:
-    """Reads a tier given only its location.  Every method reads the committed view afresh
-    unless given one (``view()``), so results never pass a commit the reader has not seen.
+    """Reads a tier given only its location.  Every method reads the committed tier afresh
+    unless given one (``committed()``), so results never pass a commit the reader has not seen.
 
     A question about one queue reads the tier's root, the records after it, that queue's bucket
     and manifest, and the pages its offsets fall in: its cost does not grow with the tier.
@@ -97,17 +97,17 @@ class TierReader:
             return [self.broker]
         brokers, before = layout.brokers_in([o.name for o in self.backend.list(layout.LOG_PREFIX)])
         if before and not brokers:
-            self._log(DEFAULT_BROKER).view()  # refuses, saying how to upgrade
+            self._log(DEFAULT_BROKER).committed()  # refuses, saying how to upgrade
         return brokers
 
     def topics(self) -> list[str]:
         """Every topic of the brokers this reader covers (reads every bucket: for listings and errors)."""
-        return sorted({t for view in self.views() for t in view.topics()})
+        return sorted({t for committed in self.committed_each() for t in committed.topics()})
 
     def require_topic(self, topic: str) -> None:
         """Raise ``NotFoundInTier`` naming the topics there are, unless the tier holds ``topic``
         (one bucket read per broker when it does)."""
-        if any(view.queue_ids(topic) > 0 for view in self.views()):
+        if any(committed.queue_ids(topic) > 0 for committed in self.committed_each()):
             return
         raise NotFoundInTier.topic(topic, f"the tier at {self.backend.location}", self.topics())
 
@@ -116,8 +116,8 @@ class TierReader:
             self._logs[broker] = TierLog(self.backend, broker)
         return self._logs[broker]
 
-    def view(self, broker: str | None = None) -> TierView:
-        """The committed view of one broker's part of the tier: ``broker``, the reader's own, or
+    def committed(self, broker: str | None = None) -> CommittedTier:
+        """The committed tier of one broker's part of the tier: ``broker``, the reader's own, or
         the only broker the tier holds (an empty tier reads as an empty broker-a)."""
         broker = broker or self.broker
         if broker is None:
@@ -126,17 +126,17 @@ class TierReader:
                 raise AmbiguousBrokerError(f"the tier at {self.backend.location} holds brokers {', '.join(brokers)}: "
                                           "name one")
             broker = brokers[0] if brokers else DEFAULT_BROKER
-        return self._log(broker).view()
+        return self._log(broker).committed()
 
-    def views(self) -> list[TierView]:
-        """The committed view of each broker this reader covers, by broker name."""
-        return [self._log(b).view() for b in self.brokers()]
+    def committed_each(self) -> list[CommittedTier]:
+        """The committed tier of each broker this reader covers, by broker name."""
+        return [self._log(b).committed() for b in self.brokers()]
 
-    def _fresh(self, question: Callable[[TierView], object], view: TierView | None):
-        """``question(view)``; on a fresh view, asked again if a fold deleted what the view named."""
-        if view is not None:
-            return question(view)
-        return self._retry(lambda: question(self.view()))
+    def _fresh(self, question: Callable[[CommittedTier], object], committed: CommittedTier | None):
+        """``question(committed)``; on a freshly read committed tier, asked again if a fold deleted what it named."""
+        if committed is not None:
+            return question(committed)
+        return self._retry(lambda: question(self.committed()))
 
     @staticmethod
     def _retry(call):
@@ -148,20 +148,20 @@ class TierReader:
                     raise
         raise AssertionError("unreachable")
 
-    def _each(self, question: Callable[[TierView], list], view: TierView | None) -> list:
-        """``question`` of ``view``, else of every broker's fresh view, in broker order."""
-        if view is not None:
-            return [question(view)]
-        return [self._retry(lambda b=b: question(self._log(b).view())) for b in self.brokers()]
+    def _each(self, question: Callable[[CommittedTier], list], committed: CommittedTier | None) -> list:
+        """``question`` of ``committed``, else of every broker's freshly read committed tier, in broker order."""
+        if committed is not None:
+            return [question(committed)]
+        return [self._retry(lambda b=b: question(self._log(b).committed())) for b in self.brokers()]
 
-    def view_for_queue(self, topic: str, queue_id: int, view: TierView | None = None) -> TierView:
-        """The view of the one broker holding queue ``topic``/``queue_id`` (``view`` when given)."""
-        if view is not None:
-            return view
+    def committed_for_queue(self, topic: str, queue_id: int, committed: CommittedTier | None = None) -> CommittedTier:
+        """The committed tier of the one broker holding queue ``topic``/``queue_id`` (``committed`` when given)."""
+        if committed is not None:
+            return committed
         if self.broker is not None:
-            return self.view()
-        views = self.views()
-        holding = [v for v in views if v.state_of((topic, queue_id)) is not None]
+            return self.committed()
+        each = self.committed_each()
+        holding = [v for v in each if v.state_of((topic, queue_id)) is not None]
         if len(holding) > 1:
             raise AmbiguousBrokerError(
                 f"queue {topic}/{queue_id} is on brokers {', '.join(v.log.broker for v in holding)} of the tier at "
@@ -169,38 +169,38 @@ class TierReader:
             )
         if holding:
             return holding[0]
-        return views[0] if views else self.view()
+        return each[0] if each else self.committed()
 
-    def queues(self, view: TierView | None = None, topic: str | None = None) -> list[QueueKey]:
-        """The queues of one broker (``view``, or the reader's only broker)."""
-        return self._fresh(lambda st: st.queue_keys(topic), view)
+    def queues(self, committed: CommittedTier | None = None, topic: str | None = None) -> list[QueueKey]:
+        """The queues of one broker (``committed``, or the reader's only broker)."""
+        return self._fresh(lambda st: st.queue_keys(topic), committed)
 
-    def read_queue(self, topic: str, queue_id: int, view: TierView | None = None) -> pa.Table:
+    def read_queue(self, topic: str, queue_id: int, committed: CommittedTier | None = None) -> pa.Table:
         """Every committed message of one queue, in queue-offset order."""
-        def question(st: TierView) -> pa.Table:
+        def question(st: CommittedTier) -> pa.Table:
             q = st.state_of((topic, queue_id))
             if q is None:
                 return MESSAGE_SCHEMA.empty_table()
             return self._range(topic, queue_id, q.low, q.commit, st)
-        return self._retry(lambda: question(self.view_for_queue(topic, queue_id, view)))
+        return self._retry(lambda: question(self.committed_for_queue(topic, queue_id, committed)))
 
-    def read_all(self, view: TierView | None = None) -> pa.Table:
+    def read_all(self, committed: CommittedTier | None = None) -> pa.Table:
         """Every committed message, broker by broker and queue by queue (a staging object's row
         groups are cut at queue boundaries, so reading it once per queue decodes each row once)."""
-        def question(st: TierView) -> pa.Table:
+        def question(st: CommittedTier) -> pa.Table:
             keys = st.queue_keys()
             st.prefetch(keys)
             tables = [self.read_queue(t, q, st) for t, q in keys]
             return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
-        tables = self._each(question, view)
+        tables = self._each(question, committed)
         return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
 
     # ------------------------------------------------------------ queries
 
     def get(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
-            view: TierView | None = None) -> GetResult:
+            committed: CommittedTier | None = None) -> GetResult:
         """Up to ``max_messages`` committed messages of one queue from queue offset ``offset``."""
-        def question(st: TierView) -> GetResult:
+        def question(st: CommittedTier) -> GetResult:
             q = st.state_of((topic, queue_id))
             empty = MESSAGE_SCHEMA.empty_table()
             if q is None:
@@ -213,20 +213,20 @@ class TierReader:
             end = min(q.commit, offset + max(1, max_messages))
             table = self._range(topic, queue_id, offset, end, st)
             return GetResult(GetStatus.FOUND, table, end, q.low, q.commit)
-        return self._retry(lambda: question(self.view_for_queue(topic, queue_id, view)))
+        return self._retry(lambda: question(self.committed_for_queue(topic, queue_id, committed)))
 
-    def _range(self, topic: str, queue_id: int, start: int, end: int, view: TierView,
+    def _range(self, topic: str, queue_id: int, start: int, end: int, committed: CommittedTier,
                columns: list[str] | None = None) -> pa.Table:
         """Committed rows of one queue with ``start <= queue_offset < end``, in offset order."""
         key = (topic, queue_id)
-        q = view.queue(key)
+        q = committed.queue(key)
         start, end = max(start, q.low), min(end, q.commit)
-        reads = [partial(self._segment_range, seg, start, end, columns) for seg in view.segments_for(key, start, end)]
+        reads = [partial(self._segment_range, seg, start, end, columns) for seg in committed.segments_for(key, start, end)]
         # Staging rows below the sealed offset are also in a segment: read them from there only.
         unsealed_from = max(start, q.sealed)
         filters = [("topic", "=", topic), ("queue_id", "=", queue_id), ("queue_offset", ">=", unsealed_from),
                    ("queue_offset", "<", end)]
-        for part in view.staging_for(key):
+        for part in committed.staging_for(key):
             if part.first < end and part.last >= unsealed_from:
                 reads.append(partial(layout.read_object_rows, self.backend, part.name, filters, columns,
                                      size=part.size))
@@ -257,18 +257,18 @@ class TierReader:
         return layout.read_object_rows(self.backend, seg.name, [("queue_offset", ">=", start), ("queue_offset", "<", end)],
                                        columns, size=seg.size)
 
-    def decoded_end(self, topic: str, queue_id: int, offset: int, view: TierView) -> int:
+    def decoded_end(self, topic: str, queue_id: int, offset: int, committed: CommittedTier) -> int:
         """One past the last offset of the Parquet row group holding ``offset`` when that is in a
         sealed segment: a read of ``offset`` decodes the whole group anyway.  Else ``offset + 1``.
         A hint for how much to keep (segments written with another group size are read right)."""
-        for seg in view.segments_for((topic, queue_id), offset, offset + 1):
+        for seg in committed.segments_for((topic, queue_id), offset, offset + 1):
             if seg.base <= offset <= seg.end and seg.dense:
                 group = (offset - seg.base) // layout.ROW_GROUP_ROWS + 1
                 return min(seg.end + 1, seg.base + group * layout.ROW_GROUP_ROWS)
         return offset + 1
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str = "lower",
-                        view: TierView | None = None) -> int:
+                        committed: CommittedTier | None = None) -> int:
         """Like RocketMQ's searchOffset, over what the tier retains of one queue.
 
         ``lower``: the smallest offset whose store time is at or after ``timestamp_ms``
@@ -280,17 +280,17 @@ class TierReader:
         if boundary not in ("lower", "upper"):
             raise ValueError(f"boundary must be lower or upper, not {boundary!r}")
         return self._retry(lambda: self._offset_for_time(topic, queue_id, timestamp_ms, boundary,
-                                                         self.view_for_queue(topic, queue_id, view)))
+                                                         self.committed_for_queue(topic, queue_id, committed)))
 
-    def _offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str, view: TierView) -> int:
-        q = view.state_of((topic, queue_id))
+    def _offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int, boundary: str, committed: CommittedTier) -> int:
+        q = committed.state_of((topic, queue_id))
         if q is None or q.commit <= q.low:
             return 0 if q is None else q.commit
         lower = boundary == "lower"
-        for first, last, min_ts, max_ts in self._time_pieces(topic, queue_id, view, lower, timestamp_ms):
+        for first, last, min_ts, max_ts in self._time_pieces(topic, queue_id, committed, lower, timestamp_ms):
             if (max_ts < timestamp_ms) if lower else (min_ts > timestamp_ms):
                 continue
-            rows = self._range(topic, queue_id, first, last + 1, view, ["queue_offset", "store_ts"])
+            rows = self._range(topic, queue_id, first, last + 1, committed, ["queue_offset", "store_ts"])
             ts = epoch_ms_array(rows["store_ts"])
             hit = pc.greater_equal(ts, timestamp_ms) if lower else pc.less_equal(ts, timestamp_ms)
             offsets = rows["queue_offset"].filter(hit)
@@ -298,20 +298,20 @@ class TierReader:
                 return (pc.min if lower else pc.max)(offsets).as_py()
         return q.commit if lower else q.low
 
-    def _time_pieces(self, topic: str, queue_id: int, view: TierView, lower: bool, timestamp_ms: int):
+    def _time_pieces(self, topic: str, queue_id: int, committed: CommittedTier, lower: bool, timestamp_ms: int):
         """(first offset, last offset, min store time, max store time) of each object that may hold
         the answer, walking from the low end (``lower``) or the high end.  Pages of segments are read
         only as the walk reaches them, so a search that ends early reads few."""
         key = (topic, queue_id)
-        q = view.queue(key)
+        q = committed.queue(key)
         bounds = {"min_ts": timestamp_ms} if lower else {"max_ts": timestamp_ms}
-        segments = ((s.base, s.end, s.min_ts, s.max_ts) for s in view.segments_in_order(key, reverse=not lower, **bounds))
-        staged = sorted((max(p.first, q.sealed), p.last, p.min_ts, p.max_ts) for p in view.staging_for(key))
+        segments = ((s.base, s.end, s.min_ts, s.max_ts) for s in committed.segments_in_order(key, reverse=not lower, **bounds))
+        staged = sorted((max(p.first, q.sealed), p.last, p.min_ts, p.max_ts) for p in committed.staging_for(key))
         pieces = itertools.chain(segments, staged) if lower else itertools.chain(reversed(staged), segments)
         return (p for p in pieces if p[1] >= q.low and p[0] < q.commit)
 
     def by_key(self, topic: str, key: str, begin_ms: int | None = None, end_ms: int | None = None,
-               view: TierView | None = None) -> pa.Table:
+               committed: CommittedTier | None = None) -> pa.Table:
         """Every committed message of ``topic`` whose key is ``key``, stored in ``[begin_ms, end_ms]``
         (either end open when None), broker by broker, each in physical order.
 
@@ -319,20 +319,20 @@ class TierReader:
         index (written at seal time, sorted by key) lists the key; then only the row
         groups holding those offsets are read.  Staging objects are filtered by key.
         """
-        tables = self._each(lambda st: self._by_key(topic, key, begin_ms, end_ms, st), view)
+        tables = self._each(lambda st: self._by_key(topic, key, begin_ms, end_ms, st), committed)
         return pa.concat_tables(tables) if tables else MESSAGE_SCHEMA.empty_table()
 
-    def _by_key(self, topic: str, key: str, begin_ms: int | None, end_ms: int | None, view: TierView) -> pa.Table:
+    def _by_key(self, topic: str, key: str, begin_ms: int | None, end_ms: int | None, committed: CommittedTier) -> pa.Table:
         lo = -(2**62) if begin_ms is None else begin_ms
         hi = 2**62 if end_ms is None else end_ms
         parts, staged = [], {}
-        keys = view.queue_keys(topic)
-        view.prefetch(keys)
+        keys = committed.queue_keys(topic)
+        committed.prefetch(keys)
         for queue_key in keys:
-            q = view.queue(queue_key)
-            for seg in view.segments_for(queue_key, min_ts=lo, max_ts=hi):
+            q = committed.queue(queue_key)
+            for seg in committed.segments_for(queue_key, min_ts=lo, max_ts=hi):
                 parts.append(partial(self._segment_rows_for_key, seg, key))
-            for part in view.staging_for(queue_key):
+            for part in committed.staging_for(queue_key):
                 if part.last >= q.sealed and part.max_ts >= lo and part.min_ts <= hi:
                     staged.setdefault(part.name, (part, {}))[1][queue_key[1]] = q.sealed
         for part, sealed in staged.values():  # each staging object read once, for all its queues
@@ -342,7 +342,7 @@ class TierReader:
         ts = epoch_ms_array(table["store_ts"])
         keep = pc.and_(pc.equal(table["key"], key), pc.and_(pc.greater_equal(ts, lo), pc.less_equal(ts, hi)))
         table = table.filter(keep)
-        return table.filter(self._committed(table, view)).sort_by("phy_offset")
+        return table.filter(self._in_retained_range(table, committed)).sort_by("phy_offset")
 
     def _segment_rows_for_key(self, seg, key: str) -> pa.Table:
         if seg.keys is None:  # sealed before key indexes existed: filter the segment itself
@@ -370,24 +370,24 @@ class TierReader:
         return rows.filter(pa.array(keep, pa.bool_()))
 
     @staticmethod
-    def _committed(table: pa.Table, view: TierView) -> pa.Array:
+    def _in_retained_range(table: pa.Table, committed: CommittedTier) -> pa.Array:
         """Rows within their queue's retained, committed range."""
         states = {}
         keep = []
         for t, q, o in zip(table["topic"].to_pylist(), table["queue_id"].to_pylist(), table["queue_offset"].to_pylist()):
-            s = states.get((t, q)) or states.setdefault((t, q), view.state_of((t, q)))
+            s = states.get((t, q)) or states.setdefault((t, q), committed.state_of((t, q)))
             keep.append(s.low <= o < s.commit)
         return pa.array(keep, pa.bool_())
 
-    def queue_infos(self, view: TierView | None = None, topic: str | None = None) -> list[QueueInfo]:
+    def queue_infos(self, committed: CommittedTier | None = None, topic: str | None = None) -> list[QueueInfo]:
         """Every queue (of ``topic``) of every broker with its retained range, sealed offset, segments
         and bytes.  Reads the buckets only, and the manifests of queues with unsealed rows (for their
         bytes)."""
-        def question(st: TierView) -> list[QueueInfo]:
+        def question(st: CommittedTier) -> list[QueueInfo]:
             out = []
             for key, q in sorted(st.queue_states(topic).items()):
                 staged = sum(p.bytes for p in st.staging_for(key)) if q.commit > q.sealed else 0
                 out.append(QueueInfo(st.log.broker, key[0], key[1], q.low, q.commit, q.sealed, q.segments,
                                      q.bytes + staged))
             return out
-        return [info for infos in self._each(question, view) for info in infos]
+        return [info for infos in self._each(question, committed) for info in infos]

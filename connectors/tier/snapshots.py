@@ -157,7 +157,7 @@ def write_snapshots(
     if tables is not None:
         try:
             tables.commit(through_phy, names)
-        except Exception as exc:  # the tables are a view of the tier: they never stop its snapshots
+        except Exception as exc:  # the tables are derived from the tier: they never stop its snapshots
             log.warning("the latest-per-key tables missed the snapshot through physical offset %d (%s: %s); "
                         "older snapshots are kept until a later one reaches them", through_phy,
                         type(exc).__name__, exc)

@@ -58,29 +58,29 @@ def upgrade_to_broker(backend: Backend, broker: str, progress: Callable[[str], N
 
 
 def _copy(old: TierLog, new: TierLog, progress) -> dict:
-    view = old.view()
-    keys = view.queue_keys()
-    view.prefetch(keys)
+    committed = old.committed()
+    keys = committed.queue_keys()
+    committed.prefetch(keys)
     names = new.names
     # One past the old log's last seq: a metadata store that followed the old log is then behind a
     # root with no records after it, and rebuilds itself from the tier (its segment names moved).
-    seq = view.seq + 1
-    head = TierHead({**empty_root(view.buckets), "seq": seq, "source_end": view.source_end,
-                     "last_batch_id": view.last_batch_id, "filtered": view.filtered, "last_record": view.last_record,
-                     "quarantined": [q for _, q in sorted(view.quarantined.items())]})
+    seq = committed.seq + 1
+    head = TierHead({**empty_root(committed.buckets), "seq": seq, "source_end": committed.source_end,
+                     "last_batch_id": committed.last_batch_id, "filtered": committed.filtered, "last_record": committed.last_record,
+                     "quarantined": [q for _, q in sorted(committed.quarantined.items())]})
     moves: dict[str, str] = {}
     manifests: dict[tuple[str, int], QueueManifest] = {}
     for key in keys:
-        m = view.queue(key)
+        m = committed.queue(key)
         segments = []
-        for s in view.segments_for(key):
+        for s in committed.segments_for(key):
             moved = dataclasses.replace(s, name=names.segment(*key, s.base),
                                         keys=names.key_index(*key, s.base) if s.keys else None)
             moves[s.name] = moved.name
             if s.keys:
                 moves[s.keys] = moved.keys
             segments.append(moved)
-        staged = view.staging_for(key)
+        staged = committed.staging_for(key)
         parts = [dataclasses.replace(p, name=names.staging(p.first_phy)) for p in staged]
         moves.update({p.name: names.staging(p.first_phy) for p in staged})
         manifests[key] = QueueManifest(m.state, parts, segments)

@@ -46,7 +46,7 @@ from connectors.tier.manifest import Segment, add_counts
 from connectors.tier.records import batch_record, expire_record, seal_record
 from connectors.tier.retention import Retention
 from connectors.tier.staging import Gap, StagedPart
-from connectors.tier.view import TierView
+from connectors.tier.committed import CommittedTier
 
 log = logging.getLogger("tierlog.tier")
 
@@ -61,7 +61,7 @@ class TierIndex(Protocol):
     path: str
 
     def last_seq(self) -> int: ...
-    def rebuild(self, view: TierView) -> None: ...
+    def rebuild(self, committed: CommittedTier) -> None: ...
     def record_dispatch(self, offsets: dict[tuple[str, int], int]) -> None: ...
     def apply(self, head: TierHead, record: dict, now: float, counted: dict | None = None) -> None: ...
     def oldest_segments(self, topic: str, queue_id: int) -> Iterator[Segment]: ...
@@ -136,7 +136,7 @@ class TierWriter:
         if not behind or behind[0]["seq"] != meta_seq + 1:  # the records it missed were folded
             log.warning("metadata store is at commit record %d, the tier's last root past it: rebuilding it from "
                         "the tier", meta_seq)
-            self.index.rebuild(self.log.view())
+            self.index.rebuild(self.log.committed())
             return
         log.info("metadata store is at commit record %d, tier at %d: catching up", meta_seq, head.seq)
         now = time.time()

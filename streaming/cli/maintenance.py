@@ -28,15 +28,15 @@ def cmd_tier(args, conf: cfg.Config) -> int:
         else:
             emit([report], args.format)
         return 0
-    view = TierLog(backend, conf.broker.name).view()
+    committed = TierLog(backend, conf.broker.name).committed()
     store = MetadataStore(metadata_path(conf))
     try:
-        store.rebuild(view)
+        store.rebuild(committed)
     finally:
         store.close()
-    states = view.queue_states()
-    emit([{"commit_records": view.seq + 1, "queues": len(states), "segments": sum(q.segments for q in states.values()),
-           "staging_objects": len(view.staging), "tiered_to_phy": view.source_end}], args.format)
+    states = committed.queue_states()
+    emit([{"commit_records": committed.seq + 1, "queues": len(states), "segments": sum(q.segments for q in states.values()),
+           "staging_objects": len(committed.staging), "tiered_to_phy": committed.source_end}], args.format)
     return 0
 
 

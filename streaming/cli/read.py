@@ -79,7 +79,7 @@ def _print_latest(conf: cfg.Config, topic: str, key: str) -> None:
 def cmd_offset_for_time(args, conf: cfg.Config) -> int:
     ts = parse_time(args.timestamp)
     reader = open_reader(conf, args.read_broker, args.topic)
-    state = reader.view_for_queue(args.topic, args.queue)
+    state = reader.committed_for_queue(args.topic, args.queue)
     if state.state_of((args.topic, args.queue)) is None:
         raise TierlogError(f"the tier at {conf.tier.location} has no queue {args.topic}/{args.queue}")
     offset = reader.offset_for_time(args.topic, args.queue, ts, args.boundary, state)

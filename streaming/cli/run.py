@@ -65,7 +65,7 @@ def cmd_demo(args, conf: cfg.Config) -> int:
         service = Service(conf)
         service.run(until_caught_up=True)
         _snapshot(written)  # the service snapshots every compaction.snapshot_interval_s: the demo is shorter
-        state = TierReader(conf.tier.location).view()
+        state = TierReader(conf.tier.location).committed()
         kafka_line = _kafka_summary(service)
     finally:
         if broker is not None:

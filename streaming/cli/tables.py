@@ -35,16 +35,16 @@ def table_rows(conf: cfg.Config, settings, rebuild: bool = False) -> list[dict]:
 
     backend = open_backend(conf.tier.location)
     try:
-        view = TierLog(backend, conf.broker.name).view()
+        tier = TierLog(backend, conf.broker.name).committed()
         message_tables = MessageTables(settings, conf.tier.location, conf.broker.name)
         latest_tables = LatestTables(settings, conf.tier.location, conf.broker.name, message_tables.catalog)
         if rebuild:
-            committed = message_tables.rebuild(view.seq, view.segments.values())
+            committed = message_tables.rebuild(tier.seq, tier.segments.values())
             log.info("%d message tables brought to the tier's record %d (%d sealed segments of broker %s)",
-                     committed, view.seq, len(view.segments), conf.broker.name)
+                     committed, tier.seq, len(tier.segments), conf.broker.name)
             committed = latest_tables.rebuild(backend)
             log.info("%d latest-per-key tables hold broker %s's newest compacted snapshots", committed,
                      conf.broker.name)
-        return message_tables.info(view.seq, view.segments.values()) + latest_tables.info()
+        return message_tables.info(tier.seq, tier.segments.values()) + latest_tables.info()
     finally:
         backend.close()

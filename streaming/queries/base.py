@@ -16,7 +16,7 @@ Contract of a query:
   store records their progress under (``tier``, ``kv``, ``changelog``,
   ``mirror``); each sink's applied offset bounds the safepoint, and so does
   this query's last committed batch, if the query ``reads_commitlog``.  A query
-  that does not consumes the tier's committed batches instead (``state.feed``),
+  that does not consumes the tier's committed batches instead (``state.tier_feed``),
   which the tier keeps for it; under ``--until-caught-up`` it runs on its
   trigger and is stopped once the commitlog's readers are done and it is
   ``caught_up()``.
@@ -113,7 +113,7 @@ class Query:
 
 def open_feed(store, consumer: str, applied: int | None, what: str) -> int:
     """List the tier's committed batches for ``consumer`` (a query that reads the tier), whose sink
-    has applied through ``applied``; returns its position (``state.feed.TierFeed.open``).  A
+    has applied through ``applied``; returns its position (``state.tier_feed.TierFeed.open``).  A
     backfill from the tier is said, with what retention already dropped of it."""
     at, backfill = store.feed.open(consumer, store.source_end(), since=applied or 0)
     if backfill is not None:

@@ -113,12 +113,12 @@ def expected(directory: str, kafka: cfg.KafkaConfig) -> Expected:
 def tier(location: str) -> Positions:
     """Every committed tier message, sorted by position, a page of each queue at a time."""
     reader = TierReader(location)
-    state = reader.view()
+    state = reader.committed()
     out = Positions()
     for topic, queue_id in reader.queues(state):
         offset = state.queues[(topic, queue_id)].low
         while True:
-            page = reader.get(topic, queue_id, offset, PAGE, view=state)
+            page = reader.get(topic, queue_id, offset, PAGE, committed=state)
             if page.messages.num_rows == 0:
                 break
             for row in page.messages.to_pylist():

@@ -1,6 +1,6 @@
-"""``TierView``: the committed state of a tier as one reader sees it, loaded as it is asked.
+"""``CommittedTier``: the committed state of a tier as one reader sees it, loaded as it is asked.
 
-A view is the newest root and the commit records after it.  Nothing per queue is read until a
+A committed tier is the newest root and the commit records after it.  Nothing per queue is read until a
 question needs it: ``state_of`` reads one bucket, ``queue`` one queue manifest, and
 ``segments_for`` only the pages whose offsets (or store times) the question covers.  Whole-tier
 properties (``queues``, ``segments``, ``staging``) exist for tests and offline tools, and cost
@@ -21,7 +21,7 @@ from connectors.tier.manifest import (
 _FAR = 2**63 - 1
 
 
-class TierView:
+class CommittedTier:
     def __init__(self, log, root: dict, tail: list[dict]):
         self.log = log
         self.root = root

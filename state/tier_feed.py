@@ -56,8 +56,8 @@ class TierFeed:
         """List for ``consumer`` from ``since`` (its applied position, 0 for a new one), unless it is
         listed for already from there or before; returns its position, and the backfill batch listed
         for it if any:
-        what the tier committed before the listing began, from ``since`` on, read from the tier's
-        committed view (up to the tier's end ``source_end`` for a new listing, up to where an
+        what the tier committed before the listing began, from ``since`` on, read from the
+        committed tier (up to the tier's end ``source_end`` for a new listing, up to where an
         existing one starts for a consumer that joins it)."""
         at = self.consumers().get(consumer)
         if at is not None and at <= since:
