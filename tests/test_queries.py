@@ -83,3 +83,29 @@ def test_a_fourth_query_is_one_class_and_one_line_in_the_plan(spark, tmp_path, m
     assert Service(conf).run(until_caught_up=True, spark=spark) == 0
     assert CountingQuery.calls[0] == ("start", end)
     assert not [c for c in CountingQuery.calls if c[0] == "batch" and c[4]]
+
+
+def test_until_caught_up_waits_for_spark_to_commit_a_followers_last_batch(tmp_path):
+    """A query over the tier is done under --until-caught-up only once Spark has written the commit
+    of the last batch its handler processed: Spark writes it after foreachBatch returns, and a stop
+    in between leaves Spark's state a batch behind the KV view."""
+
+    class Applied:  # a query over the tier that has applied everything the tier committed
+        def caught_up(self) -> bool:
+            return True
+
+    class Stopped:
+        isActive = False
+
+    conf = make_conf(tmp_path, str(tmp_path / "tier"))
+    service = Service(conf)
+    service.queries = {"compaction": Applied()}
+    service._last_batch["compaction"] = 3  # processed by its handler
+    commits = tmp_path / "checkpoints" / "compaction" / "commits"
+    commits.mkdir(parents=True)
+    for batch_id in range(3):
+        (commits / str(batch_id)).write_text("v1\n{}")
+    streams = {"compaction": Stopped()}
+    assert not service._followers_done(None, streams, ["compaction"])
+    (commits / "3").write_text("v1\n{}")
+    assert service._followers_done(None, streams, ["compaction"])
