@@ -10,10 +10,10 @@ separate ``tierlog produce --rate`` process appending 1 KiB messages over 64 que
 time) over ``--seconds``, read from /proc.  The producer is not in that tree.
 
 variants
-  every-trigger  the compaction query runs a micro-batch at every trigger that finds data (the
-                 behaviour before compaction.min_batch_bytes)
-  batched        compaction.min_batch_bytes = 1 MiB, compaction.max_batch_delay_s = 5: a quiet
-                 broker's compaction runs a micro-batch every 5 s
+  every-trigger  compaction and the mirror run a micro-batch at every trigger that finds data
+                 (min_batch_bytes 0: the default before issue 53)
+  batched        compaction's and the mirror's min_batch_bytes = 1 MiB, max_batch_delay_s = 5: on a
+                 quiet broker each runs a micro-batch every 5 s (the default since issue 53)
   the default    the configuration's defaults, whatever they are now
 
 It prints each round's cores (CPU seconds over wall seconds) and the medians.
@@ -61,12 +61,11 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
         metrics=cfg.MetricsConfig(port=0),
         kafka=cfg.KafkaConfig(bootstrap=kafka, partitions=4) if kafka else cfg.KafkaConfig(),
     )
-    if name == "every-trigger":
-        conf = dataclasses.replace(conf, compaction=dataclasses.replace(conf.compaction, min_batch_bytes=0,
-                                                                        max_batch_delay_s=0.0))
-    elif name == "batched":
-        conf = dataclasses.replace(conf, compaction=dataclasses.replace(conf.compaction, min_batch_bytes=1 << 20,
-                                                                        max_batch_delay_s=5.0))
+    if name in ("every-trigger", "batched"):
+        least, delay = (0, 0.0) if name == "every-trigger" else (1 << 20, 5.0)
+        conf = dataclasses.replace(
+            conf, compaction=dataclasses.replace(conf.compaction, min_batch_bytes=least, max_batch_delay_s=delay),
+            kafka=dataclasses.replace(conf.kafka, mirror_min_batch_bytes=least, mirror_max_batch_delay_s=delay))
     return conf
 
 

@@ -188,13 +188,13 @@ class CompactionConfig:
     )
     snapshot_keep: int = setting(2, "Compacted snapshots kept per topic; older ones are deleted.")
     min_batch_bytes: int = setting(
-        0, "A compaction micro-batch waits until this many commitlog bytes are there, or until "
+        1 << 20, "A compaction micro-batch waits until this many commitlog bytes are there, or until "
         "compaction.max_batch_delay_s: a micro-batch costs Spark several hundred ms of CPU whatever it holds, so "
         "a quiet broker's KV view is then updated seconds apart instead of every trigger. 0: every trigger.",
         size=True)
     max_batch_delay_s: float = setting(
-        0.0, "The longest a compaction micro-batch below compaction.min_batch_bytes waits: how far the KV view "
-        "and the changelog may trail the tier on a quiet broker.")
+        5.0, "The longest a compaction micro-batch below compaction.min_batch_bytes waits: how far the KV view "
+        "and the changelog may trail the tier on a quiet broker. 0: never waits.")
 
 
 @dataclass(frozen=True)
@@ -214,6 +214,13 @@ class KafkaConfig:
         0, "Parallel Spark tasks sending the mirror, each owning some partitions (0: one per two cores with "
         "librdkafka, one per core with kafka-python)."
     )
+    mirror_min_batch_bytes: int = setting(
+        1 << 20, "A mirror micro-batch waits until this many commitlog bytes are there, or until "
+        "kafka.mirror_max_batch_delay_s, as compaction.min_batch_bytes does for the KV view. 0: every trigger.",
+        size=True)
+    mirror_max_batch_delay_s: float = setting(
+        5.0, "The longest a mirror micro-batch below kafka.mirror_min_batch_bytes waits: how far Kafka may trail "
+        "the tier on a quiet broker. 0: never waits.")
     mirror_topic: str = setting("{topic}", "Kafka topic of the mirror; {topic} is the RocketMQ topic.")
     mirror_topic_map: str = setting("", "Explicit mirror topics, `orders=orders-mirror,...`; they win over mirror_topic.")
     changelog_topic: str = setting("{topic}.changelog", "Kafka topic of the changelog; {topic} is the RocketMQ topic.")

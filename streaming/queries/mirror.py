@@ -45,6 +45,11 @@ class MirrorQuery(Query):
         max_bytes = self.ctx.source_options.get("maxBytesPerTrigger")
         if max_bytes:
             reader = reader.option("maxBytesPerTrigger", str(max_bytes))
+        kafka = self.ctx.conf.kafka
+        if not self.ctx.until_caught_up and kafka.mirror_min_batch_bytes and kafka.mirror_max_batch_delay_s:
+            # A quiet broker's mirror runs a micro-batch seconds apart (a catch-up drains what is there).
+            reader = (reader.option("minBytesPerTrigger", str(kafka.mirror_min_batch_bytes))
+                      .option("maxTriggerDelayMs", str(int(kafka.mirror_max_batch_delay_s * 1000))))
         return reader.load()
 
     def caught_up(self) -> bool:
