@@ -80,6 +80,7 @@ def make_conf(root: str, **overrides) -> cfg.Config:
         checkpoint=cfg.CheckpointConfig(dir=os.path.join(root, "checkpoints")),
         spark=cfg.SparkConfig(**overrides.pop("spark", {})),
         kafka=cfg.KafkaConfig(**overrides.pop("kafka", {})),
+        compaction=cfg.CompactionConfig(**overrides.pop("compaction", {})),
     )
 
 
@@ -237,7 +238,10 @@ def freshness(args) -> dict:
 
 def _freshness(args, root: str, broker) -> dict:
     kafka = {"bootstrap": broker.bootstrap, "partitions": 4} if broker else {}
-    conf = make_conf(root, spark={"trigger_interval_s": args.trigger}, kafka=kafka)
+    compaction = {}
+    if args.no_hold:  # compaction and the mirror at every trigger (the defaults before issue 53)
+        kafka, compaction = {**kafka, "mirror_min_batch_bytes": 0}, {"min_batch_bytes": 0}
+    conf = make_conf(root, spark={"trigger_interval_s": args.trigger}, kafka=kafka, compaction=compaction)
     big = _build_big_tier(root, conf, args.big_tier, args.big_queues) if args.big_tier else None
     service = ServiceProcess(root, conf=conf)
     service.start()
@@ -473,6 +477,8 @@ def main() -> None:
     p.add_argument("--trigger", type=float, default=0.5, help="trigger interval in seconds")
     p.add_argument("--drain", type=float, default=120, help="seconds to wait for the tier to commit the whole log")
     p.add_argument("--kafka", action="store_true", help="the Kafka mirror and changelog too (an embedded tansu)")
+    p.add_argument("--no-hold", action="store_true",
+                   help="compaction and the mirror run at every trigger (min_batch_bytes 0), the defaults before")
     p.add_argument("--big-tier", type=int, default=0, metavar="SEGMENTS",
                    help="first seal about this many one-message segments over --big-queues idle queues, as a "
                         "long-running tier has; 0: a new tier")
