@@ -14,6 +14,7 @@ from connectors.tier.backend import open_backend
 from connectors.tier.feed import FeedMessages
 from streaming import config as cfg
 from streaming.checkpoints import SHUFFLE_PARTITIONS, STATE_PROVIDER, Batch
+from streaming.hold import hold_options
 from streaming.kv_handler import CompactionReport, CompactionHandler, compaction_stream
 from streaming.queries.base import Query, RunContext, open_feed
 from streaming.settings import compaction_settings
@@ -66,14 +67,13 @@ class CompactionQuery(Query):
 
     def stream(self, spark):
         conf, copies = self.ctx.conf, self.ctx.settings.copies
-        hold = not self.ctx.until_caught_up  # a catch-up drains what is there
+        hold = hold_options(conf.compaction.min_batch_bytes, conf.compaction.max_batch_delay_s,
+                            self.ctx.until_caught_up)
         return compaction_stream(spark, {"metadata": self.ctx.metadata.path, "startingOffset": self.start_at,
                                          "maxBytesPerTrigger": self.ctx.source_options.get("maxBytesPerTrigger"),
                                          "location": conf.tier.location, "broker": conf.broker.name,
                                          "localCopies": copies and json.dumps(dataclasses.asdict(copies)),
-                                         "topics": self.ctx.settings.filters["compaction"].to_json(),
-                                         "minBytesPerTrigger": hold and conf.compaction.min_batch_bytes or None,
-                                         "maxTriggerDelayMs": hold and int(conf.compaction.max_batch_delay_s * 1000) or None})
+                                         "topics": self.ctx.settings.filters["compaction"].to_json(), **hold})
 
     def start(self, committed_end: int | None) -> None:
         # A new checkpoint (Spark's state lost or never made) reads all the tier holds, so Spark's

@@ -9,6 +9,7 @@ import logging
 from connectors.sinks import MIRROR
 from streaming import config as cfg
 from streaming.checkpoints import Batch
+from streaming.hold import hold_options
 from streaming.queries.base import Query, RunContext, open_feed
 from streaming.mirror_handler import MirrorHandler, MirrorReport
 
@@ -46,11 +47,9 @@ class MirrorQuery(Query):
         if max_bytes:
             reader = reader.option("maxBytesPerTrigger", str(max_bytes))
         kafka = self.ctx.conf.kafka
-        if not self.ctx.until_caught_up and kafka.mirror_min_batch_bytes and kafka.mirror_max_batch_delay_s:
-            # A quiet broker's mirror runs a micro-batch seconds apart (a catch-up drains what is there).
-            reader = (reader.option("minBytesPerTrigger", str(kafka.mirror_min_batch_bytes))
-                      .option("maxTriggerDelayMs", str(int(kafka.mirror_max_batch_delay_s * 1000))))
-        return reader.load()
+        # A quiet broker's mirror runs a micro-batch seconds apart.
+        return reader.options(**hold_options(kafka.mirror_min_batch_bytes, kafka.mirror_max_batch_delay_s,
+                                             self.ctx.until_caught_up)).load()
 
     def caught_up(self) -> bool:
         with self.lock:  # not in the middle of a batch
