@@ -336,6 +336,14 @@ MUTANTS = (
         """                    pass""",
         ("tests/test_tables_latest.py::test_latest_tables_are_the_ledgers_latest_values_at_each_snapshot",),
     ),
+    Mutant(
+        "seal_takes_rows_below_the_sealed_offset",
+        "a seal filters each staging object's rows from one past the queue's sealed offset",
+        "connectors/tier/layout.py",
+        """    keep = table["queue_offset"].to_numpy().astype(np.int64) >= floor[inverse]""",
+        """    keep = table["queue_offset"].to_numpy().astype(np.int64) > floor[inverse]""",
+        ("tests/test_tier_writer.py::test_random_sequences_of_commits_seals_expirations_folds_and_restarts_equal_the_ledger",),
+    ),
 )
 
 

@@ -311,6 +311,25 @@ def sort_rows(table: pa.Table) -> pa.Table:
     return table.take(order)
 
 
+def unsealed_rows(table: pa.Table, sealed_at: dict[tuple[str, int], int]) -> pa.Table:
+    """The rows of a staging object's table whose queue is in ``sealed_at`` and whose queue offset is
+    at or past it, in one filter.
+
+    Why: a seal reads every staging object holding its queues, and on a quiet broker those are
+    hundreds of small objects of every queue each; one filter per queue and object cost 7 of the
+    8 s of CPU a seal of 64 queues over 600 objects of 100 messages took."""
+    if table.num_rows == 0:
+        return table
+    topics = pc.dictionary_encode(table["topic"]).combine_chunks()
+    combined = (topics.indices.to_numpy().astype(np.int64) << 32) | table["queue_id"].to_numpy().astype(np.int64)
+    names = topics.dictionary.to_pylist()
+    uniq, inverse = np.unique(combined, return_inverse=True)
+    never = np.iinfo(np.int64).max  # a queue not being sealed: no row of it is taken
+    floor = np.array([sealed_at.get((names[c >> 32], int(c & 0xFFFFFFFF)), never) for c in uniq.tolist()], np.int64)
+    keep = table["queue_offset"].to_numpy().astype(np.int64) >= floor[inverse]
+    return table if keep.all() else table.filter(pa.array(keep))
+
+
 def split_by_queue(table: pa.Table) -> dict[tuple[str, int], pa.Table]:
     """Slices of a table sorted by (topic, queue_id), one per queue, without copying."""
     if table.num_rows == 0:

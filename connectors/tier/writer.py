@@ -292,15 +292,13 @@ class TierWriter:
         """Write one segment per queue in ``keys`` from its committed staging rows, then commit."""
         if not keys:
             return 0
-        wanted = set(keys)
         parts: dict[tuple[str, int], list[pa.Table]] = {k: [] for k in keys}
+        sealed_at = {k: self.head.queues[k].sealed for k in keys}
         holding = sorted({o.name: o for k in keys for o in self.head.staging_for(k)}.values(), key=lambda o: o.first_phy)
         for obj in holding:
-            table = layout.from_parquet(self.backend.read(obj.name))
+            table = layout.unsealed_rows(layout.from_parquet(self.backend.read(obj.name)), sealed_at)
             for key, piece in layout.split_by_queue(table).items():
-                if key in wanted:
-                    sealed = self.head.queues[key].sealed
-                    parts[key].append(piece.filter(pc.greater_equal(piece["queue_offset"], sealed)))
+                parts[key].append(piece)
         segments = [seg for key, pieces in parts.items() if (seg := self._write_segment(key, pieces))]
         sealed_after = {(s.topic, s.queue_id): s.end + 1 for s in segments}
         retire = [
@@ -314,7 +312,10 @@ class TierWriter:
         return len(segments)
 
     def _write_segment(self, key: tuple[str, int], pieces: list[pa.Table]) -> Segment | None:
-        table = pa.concat_tables(pieces).sort_by("queue_offset")
+        table = pa.concat_tables(pieces).combine_chunks()  # a chunk per staging object would write as many pages
+        offsets = table["queue_offset"].to_numpy()
+        if len(offsets) > 1 and not (offsets[1:] >= offsets[:-1]).all():  # pieces come in offset order
+            table = table.sort_by("queue_offset")
         if table.num_rows == 0:
             return None
         topic, q = key
