@@ -7,8 +7,11 @@ the mirror and the changelog into an embedded tansu, which is not counted); a se
 produce --rate`` process (not counted either); after ``--warmup`` seconds, the CPU of every thread
 of the service's process tree over ``--seconds``, read from ``/proc/<pid>/task/<tid>/stat``
 before and after, user and system time apart.  A thread is put in a part by its process (the
-Python driver, the JVM, Spark's Python workers) and its name (the JVM names its threads; RocksDB
-and librdkafka name theirs).  What is not put in a part is printed as ``unattributed``: threads
+Python driver, the JVM, Spark's Python workers by the module they run: tasks, streaming sources,
+planning) and its name (the JVM names its threads; RocksDB and librdkafka name theirs).  The
+workers' tasks are split by kind (commitlog read, stage, tierfeed read, mirror send) with the CPU
+each task wrote down for its own code (``connectors.task_cpu``, on through ``TIERLOG_TASK_CPU``);
+the rest of the tasks' processes is PySpark's work around them.  What is not put in a part is printed as ``unattributed``: threads
 that ended inside the window, processes that exited (their time reaches the parent's
 children's time), and the difference between a process's own total and its live threads.
 
@@ -28,6 +31,7 @@ from collections import defaultdict
 from bench.common import descendants, report
 from bench.bench_quiet import service_under_load, variant_conf
 from bench.bench_tiering import batch_lines
+from connectors.task_cpu import TASK_CPU
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -73,7 +77,16 @@ def _part(role: str, comm: str) -> str:
             if comm.startswith(prefix):
                 return part
         return "driver: other Python threads (the runner's loop, py4j, metrics)"
-    return "Spark's Python workers (stagers, tierfeed reads, mirror senders, sources)"
+    return PYTHON_PARTS.get(role, PYTHON_PARTS["python-worker"])
+
+
+# Spark's Python processes, by the module their command line runs.
+TASKS = "Spark's Python workers: tasks"
+PYTHON_PARTS = {
+    "python-worker": TASKS,  # pyspark.worker: tasks (reads of the data sources, mapInArrow)
+    "python-source": "Spark's Python workers: streaming sources (offsets, the hold; one process each)",
+    "python-planner": "Spark's Python workers: planning (data source lookup, creation, read plans)",
+}
 
 
 def _stat(path: str) -> tuple[int, int, int, int] | None:
@@ -94,7 +107,27 @@ def _role(pid: int, root: int) -> str:
             cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return "other"
-    return "jvm" if "java" in cmd.split(" ", 1)[0] else "python-worker"
+    if "java" in cmd.split(" ", 1)[0]:
+        return "jvm"
+    if "python_streaming_source_runner" in cmd:
+        return "python-source"
+    if "pyspark.sql.worker." in cmd:  # lookup_data_sources, create_data_source, plan_data_source_read
+        return "python-planner"
+    return "python-worker"
+
+
+def task_cpu(path: str) -> dict[str, float]:
+    """CPU seconds by task kind so far in the service's ``TIERLOG_TASK_CPU`` file
+    (``connectors.task_cpu``)."""
+    kinds: dict[str, float] = defaultdict(float)
+    try:
+        with open(path) as fh:
+            for line in fh:
+                kind, _, seconds = line.rpartition(" ")[0].rpartition(" ")  # kind cpu_seconds pid
+                kinds[kind] += float(seconds)
+    except OSError:
+        pass
+    return dict(kinds)
 
 
 def snapshot(root: int) -> dict:
@@ -132,8 +165,11 @@ def appended(directory: str, start: int | None = None) -> tuple[int, int]:
     return end, records
 
 
-def ledger(before: dict, after: dict, seconds: float, messages: int, nbytes: int) -> dict:
-    """The parts' CPU between two snapshots, and what is left unattributed."""
+def ledger(before: dict, after: dict, seconds: float, messages: int, nbytes: int,
+           kinds: dict[str, float] | None = None) -> dict:
+    """The parts' CPU between two snapshots, and what is left unattributed; ``kinds``: the CPU seconds
+    the workers' tasks spent in tierlog's code in the window, by kind, which the tasks' part is split
+    into (the rest of it is PySpark's work around them)."""
     total = 0
     for pid, (_role_, (u, s, cu, cs)) in after["procs"].items():
         u0, s0, cu0, cs0 = before["procs"].get(pid, (None, (0, 0, 0, 0)))[1]
@@ -144,6 +180,8 @@ def ledger(before: dict, after: dict, seconds: float, messages: int, nbytes: int
         parts[part][0] += u - u0
         parts[part][1] += s - s0
     attributed = sum(u + s for u, s in parts.values())
+    if kinds and TASKS in parts:
+        _split_tasks(parts, kinds)
     gb = nbytes / 1e9
     rows = []
     for part, (u, s) in sorted(parts.items(), key=lambda kv: -sum(kv[1])):
@@ -158,6 +196,21 @@ def ledger(before: dict, after: dict, seconds: float, messages: int, nbytes: int
             "system_share": round(sum(s for _, s in parts.values()) / max(1, attributed), 3)}
 
 
+def _split_tasks(parts: dict, kinds: dict[str, float]) -> None:
+    """Split the workers' tasks part into each kind's own code and PySpark's rest, in proportion of
+    user and system time (a kind's lines count the process's CPU, both together)."""
+    u, s = parts.pop(TASKS)
+    whole = u + s
+    mine = min(whole, sum(kinds.values()) * TICK)  # a task that began before the window counts whole
+    scale = mine / max(1e-9, sum(kinds.values()) * TICK)
+    for kind, cpu_s in sorted(kinds.items()):
+        ticks = cpu_s * TICK * scale
+        share = ticks / max(1e-9, whole)
+        parts[f"{TASKS}: {kind} (tierlog's code)"] = [u * share, s * share]
+    rest = (whole - mine) / max(1e-9, whole)
+    parts[f"{TASKS}: PySpark around them (taking the task, Arrow in and out, the worker's loop)"] = [u * rest, s * rest]
+
+
 def _batches(log_path: str, since: float, until: float) -> dict[str, int]:
     """Micro-batches each query logged between two wall-clock times."""
     counts: dict[str, int] = defaultdict(int)
@@ -169,19 +222,24 @@ def _batches(log_path: str, since: float, until: float) -> dict[str, int]:
 
 def measure(rate: float, args, kafka: str | None) -> dict:
     conf_for = lambda root: variant_conf(root, "the default", kafka)  # noqa: E731
-    with service_under_load(conf_for, rate, args.body, prefix="tierlog-ledger-") as service:
+    with tempfile.TemporaryDirectory(prefix="tierlog-ledger-tasks-") as tasks_dir, \
+            service_under_load(conf_for, rate, args.body, prefix="tierlog-ledger-",
+                               env={TASK_CPU: os.path.join(tasks_dir, "task-cpu")}) as service:
+        cpu_file = service.env[TASK_CPU]
         time.sleep(args.warmup)
         log_start, _ = appended(service.conf.commitlog.dir)
+        kinds0 = task_cpu(cpu_file)
         start_wall, before, t0 = time.time(), snapshot(service.proc.pid), time.monotonic()
         time.sleep(args.seconds)
         after, t1, end_wall = snapshot(service.proc.pid), time.monotonic(), time.time()
+        kinds = {k: v - kinds0.get(k, 0.0) for k, v in task_cpu(cpu_file).items()}
         log_end, messages = appended(service.conf.commitlog.dir, log_start)
         if service.proc.poll() is not None:
             raise RuntimeError(f"the service in {service.root} exited (see {service.log})")
         seconds = t1 - t0
         out = {"rate_msgs_s": rate, "body_bytes": args.body, "window_s": round(seconds, 1),
                "appended": {"messages": messages, "mb": round((log_end - log_start) / 1e6, 1)},
-               **ledger(before, after, seconds, messages, log_end - log_start)}
+               **ledger(before, after, seconds, messages, log_end - log_start, kinds)}
         batches = _batches(service.log, start_wall, end_wall)
         total_batches = sum(batches.values())
         out["micro_batches"] = batches

@@ -70,12 +70,14 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
 
 
 @contextlib.contextmanager
-def service_under_load(conf_for, rate: float, body: int = 1024, prefix: str = "tierlog-quiet-"):
-    """A service over a new root (``conf_for(root)``), its first batch committed, while a separate
-    ``tierlog produce`` appends ``rate`` messages a second of ``body`` bytes over 64 queues; both are
-    killed and the root removed on the way out."""
+def service_under_load(conf_for, rate: float, body: int = 1024, prefix: str = "tierlog-quiet-",
+                       env: dict | None = None):
+    """A service over a new root (``conf_for(root)``), with ``env`` added to its environment, its
+    first batch committed, while a separate ``tierlog produce`` appends ``rate`` messages a second of
+    ``body`` bytes over 64 queues; both are killed and the root removed on the way out."""
     root = tempfile.mkdtemp(prefix=prefix)
     service = ServiceProcess(root, conf=conf_for(root))
+    service.env.update(env or {})
     producer = None
     try:
         service.produce(100, seed=1)

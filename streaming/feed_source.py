@@ -46,6 +46,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from connectors.commitlog.arrow import project_ddl
 from connectors.commitlog.topics import TopicFilter
 from connectors.tier.copies import CopySettings
+from connectors.task_cpu import counted
 from connectors.tier.feed import FeedBatch
 from streaming.hold import BatchHold
 from state.tier_feed import PREFIX, batch_key, listed_batches
@@ -195,8 +196,8 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition):
         if not self.columns:
             return iter(())
-        return read_partition(self.location, self.broker, self.columns, self.topics, partition, self.latest_per_key,
-                              self.copies)
+        return counted("tierfeed read", read_partition(self.location, self.broker, self.columns, self.topics,
+                                                       partition, self.latest_per_key, self.copies))
 
     def commit(self, end: dict) -> None:
         pass  # the handler releases what the mirror applied (state.tier_feed.TierFeed.release)

@@ -51,6 +51,7 @@ from connectors.kafka.errors import KafkaSinkError, KafkaUnavailable
 from connectors.kafka.mirror_sink import MIRROR_COLUMNS, MirrorSink, slot_of
 from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.sink import Health, backoff
+from connectors.task_cpu import counted
 from connectors.tier.backend import open_backend
 from connectors.tier.copies import CopySettings
 from connectors.tier.feed import FeedBatch, read_batches
@@ -146,7 +147,7 @@ def make_sender(task: SendTask, slots: list[int]):
             for index in batch.column("id").to_pylist():
                 yield pa.RecordBatch.from_pylist([send_slot(task, slots[index])], schema=_OUTCOME_SCHEMA)
 
-    return run
+    return lambda batches: counted("mirror send", run(batches))
 
 
 _OUTCOME_SCHEMA = pa.schema([("slot", pa.int32()), ("sent", pa.int64()), ("skipped", pa.int64()),

@@ -60,6 +60,7 @@ from connectors.commitlog.arrow import MESSAGE_DDL, project_ddl
 from streaming.hold import BatchHold
 from connectors.commitlog.reader import ON_CORRUPT, ON_MISSING, CommitLogReader, ReaderOptions
 from connectors.errors import ConfigError
+from connectors.task_cpu import counted
 
 DEFAULT_PARTITION_BYTES = 64 << 20
 
@@ -293,7 +294,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return plan_partitions(self.reader, begin, stop, self.opts.partition_bytes)
 
     def read(self, partition: CommitLogPartition):
-        return read_partition(self.opts, partition)
+        return counted("commitlog read", read_partition(self.opts, partition))
 
     def commit(self, end: dict) -> None:
         pass  # the log is append-only; retention is driven by the safepoint, not by this source

@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from connectors.tier.staging import CommitLogGaps, StagedPart, StageSettings, stage, stage_range
 from connectors.tables.catalog import TableSettings
+from connectors.task_cpu import counted
 from connectors.threads import name_native
 from connectors.tier.writer import TierWriter, WriterSettings
 
@@ -74,7 +75,7 @@ def make_stager(settings: StageSettings, floor: int):
             part = stage(settings, lo, hi, last)
             yield pa.RecordBatch.from_pylist([part.to_row()], schema=StagedPart.SCHEMA)
 
-    return stager
+    return lambda batches: counted("stage", stager(batches))
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import json
 import signal
 import subprocess
@@ -184,3 +185,35 @@ def test_status_watch_refreshes(tmp_path):
     assert len(summaries) == 2 and summaries[0]["tiered_to_phy"] == summaries[1]["tiered_to_phy"] > 0
     bad = tierlog("status", "--watch", "0", env=env)
     assert bad.returncode == 2 and "--watch" in bad.stderr
+
+
+def _burn(seconds: float) -> None:
+    until = time.process_time() + seconds
+    while time.process_time() < until:
+        pass
+
+
+def test_task_cpu_counts_a_tasks_own_steps_not_its_consumers_time(tmp_path, monkeypatch):
+    """The cost ledger's split of Spark's Python workers by task kind (``connectors.task_cpu``)."""
+    from connectors.task_cpu import TASK_CPU, counted
+
+    steps = iter([1, 2, 3])
+    monkeypatch.delenv(TASK_CPU, raising=False)
+    assert counted("stage", steps) is steps  # off: nothing added to a task
+
+    def task():
+        for item in (1, 2, 3):
+            _burn(0.03)
+            yield item
+
+    path = tmp_path / "task-cpu"
+    monkeypatch.setenv(TASK_CPU, str(path))
+    seen = []
+    for item in counted("tierfeed read", task()):
+        seen.append(item)
+        _burn(0.1)  # PySpark's work on what the task yielded: not the task's
+    assert seen == [1, 2, 3]
+    [line] = path.read_text().splitlines()
+    kind, _, rest = line.rpartition(" ")[0].rpartition(" ")
+    assert kind == "tierfeed read" and line.endswith(f" {os.getpid()}")
+    assert 0.08 <= float(rest) < 0.2  # the task's 0.09 s, not the consumer's 0.3 s
