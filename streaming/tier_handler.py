@@ -100,9 +100,12 @@ class TieringHandler:
     """The foreachBatch of the tiering query.  One instance per running query, on the driver.
 
     A batch's maintenance (seals, retention, deletes, folds) runs on a thread of its own after the
-    batch committed, so the next batch's stage (a Spark job on the executors) overlaps it and only
-    its commit waits for it (``writer_lock``): a message is visible as soon as its batch commits,
-    never after a seal of other queues.  Its seals and seconds are in the next batch's report.
+    batch committed, so the next batches' stages and commits overlap it: it holds ``writer_lock``
+    only to plan a seal and to commit it (with retention, deletes and folds), not while the seal
+    reads its staging objects and writes its segments, which on a quiet broker takes seconds every
+    ``tier.segment_age_s``.  A message is visible as soon as its batch commits, never after a seal
+    of other queues.  One maintenance runs at a time, the next starts after the batch that finds
+    the last one done, and its seals and seconds are in that batch's report.
     """
 
     def __init__(self, settings: TieringSettings, metadata, on_batch=None):
@@ -138,8 +141,8 @@ class TieringHandler:
             report.on_driver = True
         clock.lap("stage")
         with self.writer_lock:
-            clock.lap("wait")  # for the last batch's maintenance
-            report.seals, report.phases["maintain"] = self._maintenance_done()
+            clock.lap("wait")  # for a maintenance's planning or commit, if one holds the writer
+            report.seals, report.phases["maintain"] = self._maintenance_taken()
             try:
                 committed = self.writer.commit(batch.batch_id, parts, self.gaps.between, clock.lap)
             finally:
@@ -149,7 +152,8 @@ class TieringHandler:
             return report
         report.rows, report.bytes, report.objects = committed.rows, committed.bytes, committed.objects
         report.source_end, report.max_store_ts = committed.source_end, committed.max_store_ts
-        self._maintained = self._maintenance.submit(self._maintain)
+        if self._maintained is None:  # none running: the last one's result was taken above
+            self._maintained = self._maintenance.submit(self._maintain)
         return report
 
     def _stage_on_driver(self, batch: Batch, floor: int) -> tuple[list[StagedPart], int] | None:
@@ -167,15 +171,29 @@ class TieringHandler:
         return ([part] if part is not None else []), records
 
     def _maintain(self) -> tuple[int, float]:
-        started = time.monotonic()
+        started, now_ms = time.monotonic(), int(time.time() * 1000)
         with self.writer_lock:
-            seals = self.writer.maintain()
+            plan = self.writer.plan_seal(now_ms)
+        built = self.writer.build_seal(plan)  # commits go on meanwhile
+        with self.writer_lock:
+            seals = self.writer.finish_maintenance(built, now_ms)
         return seals, round(time.monotonic() - started, 3)
 
-    def _maintenance_done(self) -> tuple[int, float]:
-        """The last maintenance's seals and seconds (it has finished: the caller holds the writer lock)."""
+    def _maintenance_taken(self) -> tuple[int, float]:
+        """The last maintenance's seals and seconds once it has finished, (0, 0.0) while it runs
+        (the caller holds the writer lock, which the maintenance may be waiting for: never wait on
+        it here)."""
+        done = self._maintained
+        if done is None or not done.done():
+            return 0, 0.0
+        self._maintained = None
+        return done.result()
+
+    def _maintenance_finished(self) -> None:
+        """Wait for the maintenance that runs, without the writer lock (its last step takes it)."""
         done, self._maintained = self._maintained, None
-        return done.result() if done is not None else (0, 0.0)
+        if done is not None:
+            done.result()
 
     def _check_maintenance(self) -> None:
         """A maintenance that failed fails the batch after it, as it would have failed its own."""
@@ -186,10 +204,11 @@ class TieringHandler:
         """On a clean stop: finish the last maintenance and any reconciliation of the tables, then
         fold the records since the last root, so readers and the next start read a root and nothing
         after it."""
-        with self.lock, self.writer_lock:
-            self._maintenance_done()
-            self.writer.settle_tables()
-            self.writer.fold()
+        with self.lock:
+            self._maintenance_finished()
+            with self.writer_lock:
+                self.writer.settle_tables()
+                self.writer.fold()
 
     def close(self) -> None:
         self._maintenance.shutdown(wait=True)

@@ -212,8 +212,40 @@ class TierWriter:
         """Seal due queues, expire old segments, delete retired objects, fold the log; returns the
         segments sealed.  Each step is bounded (see the module's docstring)."""
         now_ms = now_ms or int(time.time() * 1000)
-        due = self.due_for_sealing(now_ms)
-        seals = self.seal(due)
+        return self.finish_maintenance(self.build_seal(self.plan_seal(now_ms)), now_ms)
+
+    # A maintenance in three calls, so that a caller with a lock around the writer can let commits
+    # go on while a seal reads its staging objects and writes its segments (``build_seal`` touches
+    # nothing of the writer's state): on a quiet broker every queue seals by age at once, reading
+    # hundreds of staging objects, and the batches of those seconds waited for it (8-11 s every 10
+    # minutes at 100 msgs/s over 64 queues; docs/benchmarks.md, "the seals of a quiet broker").
+
+    def plan_seal(self, now_ms: int) -> "SealPlan":
+        """What a maintenance at ``now_ms`` seals: the queues due, where each is sealed up to, and
+        the staging objects holding their rows."""
+        keys = self.due_for_sealing(now_ms)
+        holding = sorted({o.name: o for k in keys for o in self.head.staging_for(k)}.values(), key=lambda o: o.first_phy)
+        return SealPlan(keys, {k: self.head.queues[k].sealed for k in keys}, holding)
+
+    def build_seal(self, plan: "SealPlan") -> "BuiltSeal":
+        """Read the plan's staging objects and write one segment and key index per queue; commits
+        may run meanwhile (they add objects, which the plan does not hold, and seal nothing)."""
+        built = BuiltSeal(plan, [], [])
+        if not plan.keys:
+            return built
+        parts: dict[tuple[str, int], list[pa.Table]] = {k: [] for k in plan.keys}
+        for obj in plan.holding:
+            table = layout.unsealed_rows(layout.from_parquet(self.backend.read(obj.name)), plan.sealed_at)
+            for key, piece in layout.split_by_queue(table).items():
+                parts[key].append(piece)
+        built.segments.extend(seg for key, pieces in parts.items() if (seg := self._write_segment(key, pieces, built.uploads)))
+        return built
+
+    def finish_maintenance(self, built: "BuiltSeal", now_ms: int) -> int:
+        """Commit a built seal, then expire, delete and fold as ``maintain`` does; returns the
+        segments sealed."""
+        seals = self._commit_seal(built)
+        due = built.plan.keys
         self.expire(now_ms, due)
         if self._tables_in_step():
             self.delete_retired(now_ms)  # an expired segment's object goes only once no table lists it
@@ -288,18 +320,12 @@ class TierWriter:
                 due.append(key)
         return sorted(due)
 
-    def seal(self, keys: list[tuple[str, int]]) -> int:
-        """Write one segment per queue in ``keys`` from its committed staging rows, then commit."""
-        if not keys:
+    def _commit_seal(self, built: "BuiltSeal") -> int:
+        """The seal record of a built seal, retiring the staging objects no queue needs any more."""
+        self.uploads.extend(built.uploads)
+        if not built.plan.keys:
             return 0
-        parts: dict[tuple[str, int], list[pa.Table]] = {k: [] for k in keys}
-        sealed_at = {k: self.head.queues[k].sealed for k in keys}
-        holding = sorted({o.name: o for k in keys for o in self.head.staging_for(k)}.values(), key=lambda o: o.first_phy)
-        for obj in holding:
-            table = layout.unsealed_rows(layout.from_parquet(self.backend.read(obj.name)), sealed_at)
-            for key, piece in layout.split_by_queue(table).items():
-                parts[key].append(piece)
-        segments = [seg for key, pieces in parts.items() if (seg := self._write_segment(key, pieces))]
+        holding, segments = built.plan.holding, built.segments
         sealed_after = {(s.topic, s.queue_id): s.end + 1 for s in segments}
         retire = [
             o.name for o in holding
@@ -311,7 +337,7 @@ class TierWriter:
         self.index.apply(self.head, record, time.time())
         return len(segments)
 
-    def _write_segment(self, key: tuple[str, int], pieces: list[pa.Table]) -> Segment | None:
+    def _write_segment(self, key: tuple[str, int], pieces: list[pa.Table], uploads: list) -> Segment | None:
         table = pa.concat_tables(pieces).combine_chunks()  # a chunk per staging object would write as many pages
         offsets = table["queue_offset"].to_numpy()
         if len(offsets) > 1 and not (offsets[1:] >= offsets[:-1]).all():  # pieces come in offset order
@@ -322,17 +348,12 @@ class TierWriter:
         base, end = table["queue_offset"][0].as_py(), table["queue_offset"][-1].as_py()
         data = layout.to_parquet(table)
         name = self.log.names.segment(topic, q, base)
-        self._timed_put("segment", name, data)
+        _timed_put(self.backend, uploads, "segment", name, data)
         keys = self.log.names.key_index(topic, q, base)
-        self._timed_put("key_index", keys, layout.key_index(table))
+        _timed_put(self.backend, uploads, "key_index", keys, layout.key_index(table))
         crash_point("seal_uploaded")
         ts = table["store_ts"]
         return Segment(name, topic, q, base, end, table.num_rows, len(data), _ms(pc.min(ts)), _ms(pc.max(ts)), keys)
-
-    def _timed_put(self, kind: str, name: str, data: bytes) -> None:
-        started = time.monotonic()
-        self.backend.put(name, data)
-        self.uploads.append((kind, time.monotonic() - started))
 
     def expire(self, now_ms: int, sealed: list[tuple[str, int]] = ()) -> None:
         """Retention: drop each queue's oldest segments past its topic's limits.  The queues just
@@ -391,3 +412,28 @@ class TierWriter:
 
 def _ms(scalar) -> int:
     return int(scalar.as_py().timestamp() * 1000)
+
+
+def _timed_put(backend: Backend, uploads: list, kind: str, name: str, data: bytes) -> None:
+    started = time.monotonic()
+    backend.put(name, data)
+    uploads.append((kind, time.monotonic() - started))
+
+
+@dataclass(frozen=True)
+class SealPlan:
+    """The queues a seal takes, where each is sealed up to now, and the staging objects holding their
+    unsealed rows, oldest first."""
+
+    keys: list[tuple[str, int]]
+    sealed_at: dict[tuple[str, int], int]
+    holding: list  # connectors.tier.log.StagingObject
+
+
+@dataclass
+class BuiltSeal:
+    """A seal's segments, written and not yet committed, and the uploads that wrote them."""
+
+    plan: SealPlan
+    segments: list[Segment]
+    uploads: list[tuple[str, float]]
