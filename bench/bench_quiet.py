@@ -1,6 +1,6 @@
 """What a quiet broker costs: the whole service's CPU at a low, steady append rate.
 
-    ./dev bench quiet [--rate 100] [--seconds 60] [--warmup 30] [--rounds 2] [--kafka]
+    ./dev bench quiet [--rate 100] [--seconds 60] [--warmup 30] [--rounds 2] [--kafka] [--series S]
 
 For each variant, in alternating order over ``--rounds``: a new root; ``tierlog run`` as a process
 (tiering and compaction, with ``--kafka`` the mirror and the changelog into an embedded tansu); a
@@ -16,7 +16,10 @@ variants
                  quiet broker each runs a micro-batch every 5 s (the default since issue 53)
   the default    the configuration's defaults, whatever they are now
 
-It prints each round's cores (CPU seconds over wall seconds) and the medians.
+It prints each round's cores (CPU seconds over wall seconds) and the medians; with ``--series S``
+also the cores of each S-second slice of the window; and the window's longest tiering batch with
+its phases and the seals in the window (a quiet broker's queues all seal by age every
+``tier.segment_age_s``, 600 s: ``--warmup 0 --seconds 840 --series 30`` takes one such wave in).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import subprocess
 import tempfile
 import time
 
-from bench.bench_tiering import ServiceProcess
+from bench.bench_tiering import ServiceProcess, batch_lines
 from bench.common import descendants, report
 from streaming import config as cfg
 
@@ -97,12 +100,24 @@ def service_under_load(conf_for, rate: float, body: int = 1024, prefix: str = "t
 def measure(name: str, args, kafka: str | None) -> dict:
     with service_under_load(lambda root: variant_conf(root, name, kafka), args.rate) as service:
         time.sleep(args.warmup)
-        cpu0, t0 = tree_cpu_s(service.proc.pid), time.monotonic()
-        time.sleep(args.seconds)
-        cpu1, t1 = tree_cpu_s(service.proc.pid), time.monotonic()
+        cpu0, t0, wall0 = tree_cpu_s(service.proc.pid), time.monotonic(), time.time()
+        series, at, cpu = [], t0, cpu0
+        while at - t0 < args.seconds - 1e-6:  # one slice of --series seconds at a time (all of it without)
+            time.sleep(min(args.series or args.seconds, args.seconds - (at - t0)))
+            now, used = time.monotonic(), tree_cpu_s(service.proc.pid)
+            series.append([round(now - t0), round((used - cpu) / (now - at), 3)])
+            at, cpu = now, used
         if service.proc.poll() is not None:
             raise RuntimeError(f"the service in {service.root} exited (see {service.log})")
-        return {"variant": name, "cores": round((cpu1 - cpu0) / (t1 - t0), 3)}
+        out = {"variant": name, "cores": round((cpu - cpu0) / (at - t0), 3)}
+        if args.series:
+            out["series"] = series
+        tiering = [b for ms, b in batch_lines(service.log) if b["query"] == "tiering" and ms / 1000 >= wall0]
+        if tiering:  # a seal wave (every tier.segment_age_s) shows here as a long batch
+            longest = max(tiering, key=lambda b: b["seconds"])
+            out["longest_tiering_batch"] = {"seconds": longest["seconds"], "phases": longest.get("phases"),
+                                            "seals_in_window": sum(b.get("seals", 0) for b in tiering)}
+        return out
 
 
 def main() -> None:
@@ -113,6 +128,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--kafka", action="store_true", help="the mirror and changelog into an embedded tansu")
     parser.add_argument("--variants", default="every-trigger,batched")
+    parser.add_argument("--series", type=float, default=0.0,
+                        help="also print the cores of each slice of this many seconds of the window")
     args = parser.parse_args()
     broker = None
     if args.kafka:
@@ -121,16 +138,18 @@ def main() -> None:
         broker = EmbeddedBroker(log_path=os.path.join(tempfile.gettempdir(), "tierlog-quiet-tansu.log")).start()
     names = args.variants.split(",")
     rounds: dict[str, list[float]] = {n: [] for n in names}
+    runs = []
     try:
         for r in range(args.rounds):
             for name in (names if r % 2 == 0 else list(reversed(names))):  # alternating order
-                rounds[name].append(measure(name, args, broker.bootstrap if broker else None)["cores"])
+                runs.append(measure(name, args, broker.bootstrap if broker else None))
+                rounds[name].append(runs[-1]["cores"])
     finally:
         if broker is not None:
             broker.stop()
     result = {"benchmark": "quiet", "rate_msgs_s": args.rate, "body_bytes": 1024, "kafka": args.kafka,
               "window_s": args.seconds, "warmup_s": args.warmup,
-              "cores": {n: {"rounds": v, "median": statistics.median(v)} for n, v in rounds.items()}}
+              "cores": {n: {"rounds": v, "median": statistics.median(v)} for n, v in rounds.items()}, "runs": runs}
     if "every-trigger" in rounds and "batched" in rounds:
         result["ratio_batched_over_every_trigger"] = round(
             statistics.median(rounds["batched"]) / statistics.median(rounds["every-trigger"]), 3)
