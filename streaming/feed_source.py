@@ -5,7 +5,7 @@ Its offsets are the commitlog source's own shape, ``{"phy_offset": N}``, and eve
 of a batch the tier committed, so a consumer's batch is whole tier batches: ``state.tier_feed`` lists
 them.  With ``columns`` the source yields those columns of the batches' messages, read back from
 their staging objects (``connectors.tier.feed``: decoded and CRC-checked once, by the stager), one
-partition per staging object; without, it yields no rows and the query's handler reads the
+partition per ``PARTITION_BYTES`` of staging objects (or per backfill); without, it yields no rows and the query's handler reads the
 objects itself (the mirror, per Kafka partition slot).  Spark gives the query its trigger, its
 offset log and its exactly-once bookkeeping, as for every query of ``tierlog run``.
 
@@ -116,20 +116,39 @@ class _Listing:
 
 
 class FeedPartition(InputPartition):
-    """Part of one listed batch: one staging object, or a backfill, within ``[start, end)``."""
+    """What one task reads of the listed batches within ``[start, end)``: some staging objects
+    (each as a ``FeedBatch`` of one object), or one backfill."""
 
-    def __init__(self, batch: FeedBatch, start: int, end: int):
-        super().__init__(batch.to_json())
-        self.batch, self.start, self.end = batch, start, end
+    def __init__(self, batches: list[FeedBatch], start: int, end: int):
+        super().__init__([b.to_json() for b in batches])
+        self.batches, self.start, self.end = tuple(batches), start, end
 
 
-def feed_partitions(batches: list[FeedBatch], start: int, end: int) -> list[FeedPartition]:
-    out = []
+# Staging objects one task reads together, at most (one larger object is a task of its own).
+# Why: a Python task costs PySpark tens of ms of CPU whatever it reads; at 100 msgs/s, with one
+# partition per object, the workers spent 0.068 cores around 0.008 of tierlog's code (the cost
+# ledger, docs/benchmarks.md), a compaction batch of 5 s being 5 tasks of one small object each.
+# 32 MiB is the commitlog source's partition size: a catch-up's objects, about that big, stay one
+# a task, in parallel.
+PARTITION_BYTES = 32 << 20
+
+
+def feed_partitions(batches: list[FeedBatch], start: int, end: int,
+                    max_bytes: int = PARTITION_BYTES) -> list[FeedPartition]:
+    """The listed ``batches`` as partitions: each backfill alone, the staging objects in physical
+    order, grouped up to ``max_bytes``."""
+    out, group, size = [], [], 0
     for batch in batches:
         if batch.backfill:
-            out.append(FeedPartition(batch, start, end))
+            out.append(FeedPartition([batch], start, end))
         for obj in batch.objects:
-            out.append(FeedPartition(FeedBatch(batch.start, batch.end, (obj,)), start, end))
+            if group and size + obj[1] > max_bytes:
+                out.append(FeedPartition(group, start, end))
+                group, size = [], 0
+            group.append(FeedBatch(batch.start, batch.end, (obj,)))
+            size += obj[1]
+    if group:
+        out.append(FeedPartition(group, start, end))
     return out
 
 
@@ -218,7 +237,7 @@ def read_partition(location: str, broker: str | None, columns: tuple[str, ...], 
     backend = open_backend(location, create=False, copies=copies)
     try:
         batches, rows = [], 0
-        for batch in read_batches(backend, [partition.batch], partition.start, partition.end, columns, broker):
+        for batch in read_batches(backend, partition.batches, partition.start, partition.end, columns, broker):
             if topics is not None and not topics.everything and batch.num_rows:
                 batch = batch.filter(topics.mask(batch.column("topic")))
             batch = batch.select(list(columns))

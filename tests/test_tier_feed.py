@@ -306,3 +306,27 @@ def test_the_tierfeed_sources_listing_opens_its_secondary_again_when_a_catch_up_
     finally:
         listing.close()
         store.close()
+
+
+@pytest.mark.parametrize("max_bytes", [1, 20_000, 1 << 30])
+def test_the_tierfeed_partitions_group_staging_objects_and_read_every_message_once(tmp_path, max_bytes):
+    """``feed_partitions`` hands a task several small staging objects (a task's own cost is most of
+    a small one's); whatever the grouping, the partitions read every message of the range once."""
+    from streaming.feed_source import feed_partitions, read_partition
+
+    run, _ = drive(tmp_path, 4, feed=True)
+    end = run.writer.source_end
+    batches = run.store.feed.batches(0, end)
+    objects = [o for b in batches for o in b.objects]
+    parts = feed_partitions(batches, 0, end, max_bytes=max_bytes)
+    grouped = [[o for b in p.batches for o in b.objects] for p in parts]
+    assert [o for g in grouped for o in g] == objects  # each object once, in order
+    assert all(len(g) == 1 or sum(o[1] for o in g) <= max_bytes for g in grouped)
+    assert len(parts) == (len(objects) if max_bytes == 1 else 1 if max_bytes == 1 << 30 else len(parts))
+    assert 1 < len(parts) < len(objects) or max_bytes != 20_000
+    columns = ("topic", "key", "phy_offset", "sysflag")
+    read = sorted(r["phy_offset"] for p in parts
+                  for b in read_partition(run.location, run.writer.settings.broker, columns, None, p)
+                  for r in b.to_pylist())
+    assert read == [r["phy_offset"] for r in expected_rows(run)]
+    run.close()
