@@ -320,9 +320,7 @@ def unsealed_rows(table: pa.Table, sealed_at: dict[tuple[str, int], int]) -> pa.
     8 s of CPU a seal of 64 queues over 600 objects of 100 messages took."""
     if table.num_rows == 0:
         return table
-    topics = pc.dictionary_encode(table["topic"]).combine_chunks()
-    combined = (topics.indices.to_numpy().astype(np.int64) << 32) | table["queue_id"].to_numpy().astype(np.int64)
-    names = topics.dictionary.to_pylist()
+    combined, names = _queue_codes(table)
     uniq, inverse = np.unique(combined, return_inverse=True)
     never = np.iinfo(np.int64).max  # a queue not being sealed: no row of it is taken
     floor = np.array([sealed_at.get((names[c >> 32], int(c & 0xFFFFFFFF)), never) for c in uniq.tolist()], np.int64)
@@ -334,13 +332,15 @@ def split_by_queue(table: pa.Table) -> dict[tuple[str, int], pa.Table]:
     """Slices of a table sorted by (topic, queue_id), one per queue, without copying."""
     if table.num_rows == 0:
         return {}
-    topics = pc.dictionary_encode(table["topic"]).combine_chunks()
-    codes = topics.indices.to_numpy().astype(np.int64)
-    queues = table["queue_id"].to_numpy().astype(np.int64)
-    combined = (codes << 32) | queues
+    combined, names = _queue_codes(table)
+    queues = table["queue_id"].to_numpy()
     starts = np.flatnonzero(np.diff(combined)) + 1
     bounds = [0, *starts.tolist(), table.num_rows]
-    names = topics.dictionary.to_pylist()
-    return {
-        (names[codes[a]], int(queues[a])): table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])
-    }
+    return {(names[combined[a] >> 32], int(queues[a])): table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])}
+
+
+def _queue_codes(table: pa.Table) -> tuple[np.ndarray, list[str]]:
+    """Each row's queue as one int64, ``topic code << 32 | queue_id``, and the topics by code."""
+    topics = pc.dictionary_encode(table["topic"]).combine_chunks()
+    combined = (topics.indices.to_numpy().astype(np.int64) << 32) | table["queue_id"].to_numpy().astype(np.int64)
+    return combined, topics.dictionary.to_pylist()
