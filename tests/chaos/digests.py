@@ -145,6 +145,7 @@ class Changelog:
     resent: int = 0  # records whose (topic, key, position) came before
     misplaced: int = 0  # keys in a partition the default partitioner does not give them
     compacted: dict[tuple[str, str], int | None] = field(default_factory=dict)  # last value's CRC, None: tombstone
+    positions: dict[tuple[str, str], int] = field(default_factory=dict)  # each key's last record's position
 
 
 def changelog(conf: cfg.Config, topics: list[str], timeout_s: float) -> Changelog:
@@ -159,12 +160,32 @@ def changelog(conf: cfg.Config, topics: list[str], timeout_s: float) -> Changelo
             key = r.key.decode()
             seen.append(hash((source, key, position_of(r.headers))))
             out.compacted[(source, key)] = body_digest(r.value)
+            out.positions[(source, key)] = position_of(r.headers)
     out.resent = len(seen) - len(np.unique(np.frombuffer(seen, dtype=np.int64)))
     return out
 
 
 def changelog_expected(want: Expected) -> dict[tuple[str, str], int | None]:
     return {k: None if v.deleted else v.body for k, v in want.latest.items()}
+
+
+def changelog_differences(have: Changelog, want: Expected, examples: int = 5) -> str:
+    """How the compacted changelog differs from the replay's latest value per key, with a few keys
+    and their positions (``""`` if it does not): a failure that says only "differs" cannot be told
+    from a short read, a lost record or a stale one."""
+    expected = changelog_expected(want)
+    missing = sorted(set(expected) - set(have.compacted))
+    extra = sorted(set(have.compacted) - set(expected))
+    stale = sorted(k for k in set(expected) & set(have.compacted) if expected[k] != have.compacted[k])
+    if not (missing or extra or stale):
+        return ""
+
+    def show(keys):
+        return ", ".join(f"{t}/{k} (want phy {want.latest[(t, k)].phy if (t, k) in want.latest else None}, "
+                         f"changelog phy {have.positions.get((t, k))})" for t, k in keys[:examples])
+
+    return (f"{len(missing)} key(s) missing [{show(missing)}], {len(extra)} extra [{show(extra)}], "
+            f"{len(stale)} with another value [{show(stale)}], of {len(expected)} keys in {have.records} records")
 
 
 def kv_differences(entries, want: Expected) -> int:

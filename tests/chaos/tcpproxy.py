@@ -57,6 +57,13 @@ class TcpFaultProxy:
     def down(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
+            # close() alone leaves a thread blocked in accept() holding the socket open, and the
+            # next client got through during the "outage" (a kafka-python producer sent a whole
+            # batch so); shutdown() wakes that accept() with an error.
+            try:
+                listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             listener.close()
         with self._lock:
             conns, self._conns = list(self._conns), set()
@@ -70,6 +77,9 @@ class TcpFaultProxy:
                 client, _ = listener.accept()
             except OSError:
                 return  # closed by down()
+            if self._listener is not listener:  # accepted as down() ran
+                _close(client)
+                return
             try:
                 server = socket.create_connection(self.upstream, timeout=5)
                 server.settimeout(None)
