@@ -235,7 +235,7 @@ class KafkaConfig:
     batch_bytes: int = setting(256 << 10, "The producer's batch size per partition.", size=True)
     max_request_size: int = setting(1 << 20, "Largest record the producer sends (keep at or below the broker's).", size=True)
     delivery_timeout_s: float = setting(
-        120.0, "Seconds the producer retries a record before the sink reconnects and reads its position back."
+        120.0, "Seconds the sink waits for Kafka to take its records before it starts over with a new producer from the positions it reads back (the client never drops a record by itself)."
     )
     on_too_large: str = setting(
         "fail", "A message too large for Kafka: fail stops the query; skip records it (status) and goes on.",

@@ -188,8 +188,9 @@ def test_a_topic_written_by_another_producer_is_refused(conf):
 
 def test_each_record_librdkafka_fails_is_reported_with_its_own_position():
     """librdkafka's delivery reports carry no position: the producer takes the oldest one its
-    partition has in flight.  With no broker, every record expires; each partition's failures
-    must name exactly the positions sent there, in the order they were sent."""
+    partition has in flight.  With no broker every record waits (the client never times one out
+    itself), and a purge fails each of them; each partition's failures must name exactly the
+    positions sent there, in the order they were sent."""
     from connectors.kafka.producers import RdKafkaProducer
     from connectors.kafka.settings import KafkaSettings
 
@@ -210,6 +211,8 @@ def test_each_record_librdkafka_fails_is_reported_with_its_own_position():
         where = (f"t{position % 2}", position % 3)
         producer.send(where[0], where[1], b"k", b"v", [], None, position)
         sent.setdefault(where, []).append(position)
+    assert not producer.flush(1), "records went nowhere, yet were reported"
+    producer._producer.purge(in_queue=True, in_flight=True)  # not discard(): it ignores the reports
     assert producer.flush(30)
     got: dict = {}
     for where, position in failures:

@@ -1,7 +1,13 @@
 """The two Kafka producers a sink can send with: kafka-python, and librdkafka through confluent-kafka.
 
 Both are idempotent with ``acks=all``, so the broker refuses a batch that would land after a
-gap: what ``connectors.kafka.sink``'s exactly-once protocol builds on.  They differ only in
+gap: what ``connectors.kafka.sink``'s exactly-once protocol builds on.  Neither may give up on a
+record by itself: librdkafka skips records that time out in its queue and sends the later ones
+(a new epoch), and kafka-python resets its producer id for expired batches, so a partition
+would hold 1, 4, 5 and the read-back would then skip 2 and 3 (the chaos run lost changelog
+records so in a Kafka outage).  Their own timeouts are off; the sink's flush gives up after
+``kafka.delivery_timeout_s`` and discards the whole producer, whose records that arrived are a
+prefix of each partition's.  They differ only in
 the client library; every error reaches the sink as a :class:`SendError` or a
 ``KafkaSinkError``, never as a library's own type.
 
@@ -86,6 +92,9 @@ def open_producer(settings: KafkaSettings) -> Producer:
     return KafkaPythonProducer(settings)
 
 
+NEVER_MS = 2**31 - 1  # a client's own delivery timeout, off: see the module docstring
+
+
 def _request_timeout_ms(s: KafkaSettings) -> int:
     return max(1000, min(30000, int(s.delivery_timeout_s * 1000) - s.linger_ms - 1))
 
@@ -118,7 +127,7 @@ def kafka_python_options(s: KafkaSettings) -> dict:
     return {**s.client, "acks": "all", "enable_idempotence": True,
             "compression_type": None if s.compression == "none" else s.compression,
             "linger_ms": s.linger_ms, "batch_size": s.batch_bytes, "max_request_size": s.max_request_size,
-            "delivery_timeout_ms": int(s.delivery_timeout_s * 1000), "request_timeout_ms": _request_timeout_ms(s),
+            "delivery_timeout_ms": NEVER_MS, "request_timeout_ms": _request_timeout_ms(s),
             "max_block_ms": int(s.delivery_timeout_s * 1000)}
 
 
@@ -203,7 +212,8 @@ def rdkafka_options(s: KafkaSettings) -> dict:
         conf[_RD_NAMES[name]] = ",".join(value) if isinstance(value, (list, tuple)) else value
     return {**conf, "acks": "all", "enable.idempotence": True, "compression.type": s.compression,
             "linger.ms": s.linger_ms, "batch.size": s.batch_bytes, "message.max.bytes": s.max_request_size,
-            "message.timeout.ms": int(s.delivery_timeout_s * 1000), "request.timeout.ms": _request_timeout_ms(s),
+            # 0: no timeout, and any other failure that would leave a gap stops the producer (fatal).
+            "message.timeout.ms": 0, "enable.gapless.guarantee": True, "request.timeout.ms": _request_timeout_ms(s),
             # Its log lines go to Python logging under "kafka", silenced with kafka-python's unless
             # --log-level DEBUG, instead of librdkafka's own lines on stderr; the sink reports.
             "logger": logging.getLogger("kafka.librdkafka"), "log.connection.close": False}
@@ -235,8 +245,8 @@ class RdKafkaProducer(Producer):
         self._discarded = False
 
     def _client_error(self, err) -> None:
-        # Connection trouble is reported here and retried by librdkafka itself; the records it
-        # cannot deliver in time fail through their own reports.
+        # Connection trouble is reported here and retried by librdkafka itself; records it cannot
+        # deliver wait for the sink's deadline (KafkaSink.flush), never time out by themselves.
         log.debug("librdkafka: %s", err)
 
     def send(self, topic, partition, key, value, headers, timestamp_ms, position) -> None:

@@ -19,7 +19,9 @@ brokers, and counts as ``broker-a``'s (the default name).
 
 Order within a partition holds because there is one producer, records are
 sent in position order, and the producer is idempotent (``acks=all``): the
-broker refuses a batch that would land after a gap.
+broker refuses a batch that would land after a gap.  The client never gives up
+on a record by itself (``connectors.kafka.producers``): only the sink does, by
+discarding the whole producer.
 
 It is longer than most modules because positions, read-back, retries and
 health are one protocol: what a retry may resend depends on what the
@@ -230,12 +232,15 @@ class KafkaSink:
         if self._producer is None:
             return
         started = time.monotonic()
-        while not self._producer.flush(report_every_s):
+        deadline = started + self.settings.delivery_timeout_s
+        while not self._producer.flush(max(0.05, min(report_every_s, deadline - time.monotonic()))):
             waited = time.monotonic() - started
-            if waited > self.settings.delivery_timeout_s + report_every_s:
-                # The producer should have expired these by now; seen to hang after a broker
-                # restart, so start over with a new one (what arrived is skipped by position).
-                raise KafkaUnavailable(f"records not acknowledged within {waited:.0f} s; reconnecting")
+            if time.monotonic() >= deadline:
+                # The clients never give up on a record by themselves (a gap would follow: see
+                # connectors.kafka.producers); here the whole producer is given up, and a new one
+                # sends from the positions read back.
+                raise KafkaUnavailable(f"records not acknowledged within {waited:.0f} s "
+                                       "(kafka.delivery_timeout_s); reconnecting")
             self.health.waiting(f"records not acknowledged for {waited:.0f} s (broker down or slow?)")
             if self.should_stop():
                 raise StopRequested(f"the {self.name} sink stopped while waiting for Kafka")
