@@ -12,11 +12,14 @@ Arrow in and out, the worker's loop).  Unset (the default), it hands the iterato
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Iterator, TypeVar
 
 TASK_CPU = "TIERLOG_TASK_CPU"
+
+log = logging.getLogger("tierlog.ledger")
 
 T = TypeVar("T")
 
@@ -43,8 +46,23 @@ def _counting(kind: str, steps: Iterator[T], path: str) -> Iterator[T]:
                 spent += time.process_time() - started
             yield item
     finally:
+        _write(path, f"{kind} {spent:.6f} {os.getpid()}\n")
+
+
+_unwritable: set[str] = set()  # paths already warned about, in this process
+
+
+def _write(path: str, line: str) -> None:
+    """Append ``line``; a path the task cannot write is warned about once a process and never
+    fails the task: a measurement must not stop what it measures."""
+    try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, f"{kind} {spent:.6f} {os.getpid()}\n".encode())
+            os.write(fd, line.encode())
         finally:
             os.close(fd)
+    except OSError as exc:
+        if path not in _unwritable:
+            _unwritable.add(path)
+            log.warning("%s=%s cannot be written (%s): this process's task CPU goes uncounted",
+                        TASK_CPU, path, exc.strerror or exc)

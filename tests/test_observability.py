@@ -217,3 +217,15 @@ def test_task_cpu_counts_a_tasks_own_steps_not_its_consumers_time(tmp_path, monk
     kind, _, rest = line.rpartition(" ")[0].rpartition(" ")
     assert kind == "tierfeed read" and line.endswith(f" {os.getpid()}")
     assert 0.08 <= float(rest) < 0.2  # the task's 0.09 s, not the consumer's 0.3 s
+
+
+def test_task_cpu_to_a_path_a_task_cannot_write_warns_and_the_task_goes_on(tmp_path, monkeypatch, caplog):
+    from connectors.task_cpu import TASK_CPU, counted
+
+    path = tmp_path / "no such directory" / "task-cpu"
+    monkeypatch.setenv(TASK_CPU, str(path))
+    assert list(counted("stage", iter([1, 2]))) == [1, 2]
+    assert list(counted("stage", iter([3]))) == [3]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tierlog.ledger"]
+    assert len(warnings) == 1 and str(path) in warnings[0], warnings  # once a process, naming the path
+    assert not path.exists()
