@@ -199,6 +199,7 @@ _RD_NAMES = {
     "sasl_plain_password": "sasl.password", "ssl_cafile": "ssl.ca.location",
     "ssl_certfile": "ssl.certificate.location", "ssl_keyfile": "ssl.key.location",
 }
+_DISCARD_WAIT_S = 5.0  # a purge's reports come at once; this only bounds a stuck client
 _POLL_EVERY = 1000  # sends between serving delivery reports, so failures surface during a long batch
 
 
@@ -212,8 +213,9 @@ def rdkafka_options(s: KafkaSettings) -> dict:
         conf[_RD_NAMES[name]] = ",".join(value) if isinstance(value, (list, tuple)) else value
     return {**conf, "acks": "all", "enable.idempotence": True, "compression.type": s.compression,
             "linger.ms": s.linger_ms, "batch.size": s.batch_bytes, "message.max.bytes": s.max_request_size,
-            # 0: no timeout, and any other failure that would leave a gap stops the producer (fatal).
-            "message.timeout.ms": 0, "enable.gapless.guarantee": True, "request.timeout.ms": _request_timeout_ms(s),
+            # 0: no timeout.  Not enable.gapless.guarantee: it makes the discard's purge of records
+            # in flight a fatal error, which the binding raises out of the next flush.
+            "message.timeout.ms": 0, "request.timeout.ms": _request_timeout_ms(s),
             # Its log lines go to Python logging under "kafka", silenced with kafka-python's unless
             # --log-level DEBUG, instead of librdkafka's own lines on stderr; the sink reports.
             "logger": logging.getLogger("kafka.librdkafka"), "log.connection.close": False}
@@ -297,5 +299,12 @@ class RdKafkaProducer(Producer):
 
     def discard(self) -> None:
         self._discarded = True
-        self._producer.purge(in_queue=True, in_flight=True, blocking=True)
-        self._producer.flush(0)  # serves the purged records' reports, which are ignored
+        # purge(blocking=True) does not wait: the binding passes librdkafka's NON_BLOCKING flag for
+        # it (confluent-kafka-python's Producer.c, still in 2.16), so a queued record could go out
+        # after this returned.  The flush waits until every purged record is reported (ignored),
+        # whichever way the flag works.
+        try:
+            self._producer.purge(in_queue=True, in_flight=True)
+            self._producer.flush(_DISCARD_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - it is being thrown away; a fatal error surfaces here
+            log.debug("discarding a librdkafka producer: %s", exc)
