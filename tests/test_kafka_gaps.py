@@ -27,7 +27,7 @@ from connectors.brokers import DEFAULT_BROKER
 from connectors.kafka.producers import open_producer
 from connectors.kafka.records import source_headers
 from connectors.kafka.settings import PRODUCERS, KafkaSettings
-from connectors.kafka.sink import KafkaSink
+from connectors.kafka.sink import ensure_topic
 from tests.chaos.tcpproxy import proxied_broker
 from tests.kafka_helpers import read_topic
 
@@ -57,8 +57,7 @@ def test_records_that_outlive_their_delivery_timeout_in_an_outage_leave_no_gap(c
     topic = f"gaps-{library}"
     settings = KafkaSettings(client={"bootstrap_servers": broker.bootstrap}, partitions=1,
                              delivery_timeout_s=DELIVERY_TIMEOUT_S, producer=library)
-    sink = KafkaSink(settings)
-    sink.learn([topic])  # creates the topic
+    ensure_topic(settings, topic, compacted=False)
     producer = open_producer(settings)
     send(producer, topic, 0)
     assert producer.flush(30), "the broker did not take a record before the cut"

@@ -234,8 +234,9 @@ class KafkaSink:
         started = time.monotonic()
         deadline = started + self.settings.delivery_timeout_s
         while not self._producer.flush(max(0.05, min(report_every_s, deadline - time.monotonic()))):
-            waited = time.monotonic() - started
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            waited = now - started
+            if now >= deadline:
                 # The clients never give up on a record by themselves (a gap would follow: see
                 # connectors.kafka.producers); here the whole producer is given up, and a new one
                 # sends from the positions read back.
