@@ -175,8 +175,8 @@ class TieringHandler:
         with self.writer_lock:
             plan = self.writer.plan_seal(now_ms)
         built = self.writer.build_seal(plan)  # commits go on meanwhile
-        with self.writer_lock:
-            seals = self.writer.finish_maintenance(built, now_ms)
+        with self.writer_lock:  # its own clock: the seal retires its staging objects now, not when planned
+            seals = self.writer.finish_maintenance(built, int(time.time() * 1000))
         return seals, round(time.monotonic() - started, 3)
 
     def _maintenance_taken(self) -> tuple[int, float]:
@@ -201,14 +201,17 @@ class TieringHandler:
             self._maintained.result()
 
     def flush(self) -> None:
-        """On a clean stop: finish the last maintenance and any reconciliation of the tables, then
-        fold the records since the last root, so readers and the next start read a root and nothing
-        after it."""
+        """On a clean stop: finish the last maintenance and any reconciliation of the tables, fold the
+        records since the last root, so readers and the next start read a root and nothing after it,
+        and delete what is past its grace (the consumers of the tier have stopped by now: what the
+        last maintenance retired was still held by them then)."""
         with self.lock:
             self._maintenance_finished()
             with self.writer_lock:
                 self.writer.settle_tables()
-                self.writer.fold()
+                now_ms = int(time.time() * 1000)
+                self.writer.fold(now_ms)
+                self.writer.delete_due(now_ms)
 
     def close(self) -> None:
         self._maintenance.shutdown(wait=True)

@@ -266,3 +266,22 @@ def test_a_batch_commits_while_a_seal_is_built_and_the_tier_equals_the_ledger(tm
     assert all(states[k].sealed == end + 1 < states[k].commit for k, end in sealed.items())  # batch 1 is not in them
     run.maintain()
     assert_tier_equals_ledger(run)
+
+
+def test_a_seal_with_no_grace_deletes_the_staging_objects_it_retired_at_once(tmp_path):
+    """On the wall clock, as the service calls it: a seal retires its staging objects at the
+    maintenance's own clock, so with a grace of 0 the same call deletes them.  Retired at a later
+    ``time.time()``, they stayed until a next maintenance, and a run whose last maintenance sealed
+    stopped with them (CI: test_tier_holds_exactly_the_commitlog_and_seals_segments)."""
+    rng = random.Random(5)
+    run = Run(tmp_path, messages=240, seed=5, faults=Faults())
+    try:
+        run.writer.commit(0, run.parts(0, len(run.written), 3, rng), run.gaps.between)
+        staged = {o.name for o in run.writer.backend.list() if o.name.startswith("_staging/")}
+        assert run.writer.maintain() > 0
+        retired = staged - set(run.writer.head.staging)
+        assert retired, "a seal of every queue retires staging objects"
+        left = {o.name for o in run.writer.backend.list()} & retired
+        assert not left and not set(run.store.pending_deletes()) & retired
+    finally:
+        run.close()

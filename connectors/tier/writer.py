@@ -243,15 +243,21 @@ class TierWriter:
 
     def finish_maintenance(self, built: "BuiltSeal", now_ms: int) -> int:
         """Commit a built seal, then expire, delete and fold as ``maintain`` does; returns the
-        segments sealed."""
-        seals = self._commit_seal(built)
+        segments sealed.  ``now_ms`` is this call's clock (a seal built for seconds retires its
+        staging objects now, not when it was planned)."""
+        seals = self._commit_seal(built, now_ms)
         due = built.plan.keys
         self.expire(now_ms, due)
-        if self._tables_in_step():
-            self.delete_retired(now_ms)  # an expired segment's object goes only once no table lists it
+        self.delete_due(now_ms)
         if len(self.head.tail) >= self.settings.fold_every or self.head.tail_bytes >= self.settings.fold_bytes:
             self.fold(now_ms)
         return seals
+
+    def delete_due(self, now_ms: int) -> None:
+        """``delete_retired``, once the tables no longer list what it would delete (an expired
+        segment's object goes only once no table lists it)."""
+        if self._tables_in_step():
+            self.delete_retired(now_ms)
 
     def settle_tables(self, seconds: float = 30.0) -> None:
         """On a clean stop: let a reconciliation of the tables (a bounded part per maintenance
@@ -320,7 +326,7 @@ class TierWriter:
                 due.append(key)
         return sorted(due)
 
-    def _commit_seal(self, built: "BuiltSeal") -> int:
+    def _commit_seal(self, built: "BuiltSeal", now_ms: int) -> int:
         """The seal record of a built seal, retiring the staging objects no queue needs any more."""
         self.uploads.extend(built.uploads)
         if not built.plan.keys:
@@ -334,7 +340,10 @@ class TierWriter:
         record = seal_record([s.to_json() for s in segments], retire)
         self.log.append(self.head, record)
         crash_point("sealed")
-        self.index.apply(self.head, record, time.time())
+        # Retired at the caller's clock, which delete_retired compares with (as expire() does): at
+        # time.time() the retirement was later than now_ms, so with no grace the same call left the
+        # objects, and a run whose last maintenance sealed stopped with them (a CI failure).
+        self.index.apply(self.head, record, now_ms / 1000)
         return len(segments)
 
     def _write_segment(self, key: tuple[str, int], pieces: list[pa.Table], uploads: list) -> Segment | None:
