@@ -311,36 +311,39 @@ def sort_rows(table: pa.Table) -> pa.Table:
     return table.take(order)
 
 
-def unsealed_rows(table: pa.Table, sealed_at: dict[tuple[str, int], int]) -> pa.Table:
-    """The rows of a staging object's table whose queue is in ``sealed_at`` and whose queue offset is
-    at or past it, in one filter.
+def unsealed_by_queue(tables: list[pa.Table], sealed_at: dict[tuple[str, int], int]) -> dict[tuple[str, int], pa.Table]:
+    """The rows of ``tables`` (staging rows: each sorted by (topic, queue_id, queue_offset), the
+    tables in physical order) whose queue is in ``sealed_at`` and whose queue offset is at or past
+    it, as one slice per queue in queue-offset order: filtered and gathered once for all the tables.
 
-    Why: a seal reads every staging object holding its queues, and on a quiet broker those are
-    hundreds of small objects of every queue each; one filter per queue and object cost 7 of the
-    8 s of CPU a seal of 64 queues over 600 objects of 100 messages took."""
-    if table.num_rows == 0:
-        return table
+    Why: a seal of a quiet broker takes a few rows of every queue from each of hundreds of staging
+    objects.  A filter per queue and object cost 7 of the 8 s of CPU a seal of 64 queues over 600
+    objects of 100 messages took; then a filter per object and a slice per queue and object, joined
+    per queue (38,400 pieces), still cost more than reading the objects (bench/bench_seal.py)."""
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return {}
+    table = pa.concat_tables(tables)
     combined, names = _queue_codes(table)
     uniq, inverse = np.unique(combined, return_inverse=True)
     never = np.iinfo(np.int64).max  # a queue not being sealed: no row of it is taken
     floor = np.array([sealed_at.get((names[c >> 32], int(c & 0xFFFFFFFF)), never) for c in uniq.tolist()], np.int64)
     keep = table["queue_offset"].to_numpy().astype(np.int64) >= floor[inverse]
-    return table if keep.all() else table.filter(pa.array(keep))
-
-
-def split_by_queue(table: pa.Table) -> dict[tuple[str, int], pa.Table]:
-    """Slices of a table sorted by (topic, queue_id), one per queue, without copying."""
+    if len(tables) > 1 or not keep.all():  # one table kept whole is in queue order already: no copy
+        rows = np.flatnonzero(keep)
+        rows = rows[np.argsort(combined[rows], kind="stable")]  # stable: each queue's rows stay in offset order
+        combined, table = combined[rows], table.take(pa.array(rows))
     if table.num_rows == 0:
         return {}
-    combined, names = _queue_codes(table)
-    queues = table["queue_id"].to_numpy()
     starts = np.flatnonzero(np.diff(combined)) + 1
     bounds = [0, *starts.tolist(), table.num_rows]
-    return {(names[combined[a] >> 32], int(queues[a])): table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])}
+    return {(names[combined[a] >> 32], int(combined[a] & 0xFFFFFFFF)): table.slice(a, b - a)
+            for a, b in zip(bounds, bounds[1:])}
 
 
 def _queue_codes(table: pa.Table) -> tuple[np.ndarray, list[str]]:
     """Each row's queue as one int64, ``topic code << 32 | queue_id``, and the topics by code."""
-    topics = pc.dictionary_encode(table["topic"]).combine_chunks()
-    combined = (topics.indices.to_numpy().astype(np.int64) << 32) | table["queue_id"].to_numpy().astype(np.int64)
-    return combined, topics.dictionary.to_pylist()
+    topics = pc.unique(table["topic"])
+    codes = pc.index_in(table["topic"], value_set=topics).to_numpy()
+    combined = (codes.astype(np.int64) << 32) | table["queue_id"].to_numpy().astype(np.int64)
+    return combined, topics.to_pylist()

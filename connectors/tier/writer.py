@@ -73,6 +73,12 @@ class TierIndex(Protocol):
     def record_tables_stopped(self, where: dict | None) -> None: ...
 
 
+# A seal filters and gathers the rows of consecutive staging objects by queue this many bytes of
+# them at a time: once for hundreds of a quiet broker's small objects, while what a seal holds
+# stays the rows it seals and one such group (bench/bench_seal.py).
+SEAL_GATHER_BYTES = 16 << 20
+
+
 @dataclass(frozen=True)
 class WriterSettings:
     location: str
@@ -234,10 +240,21 @@ class TierWriter:
         if not plan.keys:
             return built
         parts: dict[tuple[str, int], list[pa.Table]] = {k: [] for k in plan.keys}
-        for obj in plan.holding:
-            table = layout.unsealed_rows(layout.from_parquet(self.backend.read(obj.name)), plan.sealed_at)
-            for key, piece in layout.split_by_queue(table).items():
+        group: list[pa.Table] = []  # consecutive staging objects, filtered and gathered by queue together
+        grouped = 0
+
+        def gather() -> None:
+            for key, piece in layout.unsealed_by_queue(group, plan.sealed_at).items():
                 parts[key].append(piece)
+            group.clear()
+
+        for obj in plan.holding:
+            group.append(layout.from_parquet(self.backend.read(obj.name)))
+            grouped += group[-1].nbytes
+            if grouped >= SEAL_GATHER_BYTES:
+                gather()
+                grouped = 0
+        gather()
         built.segments.extend(seg for key, pieces in parts.items() if (seg := self._write_segment(key, pieces, built.uploads)))
         return built
 
