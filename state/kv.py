@@ -14,7 +14,8 @@ changed key per batch, a put (the latest body) or a delete.  Contract:
 * **Time to live** (optional, per topic): a key whose latest put is older
   than its topic's TTL (by store time, against the wall clock) is expired by
   ``expire``, which writes a tombstone at that put's physical offset and
-  returns the delete changes.  An index ordered by expiry time keeps the sweep
+  returns the delete changes.  An expiry's tombstone is marked as one, and as
+  not yet sent when no changelog took it (``unsent_expiries``).  An index ordered by expiry time keeps the sweep
   proportional to what expires, not to the number of keys; an update leaves
   its old index entry behind, to be dropped by the sweep that reaches it.
 """
@@ -38,6 +39,10 @@ from state import rocks
 
 SEP = "\x00"
 _HEAD = struct.Struct(">qiqqB")  # phy_offset, queue_id, queue_offset, store_ts (ms), tombstone
+# The tombstone byte: 0 a live value, 1 a delete's tombstone, 2 an expiry's (at the expired put's
+# offset), 3 an expiry's that no changelog has sent yet.  Views written before expiries were marked
+# hold 1 for every tombstone.
+_DELETED, _EXPIRED, _EXPIRED_UNSENT = 1, 2, 3
 _HEAD_DTYPE = np.dtype([("phy", ">i8"), ("queue_id", ">i4"), ("queue_offset", ">i8"), ("store_ts", ">i8"),
                         ("tombstone", "u1")])  # _HEAD as a packed numpy record, for whole batches
 assert _HEAD_DTYPE.itemsize == _HEAD.size
@@ -46,6 +51,7 @@ _ROW_TYPES = (pa.string(), pa.string(), pa.int64(), pa.int32(), pa.int64(), pa.i
 # "topic\x00key", because topics may not start with a control character.
 _APPLIED = b"\x01applied"
 _TTL_CONF = b"\x01ttl"
+_UNSENT = b"\x01unsent_expiries"  # present while a tombstone is marked _EXPIRED_UNSENT
 _TTL_INDEX = b"\x02"
 _EXPIRY = struct.Struct(">q")
 _DATA_START = b"\x03"
@@ -90,10 +96,13 @@ def _dbkey(topic: str, key: str) -> str:
     return f"{topic}{SEP}{key}"
 
 
-def _value(phy: int, queue_id: int, queue_offset: int, store_ts: int, deleted: bool, body: bytes | None) -> bytes:
-    """A stored value: the head, then the body (a tombstone has none)."""
-    head = _HEAD.pack(phy, queue_id, queue_offset, store_ts, int(deleted))
-    return head if deleted else head + (body or b"")
+def _value(phy: int, queue_id: int, queue_offset: int, store_ts: int, deleted: bool, body: bytes | None,
+           tombstone: int | None = None) -> bytes:
+    """A stored value: the head, then the body (a tombstone has none); ``tombstone`` marks one
+    other than a delete's."""
+    tomb = tombstone if tombstone is not None else _DELETED if deleted else 0
+    head = _HEAD.pack(phy, queue_id, queue_offset, store_ts, tomb)
+    return head if tomb else head + (body or b"")
 
 
 def _ttl_key(expiry_ms: int, dbkey: bytes) -> bytes:
@@ -272,7 +281,8 @@ class KVView:
         """Expire every key whose TTL has passed at ``now_ms``; returns the delete changes written.
 
         ``before_write`` sees the changes before they are written (the changelog sends
-        its tombstones there); if it raises, nothing is expired.
+        its tombstones there); if it raises, nothing is expired.  Without it, the tombstones are
+        marked unsent, for a changelog turned on later (``unsent_expiries``).
         """
         if self.read_only:
             raise KVError("the KV view was opened read-only")
@@ -292,7 +302,10 @@ class KVView:
                 continue  # deleted or updated since: the index entry is stale
             gone = Change(entry.topic, entry.key, "delete", entry.phy_offset, entry.queue_id,
                           entry.queue_offset, entry.store_ts)
-            wb.put(k, _value(gone.phy_offset, gone.queue_id, gone.queue_offset, gone.store_ts, True, None))
+            mark = _EXPIRED if before_write is not None else _EXPIRED_UNSENT
+            wb.put(k, _value(gone.phy_offset, gone.queue_id, gone.queue_offset, gone.store_ts, True, None, mark))
+            if mark == _EXPIRED_UNSENT:
+                wb.put(_UNSENT, b"")
             out.append(gone)
         if out and before_write is not None:
             before_write(out)
@@ -361,6 +374,44 @@ class KVView:
         start = _dbkey(topic, "").encode()
         first = next(iter(self.db.keys(from_key=start)), None)
         return first is not None and first.startswith(start)
+
+    def latest_rows(self, tombstones: bool = False) -> Iterator[tuple]:
+        """Every key's latest change in (topic, key) order, as a ``CHANGE_ROW`` tuple: the live keys,
+        and with ``tombstones`` the deletes' tombstones too (body None).  An expiry's tombstone is
+        never among them: it holds the expired put's physical offset, not one of its own."""
+        for raw_key, raw in self.db.items(from_key=_DATA_START):
+            phy, queue_id, queue_offset, store_ts, tomb = _HEAD.unpack_from(raw)
+            if tomb == 0 or (tombstones and tomb == _DELETED):
+                topic, _, key = raw_key.decode().partition(SEP)
+                yield (topic, key, phy, queue_id, queue_offset, store_ts, bool(tomb),
+                       None if tomb else bytes(raw[_HEAD.size :]))
+
+    def unsent_expiries(self) -> list[Change]:
+        """The keys expired while no changelog took their tombstones (one walk of every key, only
+        when there are any)."""
+        out = []
+        if self.db.get(_UNSENT) is None:
+            return out
+        for raw_key, raw in self.db.items(from_key=_DATA_START):
+            phy, queue_id, queue_offset, store_ts, tomb = _HEAD.unpack_from(raw)
+            if tomb == _EXPIRED_UNSENT:
+                topic, _, key = raw_key.decode().partition(SEP)
+                out.append(Change(topic, key, "delete", phy, queue_id, queue_offset, store_ts))
+        return out
+
+    def mark_expiries_sent(self, changes: list[Change]) -> None:
+        """``changes`` (from ``unsent_expiries``) reached a changelog: those still unsent tombstones
+        at the same physical offset are marked sent, in one synced WriteBatch."""
+        if self.read_only:
+            raise KVError("the KV view was opened read-only")
+        keys = [_dbkey(c.topic, c.key).encode() for c in changes]
+        wb = WriteBatch(raw_mode=True)
+        for c, k, raw in zip(changes, keys, self.db.get(keys) if keys else []):
+            held = None if raw is None else _HEAD.unpack_from(raw)
+            if held is not None and held[4] == _EXPIRED_UNSENT and held[0] == c.phy_offset:  # not put again since
+                wb.put(k, _value(c.phy_offset, c.queue_id, c.queue_offset, c.store_ts, True, None, _EXPIRED))
+        wb.delete(_UNSENT)
+        self.db.write(wb, self._sync)
 
     def entries(self, times: dict[str, int] | None = None) -> Iterator[tuple[str, Entry | None]]:
         """Every key of every topic in (topic, key) order: ``(topic, entry)``, entry None for a tombstone.

@@ -116,34 +116,49 @@ class KVWriter:
 
     def _catch_up_changelog(self, applied: int | None, committed: int | None) -> None:
         """Bring the changelog to the query's last commit.  A changelog new to a view that has data
-        starts from the view's keys, so its compacted topic holds every live key."""
+        starts from the view's keys, so its compacted topic holds every live key.  One that was
+        off for a while also gets the tombstones of what the view deleted or expired meanwhile."""
         from state.replay import latest_changes
 
         sent_through = self.metadata.journal.sinks().get(CHANGELOG) if self.metadata is not None else None
-        if sent_through is not None and applied is not None and sent_through < self._messages.first_offset():
-            # A changelog turned on again after a while off: what it missed is no longer there to read.
+        new = sent_through is None
+        again = not new and applied is not None and sent_through < self._messages.first_offset()
+        if again:  # what it missed is no longer there to read
             log.info("changelog: its last record (physical offset %d) is older than what is left to read from; it "
                      "starts again from the KV view", sent_through)
             sent_through = None
         if sent_through is None and applied is not None:
-            entries = sorted((e for _, e in self.kv.entries() if e is not None), key=lambda e: e.phy_offset)
-            rows = [(e.topic, e.key, e.phy_offset, e.queue_id, e.queue_offset, e.store_ts, False, e.body)
-                    for e in entries]  # in CHANGE_ROW order
-            self.changelog.publish_rows(rows)
-            log.info("changelog: started from the KV view's %d live key(s)", len(rows))
+            rows = sorted(self.kv.latest_rows(tombstones=again), key=lambda row: row[2])
+            self.changelog.publish_rows(rows)  # a partition that holds a row's position skips it
+            live = sum(not row[6] for row in rows)
+            log.info("changelog: started from the KV view's %d live key(s) and %d tombstone(s)", live, len(rows) - live)
             sent_through = applied
             self._record_sink(CHANGELOG, applied)
         if sent_through is not None:
             self.changelog.floor = sent_through - 1
-        if committed is None:
+        if committed is not None:
+            start = self._messages.first_offset() if sent_through is None else sent_through
+            if start < committed:
+                changes = latest_changes(self._messages, start, committed, self.key_property, self.settings.topics)
+                self.changelog.publish(changes)
+                log.info("changelog: caught up %d changed key(s) from physical offset %d to %d", changes.num_rows,
+                         start, committed)
+            self._record_sink(CHANGELOG, max(start, committed))
+        if applied is not None:  # after the replay: a key put again and then expired ends deleted
+            self._send_unsent_expiries(applied, send=not new)
+
+    def _send_unsent_expiries(self, applied: int, send: bool) -> None:
+        """Keys that expired while the changelog was off: a replay of the messages cannot find them
+        (an expiry has no message), so their tombstones go now, as expiries; a changelog new to
+        the view never held those keys, and takes none.  Marked sent after, so a crash in between
+        sends them again (a tombstone twice is still one delete in a compacted topic)."""
+        unsent = self.kv.unsent_expiries()
+        if not unsent:
             return
-        start = self._messages.first_offset() if sent_through is None else sent_through
-        if start < committed:
-            changes = latest_changes(self._messages, start, committed, self.key_property, self.settings.topics)
-            self.changelog.publish(changes)
-            log.info("changelog: caught up %d changed key(s) from physical offset %d to %d", changes.num_rows,
-                     start, committed)
-        self._record_sink(CHANGELOG, max(start, committed))
+        if send:
+            self.changelog.expire(unsent, applied)
+            log.info("changelog: sent the tombstones of %d key(s) that expired while it was off", len(unsent))
+        self.kv.mark_expiries_sent(unsent)
 
     def apply(self, batch_id: int, changes: pa.Table, end: int, collect_s: float = 0.0) -> CompactionReport:
         """Apply one batch's changed keys (``CHANGE_REF``) that ends at physical offset ``end``."""

@@ -7,6 +7,8 @@ values, headers), the changelog as a compacted view (tombstones included).
 
 from __future__ import annotations
 
+import pytest
+
 from connectors.commitlog.format import Message
 from streaming import config as cfg
 from streaming.service import Service
@@ -92,6 +94,50 @@ def test_a_changelog_turned_on_later_starts_from_the_view(spark, tmp_path, kafka
     assert {k: v for k, v in got.items() if v is not None} == {k: v for k, v in expected.items() if v is not None}
     assert all(expected[k] is None for k, v in got.items() if v is None)
     assert_mirror_equals_oracle(conf, TOPICS)  # the mirror starts from the log's beginning
+
+
+@pytest.mark.parametrize("off_for", ["one batch", "many batches"])
+def test_a_changelog_on_again_after_a_while_off_sends_the_deletes_and_expiries_it_missed(
+        spark, tmp_path, kafka_bootstrap, kafka_prefix, caplog, off_for):
+    """Kafka off for a while.  Back on, the changelog replays what it missed from the tier's listed
+    batches ("one batch"), or, when they no longer reach back to its last record ("many
+    batches"), starts again from the KV view.  Either way, keys deleted meanwhile and keys whose
+    time to live passed meanwhile get their tombstones: before, the view's start sent live keys
+    only, and neither sent the expiries (an expiry has no message to replay), so the compacted
+    topic kept the old values."""
+    import dataclasses
+    import time
+
+    ttl = dataclasses.replace(COMPACTION, ttl="t0=10m")
+    conf = kafka_conf(make_conf(tmp_path, str(tmp_path / "tier"), compaction=COMPACTION), kafka_bootstrap, kafka_prefix)
+    hour_ago = int(time.time() * 1000) - 3_600_000
+    append(conf, kv_messages(600, keys=60, seed=1, store_ts=hour_ago, delete_ratio=0.0))
+    run(spark, conf)
+    sent = {k for k, v in compacted(changelog_records(conf, TOPICS)).items() if v is not None}
+    assert any(t == "t0" for t, _ in sent) and any(t == "t1" for t, _ in sent)
+
+    off = dataclasses.replace(conf, kafka=cfg.KafkaConfig(), compaction=ttl)  # t0's keys of an hour ago expire
+    if off_for == "many batches":  # 600 KB: batches of 200 KB (make_conf), so the feed moves past the changelog
+        append(off, [Message(topic="t1", body=b"%d" % i * 100, properties={"KEYS": f"n{i % 200}"}) for i in range(2000)])
+    deleted = sorted(k for k in sent if k[0] == "t1")[:10]
+    append(off, [Message(topic=t, body=b"", properties={"KEYS": k, "KV_OP": "DELETE"}) for t, k in deleted])
+    again = sorted(k for k in sent if k[0] == "t0")[:5]  # put again while off, as old: they expire at once
+    append(off, [Message(topic=t, body=b"again", properties={"KEYS": k}, store_ts=hour_ago) for t, k in again])
+    fresh = sorted(k for k in sent if k[0] == "t0")[5:15]  # put again while off, live: sent after all
+    append(off, [Message(topic=t, body=b"fresh", properties={"KEYS": k}) for t, k in fresh])
+    run(spark, off)
+
+    on = dataclasses.replace(conf, compaction=ttl)
+    append(on, kv_messages(50, keys=60, seed=2, delete_ratio=0.0))  # some keys come back
+    with caplog.at_level("INFO", logger="tierlog.compaction"):
+        run(spark, on)
+    assert ("starts again from the KV view" in caplog.text) == (off_for == "many batches")
+    assert "that expired while it was off" in caplog.text
+    got = compacted(changelog_records(on, TOPICS))
+    alive = latest_per_key(on.commitlog.dir, ttl={"t0": 600.0}, now_ms=int(time.time() * 1000))
+    assert {k: v for k, v in got.items() if v is not None} == {k: v["body"] for k, v in alive.items()}
+    assert all(got[k] is None for k in [*deleted, *again] if k not in alive)
+    assert all(got[k] is not None for k in fresh)
 
 
 def test_kafkas_log_cleaner_compacts_the_changelog_to_the_kv_view(spark, tmp_path, kafka_bootstrap, kafka_prefix):

@@ -115,6 +115,33 @@ def test_apply_table_matches_apply(tmp_path):
         assert kv.apply_table(table, applied_through=9) == 0  # a replay changes nothing
 
 
+def test_what_a_changelog_on_again_starts_from(tmp_path):
+    """The live keys, the deletes' tombstones, and the keys that expired while no changelog took
+    their tombstones (marked sent once a changelog has them); an expiry's tombstone, which holds
+    the expired put's offset, is never among the rows."""
+    with KVView(str(tmp_path / "kv"), ttl={"t": 10.0}) as kv:
+        kv.apply([Change("t", "live", "put", 5, store_ts=50_000, body=b"v"),
+                  Change("t", "deleted", "delete", 6, store_ts=50_000),
+                  Change("t", "expired", "put", 3, queue_id=1, queue_offset=7, store_ts=1_000, body=b"x"),
+                  Change("t", "sent", "put", 4, store_ts=1_000, body=b"s")])
+        assert kv.unsent_expiries() == []
+        assert [c.key for c in kv.expire(now_ms=11_000, before_write=lambda changes: None)] == ["expired", "sent"]
+        assert kv.unsent_expiries() == []  # a changelog took them
+        kv.apply([Change("t", "expired", "put", 8, store_ts=20_000, body=b"y"),
+                  Change("t", "later", "put", 9, store_ts=20_000, body=b"z")])
+        assert [c.key for c in kv.expire(now_ms=31_000)] == ["expired", "later"]  # no changelog
+        assert kv.get("t", "expired") is None
+        assert list(kv.latest_rows()) == [("t", "live", 5, 0, 0, 50_000, False, b"v")]
+        assert list(kv.latest_rows(tombstones=True)) == [("t", "deleted", 6, 0, 0, 50_000, True, None),
+                                                         ("t", "live", 5, 0, 0, 50_000, False, b"v")]
+        unsent = kv.unsent_expiries()
+        assert [(c.key, c.op, c.phy_offset, c.store_ts) for c in unsent] == [("expired", "delete", 8, 20_000),
+                                                                             ("later", "delete", 9, 20_000)]
+        kv.apply([Change("t", "later", "put", 10, store_ts=40_000, body=b"w")])  # put again meanwhile
+        kv.mark_expiries_sent(unsent)
+        assert kv.unsent_expiries() == [] and kv.get("t", "later").body == b"w"
+
+
 def test_ttl_expires_keys_once_and_emits_deletes(tmp_path):
     ttl = {"short": 10.0}  # seconds; other topics never expire
     with KVView(str(tmp_path / "kv"), ttl=ttl) as kv:
