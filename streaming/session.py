@@ -90,7 +90,8 @@ def worker_python(master: str) -> str:
     if not master.startswith("local") or not os.path.exists(zip_path) or (
             spark_home and os.path.realpath(spark_home) != os.path.realpath(os.path.dirname(pyspark.__file__))):
         return sys.executable
-    script = WORKER_PYTHON.format(python=sys.executable, py4j=_py4j_zip_case(os.path.dirname(zip_path)))
+    script = WORKER_PYTHON.format(python=sys.executable, py4j=_py4j_zip_case(os.path.dirname(zip_path)),
+                                  quiet_runner=QUIET_RUNNER)
     digest = hashlib.sha1(script.encode()).hexdigest()[:12]
     # Not in /tmp, whose cleaners delete files unused for days under a service that runs for months.
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -137,7 +138,20 @@ done
 unset IFS
 PYTHONPATH=$kept
 export PYTHONPATH
+if [ "$1" = -m ] && [ "$2" = pyspark.sql.streaming.python_streaming_source_runner ]; then
+    # A streaming source's runner whose JVM end closes first (a query that failed or stopped, which
+    # says so itself) fails writing to it, and Python printed that as tracebacks on tierlog's stderr.
+    shift 2
+    exec "{python}" -c '{quiet_runner}' "$@"
+fi
 exec "{python}" "$@"
+"""
+
+QUIET_RUNNER = """import runpy, sys
+try:
+    runpy.run_module("pyspark.sql.streaming.python_streaming_source_runner", run_name="__main__", alter_sys=True)
+except (BrokenPipeError, ConnectionResetError, EOFError):
+    sys.exit(0)
 """
 
 

@@ -71,3 +71,47 @@ def test_spark_python_processes_import_the_installed_pyspark_not_its_zip(spark):
     assert row.file == pyspark.__file__ and ".zip" not in row.file
     if "py4j-" in open(launcher).read():  # the installed py4j is the version Spark's zip holds
         assert ".zip" not in row.py4j, row.py4j
+
+
+def test_a_streaming_source_runner_whose_jvm_end_closes_exits_without_a_traceback(tmp_path):
+    """The launcher runs Spark's Python streaming-source runner so that a JVM end closed first (a
+    query that failed, which says so itself) ends it quietly: Python printed chained EOFError and
+    BrokenPipeError tracebacks on tierlog's stderr (CI: test_a_corrupt_commitlog_stops_the_job_...).
+    The JVM here is a socket that takes the runner's process id and closes."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    import pytest
+
+    from streaming.session import worker_python
+
+    launcher = worker_python("local[2]")
+    if launcher == sys.executable:
+        pytest.skip("Spark's Python is started as it is here (no launcher)")
+    path = str(tmp_path / "jvm.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    took = []
+
+    def jvm():
+        conn, _ = server.accept()
+        took.append(conn.recv(4))  # the runner's process id
+        conn.shutdown(socket.SHUT_RDWR)
+        conn.close()
+
+    thread = threading.Thread(target=jvm, daemon=True)
+    thread.start()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON_WORKER_FACTORY_SECRET"}
+    env["PYTHON_WORKER_FACTORY_SOCK_PATH"] = path
+    try:
+        r = subprocess.run([launcher, "-m", "pyspark.sql.streaming.python_streaming_source_runner"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        thread.join(10)
+        server.close()
+    assert took and len(took[0]) == 4, "the runner never connected"
+    assert "Traceback" not in r.stderr and r.returncode == 0, r.stderr[-2000:]
