@@ -285,3 +285,52 @@ def test_a_seal_with_no_grace_deletes_the_staging_objects_it_retired_at_once(tmp
         assert not left and not set(run.store.pending_deletes()) & retired
     finally:
         run.close()
+
+
+class _DeletesFail:
+    """A backend whose deletes of staging objects fail (an object store refusing them at a stop)."""
+
+    def __init__(self, backend):
+        self._backend, self.refused = backend, 0
+
+    def delete(self, name):
+        if name.startswith("_staging/"):
+            self.refused += 1
+            raise OSError(f"refused to delete {name}")
+        return self._backend.delete(name)
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+
+def test_a_clean_stop_deletes_what_is_past_its_grace_and_a_failed_delete_does_not_fail_it(tmp_path, caplog):
+    """``TieringHandler.flush`` (a clean stop) deletes the objects past their grace after its fold.
+    When the object store refuses, the stop is still clean (a warning): the objects stay listed
+    for deletion, and the next stop or maintenance deletes them."""
+    import dataclasses
+
+    from streaming.tier_handler import TieringHandler, TieringSettings
+
+    rng = random.Random(3)
+    run = Run(tmp_path, messages=240, seed=3, faults=Faults())
+    run.writer.close()
+    settings = dataclasses.replace(run.settings, delete_grace_s=3600.0)  # nothing is due at the seal
+    handler = TieringHandler(TieringSettings(run.stage_settings, settings), run.store)
+    try:
+        handler.writer.commit(0, run.parts(0, len(run.written), 2, rng), run.gaps.between)
+        assert handler.writer.maintain() > 0
+        retired = {n for n in run.store.pending_deletes() if n.startswith("_staging/")}
+        assert retired
+        object.__setattr__(handler.writer.settings, "delete_grace_s", 0.0)  # now past their grace
+        failing = handler.writer.backend = _DeletesFail(handler.writer.backend)
+        with caplog.at_level("WARNING", logger="tierlog.tier"):
+            handler.flush()
+        assert failing.refused and "the next start deletes them" in caplog.text
+        assert retired <= set(run.store.pending_deletes()) and retired <= {o.name for o in failing.list()}
+        handler.writer.backend = failing._backend
+        handler.flush()
+        assert not retired & set(run.store.pending_deletes())
+        assert not retired & {o.name for o in handler.writer.backend.list()}
+    finally:
+        handler.close()
+        run.store.close()
