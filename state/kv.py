@@ -15,9 +15,10 @@ changed key per batch, a put (the latest body) or a delete.  Contract:
   than its topic's TTL (by store time, against the wall clock) is expired by
   ``expire``, which writes a tombstone at that put's physical offset and
   returns the delete changes.  An expiry's tombstone is marked as one, and as
-  not yet sent when no changelog took it (``unsent_expiries``).  An index ordered by expiry time keeps the sweep
-  proportional to what expires, not to the number of keys; an update leaves
-  its old index entry behind, to be dropped by the sweep that reaches it.
+  not yet sent when no changelog took it (``unsent_expiries``).  An index
+  ordered by expiry time keeps the sweep proportional to what expires, not to
+  the number of keys; an update leaves its old index entry behind, to be
+  dropped by the sweep that reaches it.
 """
 
 from __future__ import annotations
@@ -379,25 +380,23 @@ class KVView:
         """Every key's latest change in (topic, key) order, as a ``CHANGE_ROW`` tuple: the live keys,
         and with ``tombstones`` the deletes' tombstones too (body None).  An expiry's tombstone is
         never among them: it holds the expired put's physical offset, not one of its own."""
-        for raw_key, raw in self.db.items(from_key=_DATA_START):
-            phy, queue_id, queue_offset, store_ts, tomb = _HEAD.unpack_from(raw)
-            if tomb == 0 or (tombstones and tomb == _DELETED):
-                topic, _, key = raw_key.decode().partition(SEP)
-                yield (topic, key, phy, queue_id, queue_offset, store_ts, bool(tomb),
-                       None if tomb else bytes(raw[_HEAD.size :]))
+        return self._rows({0, _DELETED} if tombstones else {0})
 
     def unsent_expiries(self) -> list[Change]:
         """The keys expired while no changelog took their tombstones (one walk of every key, only
         when there are any)."""
-        out = []
         if self.db.get(_UNSENT) is None:
-            return out
+            return []
+        return [Change(row[0], row[1], "delete", *row[2:6]) for row in self._rows({_EXPIRED_UNSENT})]
+
+    def _rows(self, kinds: set[int]) -> Iterator[tuple]:
+        """The ``CHANGE_ROW`` tuple of every key whose tombstone byte is in ``kinds``."""
         for raw_key, raw in self.db.items(from_key=_DATA_START):
             phy, queue_id, queue_offset, store_ts, tomb = _HEAD.unpack_from(raw)
-            if tomb == _EXPIRED_UNSENT:
+            if tomb in kinds:
                 topic, _, key = raw_key.decode().partition(SEP)
-                out.append(Change(topic, key, "delete", phy, queue_id, queue_offset, store_ts))
-        return out
+                yield (topic, key, phy, queue_id, queue_offset, store_ts, bool(tomb),
+                       None if tomb else bytes(raw[_HEAD.size :]))
 
     def mark_expiries_sent(self, changes: list[Change]) -> None:
         """``changes`` (from ``unsent_expiries``) reached a changelog: those still unsent tombstones
