@@ -45,6 +45,8 @@ class Ledger:
             stats.append([key[0], key[1], {"first": q["commit"], "last": q["commit"] + n - 1, "rows": n,
                                            "bytes": n * 10, "min_ts": 1000 + q["commit"], "max_ts": 1000 + q["commit"] + n}])
             q["commit"] += n
+            if not q["staging"]:
+                q["unsealed_since"] = batch_id  # the time_ms of its oldest live object
             q["staging"].append(name)
         objects.append({"name": name, "size": 100, "first_phy": self.phy, "time_ms": batch_id, "queues": stats})
         self.phy += 1000
@@ -71,6 +73,12 @@ class Ledger:
         if gone:
             q["low"] = gone[-1]["end"] + 1
         return {"type": "expire", "segments": gone}
+
+
+def unsealed_totals(ledger: Ledger) -> dict:
+    """What a maintenance asks of every queue with unsealed rows: (rows, bytes, oldest time_ms)."""
+    return {k: (q["commit"] - q["sealed"], 10 * (q["commit"] - q["sealed"]), q["unsealed_since"])
+            for k, q in ledger.queues.items() if q["staging"]}
 
 
 def check_view(tier_log: TierLog, ledger: Ledger, keys) -> None:
@@ -108,6 +116,7 @@ def run_workload(tmp_path, seed: int, steps: int, fold_every: int, nqueues: int 
             record = ledger.expire(key, rng.randint(1, 3))
             if record["segments"]:
                 tier_log.append(head, record)
+        assert head.unsealed_totals() == unsealed_totals(ledger), step
         if step % fold_every == fold_every - 1:
             tier_log.fold(head)
         if step % 25 == 0:
@@ -123,6 +132,7 @@ def test_views_and_restarts_agree_with_the_ledger(tmp_path, seed):
     assert again.queues == head.queues and again.seq == head.seq and again.source_end == head.source_end
     live = lambda h: {k: [o.name for o in objs] for k, objs in h.unsealed().items()}  # noqa: E731
     assert live(again) == live(head)
+    assert again.unsealed_totals() == head.unsealed_totals() == unsealed_totals(ledger)
     # Many segments per queue: some moved to pages, and pages are only read when asked for.
     assert any(tier_log.committed().queue(k).pages for k in ledger.queues)
 

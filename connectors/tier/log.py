@@ -94,7 +94,14 @@ class TierHead:
         self.versions: dict[QueueKey, int] = {}  # each queue's manifest version at the root
         self.by_bucket: dict[int, set[QueueKey]] = {}
         self.staging: dict[str, StagingObject] = {}  # live: holding a queue's unsealed rows
-        self.staging_by_queue: dict[QueueKey, list[str]] = {}  # live staging of a queue, oldest first
+        # Live staging of a queue, oldest first; a dict as an ordered set, so a seal that retires
+        # hundreds of objects removes each at once, not by a walk of the queue's list.
+        self.staging_by_queue: dict[QueueKey, dict[str, None]] = {}
+        # (rows, bytes, oldest time_ms) of each queue's live staging, as a maintenance asks whether
+        # it is due: kept up as batches add objects, dropped for a queue a seal or expiry changes.
+        # Why: summed afresh at every maintenance, a quiet broker's 64 queues over the ~600
+        # objects of a 10-minute segment age cost up to 0.09 cores just before each seal wave.
+        self._totals: dict[QueueKey, tuple[int, int, int]] = {}
         self.tail: list[dict] = []  # records since the root
         self.tail_bytes = 0
 
@@ -113,8 +120,12 @@ class TierHead:
 
     def _add_staging(self, obj: StagingObject) -> None:
         self.staging[obj.name] = obj
-        for key in obj.queues:
-            self.staging_by_queue.setdefault(key, []).append(obj.name)  # batches commit in offset order
+        for key, st in obj.queues.items():
+            self.staging_by_queue.setdefault(key, {})[obj.name] = None  # batches commit in offset order
+            totals = self._totals.get(key)
+            if totals is not None and key in self.queues and st["last"] >= self.queues[key].sealed:
+                rows, nbytes, oldest = totals
+                self._totals[key] = (rows + st["rows"], nbytes + st["bytes"], min(oldest, obj.time_ms))
 
     def check(self, record: dict) -> None:
         """Refuse a record that does not follow the head (a bad record is never written)."""
@@ -142,15 +153,18 @@ class TierHead:
             add_counts(self.filtered, record.get("filtered", {}))
             self.source_end, self.last_batch_id = record["source_end"], record["batch_id"]
             self.last_record = record.get("last_record", self.last_record)
-        elif kind == "seal":
+        else:
+            for key in record_keys(record):
+                self._totals.pop(key, None)
+        if kind == "seal":
             for name in record["retire"]:
                 obj = self.staging.pop(name, None)
                 for key in obj.queues if obj else ():
-                    if name in self.staging_by_queue.get(key, ()):
-                        self.staging_by_queue[key].remove(name)
+                    self.staging_by_queue.get(key, {}).pop(name, None)
+                    self._totals.pop(key, None)
             for key in record_keys(record):
                 sealed = self.queues[key].sealed
-                live = [n for n in self.staging_by_queue.get(key, ()) if self.staging[n].queues[key]["last"] >= sealed]
+                live = {n: None for n in self.staging_by_queue.get(key, ()) if self.staging[n].queues[key]["last"] >= sealed}
                 if live:
                     self.staging_by_queue[key] = live
                 else:
@@ -168,6 +182,21 @@ class TierHead:
     def unsealed(self) -> dict[QueueKey, list[StagingObject]]:
         """Every queue with unsealed rows, and the staging objects holding them."""
         return {key: objs for key in list(self.staging_by_queue) if (objs := self.staging_for(key))}
+
+    def unsealed_totals(self) -> dict[QueueKey, tuple[int, int, int]]:
+        """Every queue with unsealed rows: the rows, bytes and oldest ``time_ms`` of the staging
+        objects holding them (the sums ``staging_for`` would give, without walking them again)."""
+        out = {}
+        for key in list(self.staging_by_queue):
+            totals = self._totals.get(key)
+            if totals is None:
+                objs = self.staging_for(key)
+                if not objs:
+                    continue
+                totals = self._totals[key] = (sum(o.queues[key]["rows"] for o in objs),
+                                              sum(o.queues[key]["bytes"] for o in objs), min(o.time_ms for o in objs))
+            out[key] = totals
+        return out
 
 
 class TierLog:

@@ -335,10 +335,7 @@ class TierWriter:
     def due_for_sealing(self, now_ms: int) -> list[tuple[str, int]]:
         s = self.settings
         due = []
-        for key, objs in self.head.unsealed().items():
-            rows = sum(o.queues[key]["rows"] for o in objs)
-            nbytes = sum(o.queues[key]["bytes"] for o in objs)
-            oldest = min(o.time_ms for o in objs)
+        for key, (rows, nbytes, oldest) in self.head.unsealed_totals().items():
             if rows >= s.segment_messages or nbytes >= s.segment_bytes or now_ms - oldest >= s.segment_age_s * 1000:
                 due.append(key)
         return sorted(due)
