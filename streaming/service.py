@@ -61,6 +61,10 @@ class Service:
         self._seen_progress: dict[str, tuple[str, int]] = {}  # query -> (timestamp, batch) of the progress last counted
         self._entered: set[str] = set()  # queries whose batch function has run, in this run
         self._headroom_warned = float("-inf")  # when the last low-headroom warning was logged
+        # Kept open across ticks: it remembers the frontier it reached, so each tick walks only what
+        # was appended since.  A reader opened afresh walked the active file from its start every
+        # second: 0.05 cores at 100 msgs/s after 15 minutes, growing with the file.
+        self._log_reader = None
         self.late = LateStarts(conf.spark.late_start_s, self._late_start)
         self.settings = derive(conf)  # every setting parsed, and refused, before anything opens
 
@@ -124,6 +128,7 @@ class Service:
                     log.error("closing the %s query failed: %s", name, exc)
             if kv is not None:
                 kv.close()
+            self._close_log_reader()
             metadata.close()
             self.metrics.close()
             if owned is not None:
@@ -329,10 +334,12 @@ class Service:
         if needed is None:
             return
         try:
-            with self.settings.reader.open(check_crc=False, on_missing="fail") as reader:
-                room = headroom(reader, needed)
+            if self._log_reader is None:
+                self._log_reader = self.settings.reader.open(check_crc=False, on_missing="fail")
+            room = headroom(self._log_reader, needed)
         except TierlogError as exc:
             log.debug("the commitlog's headroom could not be read: %s", exc)
+            self._close_log_reader()  # the next tick starts afresh
             return
         if room is None:
             return
@@ -342,6 +349,11 @@ class Service:
         if room.below(c.headroom_warn_fraction, c.headroom_warn_s) and time.monotonic() - self._headroom_warned > 300:
             self._headroom_warned = time.monotonic()
             log.warning(room.warning())
+
+    def _close_log_reader(self) -> None:
+        if self._log_reader is not None:
+            self._log_reader.close()
+            self._log_reader = None
 
     def _new_progress(self, name: str, stream, last) -> list:
         """The query's progress reports not counted yet, oldest first.  Usually the last one alone:

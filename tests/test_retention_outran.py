@@ -134,7 +134,17 @@ def test_headroom_warns_before_retention_reaches_what_is_unread(tmp_path, caplog
     service._metadata = MetadataStore(metadata_path(conf), read_only=True)
     try:
         service._watch_retention(tiered_to)
+        # The next tick walks only what was appended since: its reader remembers the frontier (one
+        # opened afresh walked the file being written from its start, every second).
+        reader, end = service._log_reader, service._log_reader.end_offset()
+        append(conf, kv_messages(50, keys=90, seed=15))
+        walks = []
+        real_scan = reader.scan
+        reader.scan = lambda start, *a, **k: (walks.append(start), real_scan(start, *a, **k))[1]
+        service._watch_retention(tiered_to)
+        assert service._log_reader is reader and walks and min(walks) >= end, (walks, end)
     finally:
+        service._close_log_reader()
         service._metadata.close()
     scrape = service.metrics.registry.get_sample_value
     assert scrape("tierlog_commitlog_headroom_bytes") == 0 and scrape("tierlog_commitlog_gaps") == 0
