@@ -15,6 +15,8 @@ variants
   batched        compaction's and the mirror's min_batch_bytes = 1 MiB, max_batch_delay_s = 5: on a
                  quiet broker each runs a micro-batch every 5 s (the default since issue 53)
   the default    the configuration's defaults, whatever they are now
+  spark-mirror   the defaults, but every mirror batch sent by Spark's tasks (kafka.mirror_driver_bytes
+                 = 0: the default before the driver sent a quiet broker's small batches itself)
 
 It prints each round's cores (CPU seconds over wall seconds) and the medians; with ``--series S``
 also the cores of each S-second slice of the window; and the window's longest tiering batch with
@@ -69,6 +71,8 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
         conf = dataclasses.replace(
             conf, compaction=dataclasses.replace(conf.compaction, min_batch_bytes=least, max_batch_delay_s=delay),
             kafka=dataclasses.replace(conf.kafka, mirror_min_batch_bytes=least, mirror_max_batch_delay_s=delay))
+    if name == "spark-mirror":
+        conf = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, mirror_driver_bytes=0))
     return conf
 
 
@@ -153,6 +157,9 @@ def main() -> None:
     if "every-trigger" in rounds and "batched" in rounds:
         result["ratio_batched_over_every_trigger"] = round(
             statistics.median(rounds["batched"]) / statistics.median(rounds["every-trigger"]), 3)
+    if "the default" in rounds and "spark-mirror" in rounds:
+        result["ratio_default_over_spark_mirror"] = round(
+            statistics.median(rounds["the default"]) / statistics.median(rounds["spark-mirror"]), 3)
     report(result)
 
 

@@ -15,7 +15,9 @@ Spark gives the query its micro-batches and checkpoint, and the executors do the
    before it ended, and where it ends), less what the ``mirror`` sink's record says was sent
    (a batch run again after a stop before its commit), and the tier batches listed in it
    (``TierFeed.batches``);
-2. run one Spark task per sender slot (``kafka.mirror_tasks``; see ``default_slots``).  Each task
+2. run one Spark task per sender slot (``kafka.mirror_tasks``; see ``default_slots``), or, for a
+   batch whose staging objects hold at most ``kafka.mirror_driver_bytes``, send it on the driver as
+   one slot, without a Spark job (a quiet broker's batch: the job cost far more than the send).  Each task
    reads the listed staging objects (the mirror's columns only) and sends only the Kafka
    partitions its slot owns (``slot_of``), with its own idempotent producer, in queue order.  A
    partition therefore has one sender and keeps its order, while the slots run in parallel: two
@@ -50,7 +52,7 @@ from connectors.errors import TierlogError
 from connectors.kafka.errors import KafkaSinkError, KafkaUnavailable
 from connectors.kafka.mirror_sink import MIRROR_COLUMNS, MirrorSink, slot_of
 from connectors.kafka.settings import KafkaSettings
-from connectors.kafka.sink import Health, backoff
+from connectors.kafka.sink import Health, backoff, close_shared_producer
 from connectors.task_cpu import counted
 from connectors.tier.backend import open_backend
 from connectors.tier.copies import CopySettings
@@ -75,6 +77,7 @@ class MirrorReport:
     source_end: int
     seconds: float
     attempts: int = 1
+    on_driver: bool = False  # sent by the driver (``kafka.mirror_driver_bytes``), not by Spark's tasks
 
 
 @dataclass(frozen=True)
@@ -93,17 +96,18 @@ class SendTask:
     copies: CopySettings | None = None  # the stagers' local copies, read where they are
 
 
-def send_slot(task: SendTask, slot: int) -> dict:
-    """Send the partitions ``slot`` owns of ``[task.start, task.end)``; the outcome as one row."""
+def send_slot(task: SendTask, slot: int, backend=None) -> dict:
+    """Send the partitions ``slot`` owns of ``[task.start, task.end)``; the outcome as one row.
+    ``backend``: the tier's, open (the driver keeps one); else one is opened and closed here."""
     too_large: list = []
     sink = MirrorSink(task.kafka, owns=lambda topic, p: slot_of(topic, p, task.slots) == slot,
                       on_skip=lambda phy, why: too_large.append([phy, why]), shared_producer=True,
                       topics=task.topics)
     sink.seed(task.partitions, {tuple(_split(k)): v for k, v in task.positions.items()})
     error, retriable = None, False
-    backend = open_backend(task.location, copies=task.copies)
+    tier = backend or open_backend(task.location, copies=task.copies)
     try:
-        sink.publish(lambda: read_batches(backend, task.batches, task.start, task.end, MIRROR_COLUMNS,
+        sink.publish(lambda: read_batches(tier, task.batches, task.start, task.end, MIRROR_COLUMNS,
                                           broker=task.kafka.broker), once=True)
     except KafkaSinkError as exc:
         error, retriable = str(exc), exc.retriable
@@ -113,7 +117,8 @@ def send_slot(task: SendTask, slot: int) -> dict:
         error, retriable = f"reading the tier's staging objects back: {exc}", True  # S3 away: waited out as Kafka is
     finally:
         sink.close()
-        backend.close()
+        if backend is None:
+            tier.close()
     partitions, positions = sink.known()
     owned = {f"{t}\x00{p}": v for (t, p), v in positions.items() if slot_of(t, p, task.slots) == slot}
     return {"slot": slot, "sent": sink.stats.sent, "skipped": sink.stats.skipped, "bytes": sink.stats.bytes,
@@ -162,8 +167,10 @@ class MirrorHandler:
     def __init__(self, kafka: KafkaSettings, location: str, metadata, start_at: int, *, tasks: int = 0,
                  should_stop: Callable[[], bool] = lambda: False,
                  on_batch: Callable[[MirrorReport], None] | None = None,
-                 topics: TopicFilter | None = None, copies: CopySettings | None = None):
+                 topics: TopicFilter | None = None, copies: CopySettings | None = None, driver_bytes: int = 0):
         self.kafka = kafka
+        self.driver_bytes = driver_bytes  # a batch of at most this many bytes of objects is sent here; 0: never
+        self._backend = None  # the tier's, for the batches sent here
         self.copies = copies
         self.topics = topics
         self.location = location
@@ -209,14 +216,22 @@ class MirrorHandler:
                 self.on_batch(report)
 
     def _send(self, spark, start: int, end: int, listed: tuple[FeedBatch, ...], report: MirrorReport) -> None:
-        slots_total = self.tasks or default_slots(self.kafka, spark.sparkContext.defaultParallelism)
+        report.on_driver = self._fits_driver(listed)
+        # One slot owns every partition: positions handed between batches stay valid whoever sends.
+        slots_total = 1 if report.on_driver else self.tasks or default_slots(
+            self.kafka, spark.sparkContext.defaultParallelism)
         pending = list(range(slots_total))
         attempt = 0
         while pending:
             task = SendTask(self.kafka, self.location, listed, start, end, slots_total, dict(self._partitions),
                             dict(self._positions), self.topics, self.copies)
-            outcomes = (spark.range(0, len(pending), 1, len(pending))
-                        .mapInArrow(make_sender(task, pending), OUTCOME_DDL).toArrow().to_pylist())
+            if report.on_driver:
+                if self._backend is None:
+                    self._backend = open_backend(self.location, copies=self.copies)
+                outcomes = [send_slot(task, 0, self._backend)]
+            else:
+                outcomes = (spark.range(0, len(pending), 1, len(pending))
+                            .mapInArrow(make_sender(task, pending), OUTCOME_DDL).toArrow().to_pylist())
             report.attempts += 1
             failed = self._collect(outcomes, report)
             if not failed:
@@ -227,6 +242,20 @@ class MirrorHandler:
             if fatal:
                 raise KafkaSinkError(fatal[0]["error"])
             attempt = backoff(attempt, KafkaUnavailable(failed[0]["error"]), self.health, self.should_stop)
+
+    def _fits_driver(self, listed: tuple[FeedBatch, ...]) -> bool:
+        """Whether the driver sends this batch: its listed objects' bytes within ``driver_bytes``
+        (a backfill's size is not listed: Spark's tasks send it)."""
+        if not self.driver_bytes or any(b.backfill for b in listed):
+            return False
+        return sum(size for b in listed for _name, size, _first in b.objects) <= self.driver_bytes
+
+    def close(self) -> None:
+        """Release what the batches sent here held: the tier's backend, the driver's producer."""
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+        close_shared_producer(self.kafka)
 
     def _collect(self, outcomes: list[dict], report: MirrorReport) -> list[dict]:
         """Take in what each task reached; returns the failed ones."""

@@ -17,11 +17,12 @@ from tests.oracle import latest_per_key, written_rows
 
 def kafka_conf(conf: cfg.Config, bootstrap: str, prefix: str, **kafka) -> cfg.Config:
     """``conf`` with both Kafka sinks on, into topics of this test's own."""
-    # Two sender slots (the default picks one on these 2 cores with librdkafka): the hand-over of
-    # positions between slots and batches is what the crash, outage and chaos tests must cross.
+    # Two sender slots (the default picks one on these 2 cores with librdkafka), and Spark's tasks
+    # sending even the small batches the driver would send itself: the hand-over of positions
+    # between slots and batches is what the crash, outage and chaos tests must cross.
     settings = {"bootstrap": bootstrap, "mirror_topic": f"{prefix}.{{topic}}",
                 "changelog_topic": f"{prefix}.{{topic}}.changelog", "partitions": 4, "linger_ms": 2,
-                "delivery_timeout_s": 20.0, "mirror_tasks": 2, **kafka}
+                "delivery_timeout_s": 20.0, "mirror_tasks": 2, "mirror_driver_bytes": 0, **kafka}
     return dataclasses.replace(conf, kafka=cfg.KafkaConfig(**settings))
 
 

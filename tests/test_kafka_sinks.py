@@ -171,12 +171,14 @@ def test_kafkas_log_cleaner_compacts_the_changelog_to_the_kv_view(spark, tmp_pat
 def test_a_consumer_group_reads_the_mirror(spark, tmp_path, kafka_bootstrap, kafka_prefix):
     """Group subscription on a real broker: a consumer group gets its partitions assigned and reads
     every mirrored message once, then commits its offsets.  The mirror runs with its default sender
-    slots (one, on these 2 cores); the other tests send with two."""
+    slots (one, on these 2 cores) and sends these small batches from the driver; the other tests
+    send with two Spark tasks."""
     import time
 
     from kafka import KafkaConsumer
 
-    conf = kafka_conf(make_conf(tmp_path, str(tmp_path / "tier")), kafka_bootstrap, kafka_prefix, mirror_tasks=0)
+    conf = kafka_conf(make_conf(tmp_path, str(tmp_path / "tier")), kafka_bootstrap, kafka_prefix, mirror_tasks=0,
+                      mirror_driver_bytes=cfg.KafkaConfig().mirror_driver_bytes)
     append(conf, kv_messages(600, keys=100, seed=7, topics=2))
     run(spark, conf)
     want = {m["phy_offset"] for m in __import__("tests.oracle", fromlist=["replay"]).replay(conf.commitlog.dir)}
@@ -197,3 +199,22 @@ def test_a_consumer_group_reads_the_mirror(spark, tmp_path, kafka_bootstrap, kaf
         consumer.close()
     assert sorted(got) == sorted(want)
     assert committed == len(want)
+
+
+def test_small_batches_are_sent_by_the_driver_and_large_ones_by_spark_tasks_exactly_once(
+        spark, tmp_path, kafka_bootstrap, kafka_prefix, caplog):
+    """``kafka.mirror_driver_bytes``: a mirror batch whose staging objects fit is sent by the driver
+    as one slot, a larger one by two Spark tasks; positions pass between them batch to batch, and
+    the topics equal the commitlog's replay record for record (no message twice, none missing)."""
+    import json
+
+    conf = kafka_conf(make_conf(tmp_path, str(tmp_path / "tier"), compaction=COMPACTION), kafka_bootstrap,
+                      kafka_prefix, mirror_driver_bytes=8_000)
+    with caplog.at_level("INFO", logger="tierlog.service"):
+        for round_, messages in enumerate([1500, 40, 1500, 30]):  # large, small, large, small
+            append(conf, kv_messages(messages, keys=150, seed=10 + round_, topics=2))
+            run(spark, conf)
+            assert_kafka_equals_oracle(conf)
+    sent_by = [json.loads(r.getMessage().split("batch ", 1)[1]).get("sent_by") for r in caplog.records
+               if r.getMessage().startswith("batch {") and '"mirror"' in r.getMessage()]
+    assert "driver" in sent_by and "spark" in sent_by, sent_by

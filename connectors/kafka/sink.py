@@ -59,6 +59,21 @@ MAX_BACKOFF_S = 30.0
 _SHARED: dict[str, Producer] = {}  # see KafkaSink.shared_producer
 
 
+def close_shared_producer(settings: KafkaSettings, timeout_s: float = 5.0) -> None:
+    """Close this process's shared producer for ``settings`` (``KafkaSink.shared_producer``), if it
+    has one: for a process that outlives its sinks, as the driver does when it sends the mirror."""
+    producer = _SHARED.pop(_shared_key(settings), None)
+    if producer is not None:
+        try:
+            producer.close(timeout_s)
+        except Exception as exc:  # noqa: BLE001 - closing must not hide the reason we stop
+            log.warning("closing a shared producer: %s", exc)
+
+
+def _shared_key(settings: KafkaSettings) -> str:
+    return repr(sorted(settings.client.items())) + repr(settings)
+
+
 @dataclass
 class SinkStats:
     sent: int = 0
@@ -122,7 +137,7 @@ class KafkaSink:
     def producer(self) -> Producer:
         if self._producer is None:
             if self.shared_producer:
-                key = repr(sorted(self.settings.client.items())) + repr(self.settings)
+                key = _shared_key(self.settings)
                 self._producer = _SHARED.get(key) or _SHARED.setdefault(key, open_producer(self.settings))
                 # A failure the last sink left (it stopped on an error before its flush) is its own:
                 # this sink's records are judged by their own reports.

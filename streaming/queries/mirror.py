@@ -37,6 +37,7 @@ class MirrorQuery(Query):
         self.handler = MirrorHandler(
             ctx.kafka, ctx.conf.tier.location, store, self.start_at, tasks=ctx.conf.kafka.mirror_tasks,
             should_stop=ctx.should_stop, on_batch=self.report, topics=ctx.settings.filters["mirror"], copies=ctx.settings.copies,
+            driver_bytes=ctx.conf.kafka.mirror_driver_bytes,
         )
         self.lock = self.handler.lock
 
@@ -58,10 +59,15 @@ class MirrorQuery(Query):
     def process(self, batch: Batch) -> None:
         self.handler.process(batch)
 
+    def close(self) -> None:
+        self.handler.close()
+
     def report(self, report: MirrorReport) -> None:
         line = {"query": self.name, "batch": report.batch_id, "sent": report.sent, "skipped": report.skipped,
                 "mb": round(report.bytes / 1e6, 3), "source_end": report.source_end,
                 "seconds": round(report.seconds, 3), "attempts": report.attempts}
+        if report.attempts:
+            line["sent_by"] = "driver" if report.on_driver else "spark"
         log.info("batch %s", json.dumps(line))
         m = self.ctx.metrics
         m.batch_seconds.labels(self.name).observe(report.seconds)
