@@ -1,6 +1,6 @@
 """The cost ledger: where the whole service's CPU goes, by part, at a fixed append rate.
 
-    ./dev bench ledger [--rates 100,10000] [--body 1024] [--seconds 60] [--warmup 30] [--kafka]
+    ./dev bench ledger [--rates 100,10000] [--body 1024] [--seconds 60] [--warmup 30] [--kafka] [--slices N]
 
 For each rate: a new root; ``tierlog run`` as a process (tiering and compaction; with ``--kafka``
 the mirror and the changelog into an embedded tansu, which is not counted); a separate ``tierlog
@@ -16,8 +16,12 @@ that ended inside the window, processes that exited (their time reaches the pare
 children's time), and the difference between a process's own total and its live threads.
 
 It prints, per rate, each part's cores, core-seconds per GB of commitlog appended in the window
-and µs per message appended (both counted in the commitlog itself), the total measured from the processes' own counters, the unattributed share, and the
-micro-batches each query ran in the window with the CPU they cost on average.
+and µs per message appended (both counted in the commitlog itself), the total measured from the
+processes' own counters, the unattributed share, and the micro-batches each query ran in the
+window with the CPU they cost on average.  With ``--slices N`` it also prints the window cut in N
+equal slices, each with its total, the driver's and the JVM's resident memory, and the cores of
+every part over 0.005: how the cost moves as the JVM warms up and the tier's unsealed objects
+pile up, and a seal wave (every ``tier.segment_age_s``, 600 s) where one falls in.
 """
 
 from __future__ import annotations
@@ -155,6 +159,20 @@ def snapshot(root: int) -> dict:
     return {"procs": procs, "threads": threads}
 
 
+def rss_mb(snap: dict, root: int) -> dict[str, int]:
+    """Resident memory of the driver and of the JVM, in MB (the workers come and go)."""
+    out = {}
+    for pid, (role, _own) in snap["procs"].items():
+        if role in ("driver", "jvm"):
+            try:
+                with open(f"/proc/{pid}/status") as fh:
+                    kb = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS"))
+            except (OSError, StopIteration):
+                continue
+            out[role] = out.get(role, 0) + kb // 1024
+    return out
+
+
 def appended(directory: str, start: int | None = None) -> tuple[int, int]:
     """The commitlog's end now, and how many records lie between ``start`` and it."""
     from connectors.commitlog.reader import CommitLogReader
@@ -230,8 +248,17 @@ def measure(rate: float, args, kafka: str | None) -> dict:
         log_start, _ = appended(service.conf.commitlog.dir)
         kinds0 = task_cpu(cpu_file)
         start_wall, before, t0 = time.time(), snapshot(service.proc.pid), time.monotonic()
-        time.sleep(args.seconds)
-        after, t1, end_wall = snapshot(service.proc.pid), time.monotonic(), time.time()
+        slices, last, at = [], before, t0
+        for i in range(max(1, args.slices)):
+            time.sleep(max(0.0, t0 + args.seconds * (i + 1) / max(1, args.slices) - time.monotonic()))
+            now, snap = time.monotonic(), snapshot(service.proc.pid)
+            if args.slices > 1:
+                cut = ledger(last, snap, now - at, 1, 1)
+                slices.append({"until_s": round(now - t0), "total_cores": cut["total_cores"],
+                               "rss_mb": rss_mb(snap, service.proc.pid),
+                               "parts": {r["part"]: r["cores"] for r in cut["parts"] if r["cores"] >= 0.005}})
+            last, at = snap, now
+        after, t1, end_wall = last, at, time.time()
         kinds = {k: v - kinds0.get(k, 0.0) for k, v in task_cpu(cpu_file).items()}
         log_end, messages = appended(service.conf.commitlog.dir, log_start)
         if service.proc.poll() is not None:
@@ -245,6 +272,8 @@ def measure(rate: float, args, kafka: str | None) -> dict:
         out["micro_batches"] = batches
         out["cpu_ms_per_micro_batch"] = (round(out["total_cores"] * seconds / total_batches * 1000)
                                          if total_batches else None)
+        if slices:
+            out["slices"] = slices
         return out
 
 
@@ -255,6 +284,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window (default 60)")
     parser.add_argument("--warmup", type=float, default=30.0, help="seconds before the window (default 30)")
     parser.add_argument("--kafka", action="store_true", help="the mirror and changelog into an embedded tansu")
+    parser.add_argument("--slices", type=int, default=1, help="also print the window cut in this many slices")
     args = parser.parse_args()
     broker = None
     if args.kafka:
