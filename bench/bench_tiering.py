@@ -241,6 +241,8 @@ def _freshness(args, root: str, broker) -> dict:
     compaction = {}
     if args.no_hold:  # compaction and the mirror at every trigger (the defaults before issue 53)
         kafka, compaction = {**kafka, "mirror_min_batch_bytes": 0}, {"min_batch_bytes": 0}
+    if broker and args.mirror_driver_bytes is not None:
+        kafka["mirror_driver_bytes"] = args.mirror_driver_bytes
     conf = make_conf(root, spark={"trigger_interval_s": args.trigger}, kafka=kafka, compaction=compaction)
     big = _build_big_tier(root, conf, args.big_tier, args.big_queues) if args.big_tier else None
     service = ServiceProcess(root, conf=conf)
@@ -298,6 +300,7 @@ def _freshness(args, root: str, broker) -> dict:
         "messages": len(latencies), "measured": len(values), "steady_messages": steady,
         "not_committed_within_drain": uncommitted, "trigger_interval_s": args.trigger,
         "kafka": "mirror and changelog on an embedded tansu" if broker else "off",
+        "mirror_driver_bytes": conf.kafka.mirror_driver_bytes if broker else None,
         "tier_before": big or "new",
         "append_to_committed_ms": {"p50": round(q[49]), "p99": round(q[98]), "max": max(values)},
         # The tier's consumers: the KV view (compaction) and, with --kafka, the mirror's acknowledged sends.
@@ -477,6 +480,8 @@ def main() -> None:
     p.add_argument("--trigger", type=float, default=0.5, help="trigger interval in seconds")
     p.add_argument("--drain", type=float, default=120, help="seconds to wait for the tier to commit the whole log")
     p.add_argument("--kafka", action="store_true", help="the Kafka mirror and changelog too (an embedded tansu)")
+    p.add_argument("--mirror-driver-bytes", type=int, default=None, metavar="BYTES",
+                   help="kafka.mirror_driver_bytes: mirror batches up to this size are sent by the driver")
     p.add_argument("--no-hold", action="store_true",
                    help="compaction and the mirror run at every trigger (min_batch_bytes 0), the defaults before")
     p.add_argument("--big-tier", type=int, default=0, metavar="SEGMENTS",

@@ -222,9 +222,9 @@ class KafkaConfig:
         5.0, "The longest a mirror micro-batch below kafka.mirror_min_batch_bytes waits: how far Kafka may trail "
         "the tier on a quiet broker. 0: never waits.")
     mirror_driver_bytes: int = setting(
-        1 << 20, "A mirror micro-batch whose staging objects hold at most this many bytes is sent by the driver "
-        "itself, without a Spark job (a quiet broker's batches); larger ones by kafka.mirror_tasks Spark tasks. "
-        "0: always Spark's tasks.", size=True)
+        8 << 20, "A mirror micro-batch whose staging objects hold at most this many bytes is sent by the driver "
+        "itself, without waiting for a Spark job: sooner in Kafka, for less CPU. Larger ones (catching up) go to "
+        "kafka.mirror_tasks Spark tasks, beside the driver. 0: always Spark's tasks.", size=True)
     mirror_topic: str = setting("{topic}", "Kafka topic of the mirror; {topic} is the RocketMQ topic.")
     mirror_topic_map: str = setting("", "Explicit mirror topics, `orders=orders-mirror,...`; they win over mirror_topic.")
     changelog_topic: str = setting("{topic}.changelog", "Kafka topic of the changelog; {topic} is the RocketMQ topic.")

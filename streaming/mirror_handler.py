@@ -17,7 +17,8 @@ Spark gives the query its micro-batches and checkpoint, and the executors do the
    (``TierFeed.batches``);
 2. run one Spark task per sender slot (``kafka.mirror_tasks``; see ``default_slots``), or, for a
    batch whose staging objects hold at most ``kafka.mirror_driver_bytes``, send it on the driver as
-   one slot, without a Spark job (a quiet broker's batch: the job cost far more than the send).  Each task
+   one slot, without a Spark job (a quiet broker's batch costs far less to send than a job does, and
+   a busy one's reaches Kafka sooner without waiting for a job behind compaction's).  Each task
    reads the listed staging objects (the mirror's columns only) and sends only the Kafka
    partitions its slot owns (``slot_of``), with its own idempotent producer, in queue order.  A
    partition therefore has one sender and keeps its order, while the slots run in parallel: two
