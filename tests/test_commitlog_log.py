@@ -362,6 +362,45 @@ def test_a_long_lived_reader_lets_go_of_files_gc_deleted(log_dir):
         assert held == []
 
 
+def _resident_kb(directory: str) -> dict[str, int]:
+    """The kernel's count of this process's resident pages of each mapped file of ``directory``."""
+    out: dict[str, int] = {}
+    path = None
+    with open(f"/proc/{os.getpid()}/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line
+                path = head[5] if len(head) >= 6 and head[5].startswith(directory) else None
+            elif path and head[0] == "Rss:":
+                out[path] = out.get(path, 0) + int(head[1])
+    return out
+
+
+def test_a_long_lived_reader_lets_go_of_the_pages_it_walked_past(log_dir):
+    """The service's readers walk forward for months; what they walked past must not stay resident
+    in the process (it did: the driver grew by twice the append rate, until the broker deleted
+    files).  The oracle is the kernel's own count of resident pages per mapping."""
+    from connectors.commitlog.reader import RELEASE_STEP
+
+    size = 2 * RELEASE_STEP + (1 << 20)
+    written = fill(log_dir, 11 * size // 4 // 4100, file_size=size, body=4000)  # two files and three quarters
+    with CommitLogReader(log_dir) as r:
+        files = r.files()
+        assert len(files) == 3
+        end = r.end_offset()
+        r.scan(files[0].base, end)  # touches a header in every page of every file
+        walked = _resident_kb(log_dir)
+        assert len(walked) == 3 and min(walked.values()) > RELEASE_STEP // 1024
+        at = r.scan(files[2].base, max_bytes=RELEASE_STEP + (64 << 10)).end
+        assert at - files[2].base > RELEASE_STEP
+        assert r.scan(at, end).end == end  # a later walk, from past the last file's first 16 MiB
+        left = _resident_kb(log_dir)
+        assert set(left) == {files[2].path}, "files wholly walked past are unmapped"
+        assert left[files[2].path] <= (end - at) // 1024 + 2048, "the pages below the walk's start are dropped"
+        rows = sum(b.num_rows for b in r.record_batches(files[0].base, end))  # and all of it reads again
+        assert rows == len(written)
+
+
 def test_producer_killed_between_its_two_writes_leaves_a_pending_tail(log_dir, tmp_path):
     """The writer's torn_append crash point: a batch written with its first TOTALSIZE still pending.
 
