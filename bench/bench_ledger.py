@@ -160,16 +160,19 @@ def snapshot(root: int) -> dict:
 
 
 def rss_mb(snap: dict, root: int) -> dict[str, int]:
-    """Resident memory of the driver and of the JVM, in MB (the workers come and go)."""
+    """Resident memory of the driver and of the JVM, in MB (the workers come and go), and of it the
+    mapped files' pages (``ROLE_file``: the commitlog's, which the page cache could reclaim)."""
     out = {}
     for pid, (role, _own) in snap["procs"].items():
         if role in ("driver", "jvm"):
             try:
                 with open(f"/proc/{pid}/status") as fh:
-                    kb = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS"))
-            except (OSError, StopIteration):
+                    kb = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in fh)
+                          if k in ("VmRSS", "RssFile")}
+            except (OSError, ValueError):
                 continue
-            out[role] = out.get(role, 0) + kb // 1024
+            out[role] = out.get(role, 0) + kb.get("VmRSS", 0) // 1024
+            out[f"{role}_file"] = out.get(f"{role}_file", 0) + kb.get("RssFile", 0) // 1024
     return out
 
 

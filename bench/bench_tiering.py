@@ -310,8 +310,7 @@ def _freshness(args, root: str, broker) -> dict:
         "first_tiering_batches_s": first_tiering,
         "commit_maintain_s": {"p50": statistics.median(commit_maintain), "mean": round(statistics.mean(commit_maintain), 3),
                               "max": max(commit_maintain), "first_10": commit_maintain[:10]},
-        # the service process reads TIERLOG_* over its config file, as `tierlog run` does
-        "tables": os.environ.get("TIERLOG_TABLES_ENABLED", "true" if conf.tables.enabled else "false"),
+        "tables": conf.tables.enabled,  # the service's environment has no TIERLOG_* (ServiceProcess): its config says
         "target_p99_ms": 1000,
     }
 
