@@ -56,6 +56,7 @@ TAIL_WINDOW = 1 << 20  # bytes after a suspect record checked for later data
 SETTLE_S = 1.0  # how long a suspect record on the live frontier must stay unchanged to be corruption
 # Pages a walk leaves behind in its file before they are let go (``CommitLogReader._let_go_below``).
 RELEASE_STEP = 16 << 20
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)  # Linux; elsewhere pages stay until the file is unmapped
 ON_CORRUPT = ("fail", "quarantine")
 ON_MISSING = ("fail", "skip")
 # The reason a range deleted before it was read is quarantined with under on_missing = "skip": the
@@ -252,8 +253,9 @@ class CommitLogReader:
             self._released.pop(f.path, None)
         return mm
 
-    def _let_go_below(self, files: list[MappedFile], offset: int) -> None:
-        """Let go of the mapped pages below ``offset``, where a walk starts: files wholly below it are
+    def _let_go_below(self, files: list[MappedFile], idx: int | None, offset: int) -> None:
+        """Let go of the mapped pages below ``offset``, where a walk starts (in ``files[idx]``, as
+        ``_locate`` found it; None: at the log's end): files wholly below it are
         unmapped, and its own file's pages below it dropped from this process (``MADV_DONTNEED``),
         every ``RELEASE_STEP`` bytes.  The page cache keeps them; a later read maps them again.
 
@@ -261,14 +263,15 @@ class CommitLogReader:
         planning) walks forward only, and each page it touched stayed in the process's resident
         memory until the broker deleted the file: a quiet broker's driver grew 13.5 MB a minute,
         twice the append rate, and a busy broker's retained commitlog would all be counted in it."""
-        self._unmap([f.path for f in files if f.end <= offset and f.path in self._maps])
-        f = next((g for g in files if g.base <= offset < g.end), None)
+        below = files if idx is None else files[:idx]
+        self._unmap([f.path for f in below if f.path in self._maps])
+        f = None if idx is None else files[idx]
         mm = None if f is None else self._maps.get(f.path)
-        if mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+        if mm is None or _DONTNEED is None:
             return
         upto = (offset - f.base) // mmap.PAGESIZE * mmap.PAGESIZE
         if upto - self._released.get(f.path, 0) >= RELEASE_STEP:
-            mm.madvise(mmap.MADV_DONTNEED, 0, upto)
+            mm.madvise(_DONTNEED, 0, upto)
             self._released[f.path] = upto
 
     # ------------------------------------------------------------ walking
@@ -356,7 +359,7 @@ class CommitLogReader:
                 return
             start = files[0].base
         idx = self._locate(files, start)
-        self._let_go_below(files, start)
+        self._let_go_below(files, idx, start)
         records_left = max_records if max_records is not None else -1  # -1 never reaches 0
         bytes_left = max_bytes if max_bytes is not None else 1 << 62
         pos_abs = start
