@@ -143,6 +143,9 @@ def task_cpu(path: str) -> dict[str, float]:
     return dict(kinds)
 
 
+SAMPLE_S = 1.0
+
+
 class Sampler:
     """Snapshots every ``SAMPLE_S`` through a window, so a thread or process that ends inside it
     is counted in its part up to its last sample, not left unattributed (Spark's executor threads
@@ -151,23 +154,18 @@ class Sampler:
     def __init__(self, root: int):
         self.root = root
         self.threads: dict = {}  # every thread seen, at its latest sample
-        self.procs: dict = {}
 
     def sample(self) -> dict:
         """A snapshot: the processes alive now; every thread seen so far, at its latest counters."""
         snap = snapshot(self.root)
         self.threads.update(snap["threads"])
-        self.procs = snap["procs"]
-        return {"procs": dict(self.procs), "threads": dict(self.threads)}
+        return {"procs": snap["procs"], "threads": dict(self.threads)}
 
     def sleep_until(self, deadline: float) -> dict:
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(SAMPLE_S, left))
             self.sample()
         return self.sample()
-
-
-SAMPLE_S = 1.0
 
 
 def snapshot(root: int) -> dict:
@@ -232,11 +230,14 @@ def ledger(before: dict, after: dict, seconds: float, messages: int, nbytes: int
         u0, s0, cu0, cs0 = before["procs"].get(pid, (None, (0, 0, 0, 0)))[1]
         total += (u + s + cu + cs) - (u0 + s0 + cu0 + cs0)
     parts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    by_pid: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # the same, per process
     for key, (part, u, s) in after["threads"].items():
         _p, u0, s0 = before["threads"].get(key, (part, 0, 0))
         parts[part][0] += u - u0
         parts[part][1] += s - s0
-    unthreaded = _unthreaded(before, after)
+        by_pid[key[0]][0] += u - u0
+        by_pid[key[0]][1] += s - s0
+    unthreaded = _unthreaded(before, after, by_pid)
     jvm_u, jvm_s = unthreaded.pop("jvm", [0, 0])
     if jvm_u + jvm_s > 0:
         parts[JVM_SHORT] = [max(0, jvm_u), max(0, jvm_s)]
@@ -259,15 +260,10 @@ def ledger(before: dict, after: dict, seconds: float, messages: int, nbytes: int
             "system_share": round(sum(s for _, s in parts.values()) / max(1, attributed), 3)}
 
 
-def _unthreaded(before: dict, after: dict) -> dict[str, list[int]]:
+def _unthreaded(before: dict, after: dict, threads: dict[int, list[int]]) -> dict[str, list[int]]:
     """(user, system) ticks of each kind of process that none of its sampled threads account for:
-    its own counters' growth (with its exited children's) less its threads'."""
+    its own counters' growth (with its exited children's) less its threads' (``threads``, per pid)."""
     out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    threads: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    for key, (_part_, u, s) in after["threads"].items():
-        _p, u0, s0 = before["threads"].get(key, (None, 0, 0))
-        threads[key[0]][0] += u - u0
-        threads[key[0]][1] += s - s0
     for pid, (role, (u, s, cu, cs)) in after["procs"].items():
         u0, s0, cu0, cs0 = before["procs"].get(pid, (role, (0, 0, 0, 0)))[1]
         out[role][0] += (u + cu) - (u0 + cu0) - threads[pid][0]
