@@ -96,6 +96,10 @@ class TierFeed:
         """The listed batches that hold anything of ``[start, end)``, in order (``listed_batches``)."""
         return listed_batches(self.store.db, start, end, self.store.path)
 
+    def batch_ends(self, start: int) -> list[tuple[int, int]]:
+        """(end, commitlog bytes past ``start``) of each listed batch that ends after ``start``, in order."""
+        return listed_ends(self.store.db, start)
+
     def release(self, consumer: str, up_to: int) -> None:
         """``consumer`` has applied the batches that end at or below ``up_to`` and will not be run
         again below it; the batches every consumer is past are unlisted."""
@@ -158,3 +162,28 @@ def listed_batches(db, start: int, end: int, path: str) -> list[FeedBatch]:
             break
         out.append(batch)
     return out
+
+
+def listed_ends(db, start: int) -> list[tuple[int, int]]:
+    """(end, commitlog bytes past ``start``) of each batch listed in ``db`` that ends after ``start``."""
+    out = []
+    for key, raw in db.items(from_key=batch_key(start + 1)):
+        if not key.startswith(PREFIX):
+            break
+        batch = json.loads(raw)
+        out.append((batch["end"], batch["end"] - max(batch["start"], start)))
+    return out
+
+
+def next_end(ends: list[tuple[int, int]], begin: int, max_bytes: int = 0, target: int | None = None) -> int:
+    """Where a consumer's next batch from ``begin`` ends, of the listed ``ends`` (``listed_ends``):
+    whole tier batches, about ``max_bytes`` of commitlog at most (0: no cap) but at least one, none
+    past ``target``; ``begin`` when there is none."""
+    end, taken = begin, 0
+    for batch_end, size in ends:
+        if target is not None and batch_end > target:
+            break
+        if max_bytes and taken and taken + size > max_bytes:
+            break
+        end, taken = batch_end, taken + size
+    return end

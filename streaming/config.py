@@ -215,14 +215,14 @@ class KafkaConfig:
         "librdkafka, one per core with kafka-python)."
     )
     mirror_min_batch_bytes: int = setting(
-        1 << 20, "A mirror micro-batch waits until this many commitlog bytes are there, or until "
+        1 << 20, "A mirror batch waits until this many commitlog bytes are there, or until "
         "kafka.mirror_max_batch_delay_s, as compaction.min_batch_bytes does for the KV view. 0: every trigger.",
         size=True)
     mirror_max_batch_delay_s: float = setting(
-        5.0, "The longest a mirror micro-batch below kafka.mirror_min_batch_bytes waits: how far Kafka may trail "
+        5.0, "The longest a mirror batch below kafka.mirror_min_batch_bytes waits: how far Kafka may trail "
         "the tier on a quiet broker. 0: never waits.")
     mirror_driver_bytes: int = setting(
-        8 << 20, "A mirror micro-batch whose staging objects hold at most this many bytes is sent by the driver "
+        8 << 20, "A mirror batch whose staging objects hold at most this many bytes is sent by the driver "
         "itself, without waiting for a Spark job: sooner in Kafka, for less CPU. Larger ones (catching up) go to "
         "kafka.mirror_tasks Spark tasks, beside the driver. 0: always Spark's tasks.", size=True)
     mirror_topic: str = setting("{topic}", "Kafka topic of the mirror; {topic} is the RocketMQ topic.")

@@ -1,12 +1,13 @@
 """The ``tierfeed`` streaming source: the micro-batches of a query that consumes the tier's
-committed batches (compaction, the mirror) instead of the commitlog.
+committed batches (compaction) instead of the commitlog.
 
 Its offsets are the commitlog source's own shape, ``{"phy_offset": N}``, and every one is the end
 of a batch the tier committed, so a consumer's batch is whole tier batches: ``state.tier_feed`` lists
 them.  With ``columns`` the source yields those columns of the batches' messages, read back from
 their staging objects (``connectors.tier.feed``: decoded and CRC-checked once, by the stager), one
 partition per ``PARTITION_BYTES`` of staging objects (or per backfill); without, it yields no rows and the query's handler reads the
-objects itself (the mirror, per Kafka partition slot).  Spark gives the query its trigger, its
+objects itself (the mirror's handler, per Kafka partition slot, in ``bench/bench_kafka.py``; the
+service runs the mirror without a Spark stream, ``streaming.follower``).  Spark gives the query its trigger, its
 offset log and its exactly-once bookkeeping, as for every query of ``tierlog run``.
 
 Options:
@@ -49,7 +50,7 @@ from connectors.tier.copies import CopySettings
 from connectors.task_cpu import counted
 from connectors.tier.feed import FeedBatch
 from streaming.hold import BatchHold
-from state.tier_feed import PREFIX, batch_key, listed_batches
+from state.tier_feed import listed_batches, listed_ends, next_end
 
 FEED_DDL = "phy_offset bigint"
 log = logging.getLogger("tierlog.feed")
@@ -95,13 +96,7 @@ class _Listing:
     def batch_ends(self, start: int) -> list[tuple[int, int]]:
         """(end, commitlog bytes) of each listed batch that ends after ``start``, in order."""
         self._catch_up()
-        out = []
-        for key, raw in self.db.items(from_key=batch_key(start + 1)):
-            if not key.startswith(PREFIX):
-                break
-            batch = json.loads(raw)
-            out.append((batch["end"], batch["end"] - max(batch["start"], start)))
-        return out
+        return listed_ends(self.db, start)
 
     def batches(self, start: int, end: int) -> list[FeedBatch]:
         """The listed batches that hold anything of ``[start, end)``, as ``state.tier_feed.TierFeed.batches``."""
@@ -190,14 +185,8 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The end of the last listed batch that fits ``limit`` (at least one; all under
         ``ReadAllAvailable``, as Spark requires), never past the availableNow target."""
         begin = int((start or self.initialOffset())["phy_offset"])
-        cap = limit.max_bytes if isinstance(limit, ReadMaxBytes) else None
-        end, taken = begin, 0
-        for batch_end, size in self.listing.batch_ends(begin):
-            if self._target is not None and batch_end > self._target:
-                break
-            if cap and taken and taken + size > cap:
-                break
-            end, taken = batch_end, taken + size
+        cap = limit.max_bytes if isinstance(limit, ReadMaxBytes) else 0
+        end = next_end(self.listing.batch_ends(begin), begin, cap, self._target)
         if self._hold.held_back(begin, end, draining=self._target is not None):
             return {"phy_offset": begin}
         return {"phy_offset": end}

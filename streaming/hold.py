@@ -1,6 +1,6 @@
 """Holding a small micro-batch back: the ``minBytesPerTrigger`` and ``maxTriggerDelayMs`` options of
 the ``commitlog`` and ``tierfeed`` sources (as Spark's Kafka source's ``minOffsetsPerTrigger`` and
-``maxTriggerDelay``).  A micro-batch costs Spark several hundred ms of CPU whatever it holds, so a
+``maxTriggerDelay``), and the mirror's ``kafka.mirror_min_batch_bytes``.  A micro-batch costs Spark several hundred ms of CPU whatever it holds, so a
 quiet stream's consumer may rather run one every few seconds."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The mirror query: the tier's committed batches -> Kafka, one record per message.
 
-    spark.readStream.format("tierfeed")  (offsets only: each the end of a batch the tier committed)
-      -> foreachBatch(MirrorHandler.process)
+    the tier commits a batch -> MirrorQuery.step (streaming.follower, on the driver)
+      -> MirrorHandler.process(the tier's committed batches past the ``mirror`` sink's record)
 
 The mirror never reads the commitlog: the tiering query decoded and CRC-checked each message
 once, and the mirror reads it back from the staging objects the tier committed
@@ -9,12 +9,12 @@ once, and the mirror reads it back from the staging objects the tier committed
 (``state.tier_feed``).  So the mirror does not hold the commitlog's safepoint: a Kafka outage holds
 staging objects in the tier instead of the broker's disk.
 
-Spark gives the query its micro-batches and checkpoint, and the executors do the sending.  Per batch:
+The ``mirror`` sink's record in the metadata store is the query's only progress (it has no Spark
+checkpoint); the driver sends small batches, Spark's executors large ones.  Per batch:
 
-1. take the batch's range, which the runner reads from the query's offset log (where the batch
-   before it ended, and where it ends), less what the ``mirror`` sink's record says was sent
-   (a batch run again after a stop before its commit), and the tier batches listed in it
-   (``TierFeed.batches``);
+1. take the batch's range (``[start, end)``, whole tier batches), less what the ``mirror`` sink's
+   record says was sent, and the tier batches listed in it (``TierFeed.batches``).  A
+   ``foreachBatch`` over the ``tierfeed`` source (``bench/bench_kafka.py``) hands it the same;
 2. run one Spark task per sender slot (``kafka.mirror_tasks``; see ``default_slots``), or, for a
    batch whose staging objects hold at most ``kafka.mirror_driver_bytes``, send it on the driver as
    one slot, without a Spark job (a quiet broker's batch costs far less to send than a job does, and
@@ -31,7 +31,8 @@ Spark gives the query its micro-batches and checkpoint, and the executors do the
    reading their positions back from Kafka, until they succeed or a stop is
    requested;
 4. record the batch's end as the ``mirror`` sink's applied offset, and release the tier batches
-   before the batch's start (Spark has committed them), which the tier may then delete.
+   before the batch's start, which the tier may then delete (a crash before the record runs the
+   batch again; Kafka's positions, read back, keep it from being sent twice).
 
 The changelog sink rides on the compaction query instead (see
 ``streaming.kv_handler``).
@@ -187,8 +188,10 @@ class MirrorHandler:
         self._positions: dict[str, int] = {}
         self.sent = 0  # messages sent since start, all batches
 
-    def process(self, batch: Batch) -> None:
-        name_native("mirror")  # py4j's callback thread, for the cost ledger
+    def process(self, batch: Batch, spark=None) -> None:
+        """Send ``batch`` (its ``batch_id``, ``start`` and ``end``); ``spark``: the session for the
+        batches Spark's tasks send, when the batch is not a foreachBatch's (with its ``df``)."""
+        name_native("mirror")  # the thread that runs it, for the cost ledger
         with self.lock:
             started = time.monotonic()
             batch_id, end = batch.batch_id, batch.end
@@ -202,13 +205,13 @@ class MirrorHandler:
             if first < end:
                 listed = tuple(self.metadata.feed.batches(first, end))
                 if any(b.objects or b.backfill for b in listed):
-                    self._send(batch.df.sparkSession, first, end, listed, report)
+                    self._send(spark or batch.df.sparkSession, first, end, listed, report)
             crash_point("mirrored")
             # A checkpoint rolled back runs a batch that ends below the record: what Kafka holds
             # stays recorded, or the batches after it would be sent again.
             self.metadata.journal.record_sink(MIRROR, end if recorded is None else max(recorded, end))
-            # Up to this batch's start only: Spark runs this batch again if it stops (or dies) before
-            # committing it, and the batch before it is committed.
+            # Up to this batch's start only: a foreachBatch's batch runs again if Spark stops (or dies)
+            # before committing it; the next batch releases this one.
             self.metadata.feed.release(MIRROR, start)
             self.start_at = end
             self.sent += report.sent

@@ -33,6 +33,7 @@ from state.metadata import MetadataStore
 from streaming import config as cfg
 from streaming import plan
 from streaming.checkpoints import Checkpoint, check_or_record, foreach_batch
+from streaming.follower import Follower
 from streaming.metrics import Metrics
 from streaming.queries.base import Query, RunContext
 from streaming.late_start import LateStarts
@@ -65,6 +66,7 @@ class Service:
         # was appended since.  A reader opened afresh walked the active file from its start every
         # second: 0.05 cores at 100 msgs/s after 15 minutes, growing with the file.
         self._log_reader = None
+        self._followers: dict[str, Follower] = {}  # the queries without a Spark stream, while they run
         self.late = LateStarts(conf.spark.late_start_s, self._late_start)
         self.settings = derive(conf)  # every setting parsed, and refused, before anything opens
 
@@ -107,10 +109,11 @@ class Service:
                 os.environ[STOP_FILE] = os.path.join(tempfile.gettempdir(), f"tierlog-stop-{os.getpid()}")
                 clear_stop()  # one an earlier process of this pid left, before any batch can retry
                 spark = owned = build_session("tierlog", conf.spark.master, plan.session_conf(conf))
+            streamed = [q for q in kinds if q.spark_stream]  # the others keep no checkpoint
             committed = {q.name: Checkpoint(plan.checkpoint_path(conf, q.name), spark).last_committed_end()
-                         for q in kinds}
+                         for q in streamed}
             moved_from = self._check_commitlog(spark, {q.name: committed[q.name] for q in kinds if q.reads_commitlog})
-            for q in kinds:  # every checkpoint checked before anything starts
+            for q in streamed:  # every checkpoint checked before anything starts
                 check_or_record(spark, plan.checkpoint_path(conf, q.name), q.name, q.guarded_settings(conf, spark),
                                 movable=("commitlog.dir",) if moved_from else ())
             ctx = RunContext(conf=conf, settings=settings, metadata=metadata, kv=kv, metrics=self.metrics,
@@ -118,7 +121,7 @@ class Service:
                              source_options=settings.source, kafka=settings.kafka, until_caught_up=until_caught_up)
             for kind in kinds:
                 query = self.queries[kind.name] = kind(ctx)
-                query.start(committed[kind.name])
+                query.start(committed.get(kind.name))
             return self._run_queries(spark, until_caught_up)
         finally:
             for name, query in reversed(self.queries.items()):
@@ -171,13 +174,14 @@ class Service:
         checkpoint = plan.checkpoint_path(conf, query.name)
 
         def process(batch):
-            if query.name not in self._entered:
-                self._entered.add(query.name)
-                self.late.ran(query.name)
+            self._ran(query)
             with self._admitted(query):
                 query.process(batch)
                 self.batches[query.name] = self.batches.get(query.name, 0) + 1
                 self._last_batch[query.name] = batch.batch_id
+            if query.reads_commitlog:
+                for follower in self._followers.values():
+                    follower.wake()  # the tier committed a batch: send it now, not on a clock
 
         writer = (
             query.stream(spark).writeStream.queryName(query.name)
@@ -188,6 +192,18 @@ class Service:
         if until_caught_up and query.reads_commitlog:
             return writer.trigger(availableNow=True)
         return writer.trigger(processingTime=f"{int(conf.spark.trigger_interval_s * 1000)} milliseconds")
+
+    def _ran(self, query: Query) -> None:
+        if query.name not in self._entered:
+            self._entered.add(query.name)
+            self.late.ran(query.name)
+
+    def _step(self, spark, query: Query) -> None:
+        """One step of a query without a Spark stream, on its follower's thread."""
+        self._ran(query)
+        with self._admitted(query):
+            if query.step(spark):
+                self.batches[query.name] = self.batches.get(query.name, 0) + 1
 
     @contextmanager
     def _admitted(self, query: Query):
@@ -256,10 +272,17 @@ class Service:
         return 0
 
     def _start(self, spark, query: Query, until_caught_up: bool):
+        if not query.spark_stream:
+            follower = Follower(query.name, lambda: self._step(spark, query), self.conf.spark.trigger_interval_s)
+            self._followers[query.name] = follower
+            return follower.start()
         return self._writer(spark, query, until_caught_up).start()
 
     def _stop(self, streams: list) -> None:
         """Stop ``streams`` once the batches in flight, if any, have finished and committed."""
+        for s in streams:
+            if isinstance(s, Follower):
+                s.stop()  # first, and without the locks: it waits for its step, which takes one
         locks = [q.lock for q in self.queries.values()]
         for lock in locks:
             lock.acquire()

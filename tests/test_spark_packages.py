@@ -46,9 +46,10 @@ def test_checkpoints_at_s3a_carry_every_query_across_restarts(s3a_config, s3_end
         assert_mirror_equals_oracle(conf, TOPICS)
     keys = [o["Key"] for o in boto3.client("s3", endpoint_url=s3_endpoint)
             .list_objects_v2(Bucket=bucket, Prefix="run/")["Contents"]]
-    for query in ("tiering", "compaction", "mirror"):
+    for query in ("tiering", "compaction"):
         assert f"run/{query}/tierlog-checkpoint.json" in keys
         assert any(k.startswith(f"run/{query}/commits/1") for k in keys), f"{query} committed no second batch in S3"
+    assert not any(k.startswith("run/mirror/") for k in keys), "the mirror keeps its progress in the metadata store"
 
 
 def test_an_s3a_checkpoint_without_hadoop_aws_is_refused_by_name(tmp_path, s3_endpoint):

@@ -30,6 +30,12 @@ Contract of a query:
   after the streams stopped); ``flush()`` after the streams stopped, unless a
   query failed; ``close()`` always, last.
 - Each query writes its own batch log line and metrics (``ctx.metrics``).
+
+A query with ``spark_stream`` off has no Spark stream and no checkpoint: the runner calls its
+``step(spark)`` on a thread of its own (``streaming.follower``), under ``lock``, as soon as a query
+that reads the commitlog has processed a batch and at least once a trigger interval.  Its progress
+is its sinks' records in the metadata store, and ``step`` applies what the tier committed past
+them (or nothing: a step may find nothing to do, or hold a small batch back).
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class Query:
     name: ClassVar[str]
     output_mode: ClassVar[str] = "append"
     reads_commitlog: ClassVar[bool] = True
+    spark_stream: ClassVar[bool] = True  # False: run by ``step``, without a Spark stream (see above)
 
     @classmethod
     def enabled(cls, conf: cfg.Config) -> bool:
@@ -91,6 +98,11 @@ class Query:
         """Before the stream starts; ``committed_end``: where Spark's last committed batch ends."""
 
     def process(self, batch: Batch) -> None:
+        raise NotImplementedError
+
+    def step(self, spark) -> bool:
+        """A query without a Spark stream: apply what is there (``spark`` for the jobs it may run);
+        whether it applied a batch."""
         raise NotImplementedError
 
     def caught_up(self) -> bool:

@@ -1,24 +1,36 @@
 """The mirror query as the runner sees it: the tier's committed batches -> one Kafka record per
-message (``streaming.mirror_handler``)."""
+message (``streaming.mirror_handler``), sent as soon as the tier commits them, without a Spark
+stream (``streaming.follower``)."""
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 
 from connectors.sinks import MIRROR
 from streaming import config as cfg
-from streaming.checkpoints import Batch
-from streaming.hold import hold_options
+from state.tier_feed import next_end
+from streaming.hold import BatchHold
 from streaming.queries.base import Query, RunContext, open_feed
 from streaming.mirror_handler import MirrorHandler, MirrorReport
 
 log = logging.getLogger("tierlog.service")
 
 
+@dataclass(frozen=True)
+class FeedRange:
+    """One mirror batch: ``[start, end)`` of the tier's committed batches."""
+
+    batch_id: int
+    start: int
+    end: int
+
+
 class MirrorQuery(Query):
     name = "mirror"
     reads_commitlog = False
+    spark_stream = False  # woken by the tier's commits (streaming.follower)
 
     @classmethod
     def enabled(cls, conf: cfg.Config) -> bool:
@@ -33,31 +45,32 @@ class MirrorQuery(Query):
         store = ctx.metadata
         applied = store.journal.sinks().get(MIRROR)
         at = open_feed(store, self.name, applied, "the mirror first sends")
-        self.start_at = at if applied is None else applied
         self.handler = MirrorHandler(
-            ctx.kafka, ctx.conf.tier.location, store, self.start_at, tasks=ctx.conf.kafka.mirror_tasks,
+            ctx.kafka, ctx.conf.tier.location, store, at if applied is None else applied, tasks=ctx.conf.kafka.mirror_tasks,
             should_stop=ctx.should_stop, on_batch=self.report, topics=ctx.settings.filters["mirror"], copies=ctx.settings.copies,
             driver_bytes=ctx.conf.kafka.mirror_driver_bytes,
         )
         self.lock = self.handler.lock
+        kafka = ctx.conf.kafka
+        # A quiet broker's mirror sends seconds apart: fewer, larger produce requests.
+        self.hold = BatchHold(kafka.mirror_min_batch_bytes, kafka.mirror_max_batch_delay_s)
+        self.batch_id = 0  # this run's batches, for the log
 
-    def stream(self, spark):
-        reader = (spark.readStream.format("tierfeed").option("metadata", self.ctx.metadata.path)
-                  .option("startingOffset", str(self.start_at)))
-        max_bytes = self.ctx.source_options.get("maxBytesPerTrigger")
-        if max_bytes:
-            reader = reader.option("maxBytesPerTrigger", str(max_bytes))
-        kafka = self.ctx.conf.kafka
-        # A quiet broker's mirror runs a micro-batch seconds apart.
-        return reader.options(**hold_options(kafka.mirror_min_batch_bytes, kafka.mirror_max_batch_delay_s,
-                                             self.ctx.until_caught_up)).load()
+    def step(self, spark) -> bool:
+        """The tier's committed batches past what was sent, up to ``maxBytesPerTrigger`` of commitlog,
+        held back while under ``kafka.mirror_min_batch_bytes`` (for up to ``mirror_max_batch_delay_s``)."""
+        start = self.handler.start_at
+        end = next_end(self.ctx.metadata.feed.batch_ends(start), start,
+                       int(self.ctx.source_options.get("maxBytesPerTrigger") or 0))
+        if end <= start or self.hold.held_back(start, end, draining=self.ctx.until_caught_up):
+            return False
+        self.handler.process(FeedRange(self.batch_id, start, end), spark)
+        self.batch_id += 1
+        return True
 
     def caught_up(self) -> bool:
         with self.lock:  # not in the middle of a batch
             return self.handler.start_at >= (self.ctx.metadata.source_end() or 0)
-
-    def process(self, batch: Batch) -> None:
-        self.handler.process(batch)
 
     def close(self) -> None:
         self.handler.close()
