@@ -141,6 +141,34 @@ def default_slots(kafka: KafkaSettings, parallelism: int) -> int:
     return parallelism if kafka.producer == "kafka-python" else max(1, parallelism // 2)
 
 
+# A backlog of more than this many times ``kafka.mirror_driver_bytes`` is a catch-up: it goes to
+# Spark's tasks whole, in parallel slots.
+CATCH_UP_BATCHES = 4
+
+
+def driver_sized_end(listed: list[FeedBatch], start: int, end: int, driver_bytes: int) -> int:
+    """Where a mirror batch from ``start`` ends, of ``[start, end)``'s ``listed`` tier batches: the
+    most whole tier batches whose staging objects fit ``driver_bytes`` (at least one), so the driver
+    sends it; ``end`` itself for a catch-up or a backfill (Spark's tasks send it), or when
+    ``driver_bytes`` is 0.
+
+    Why: a mirror that fell one tier batch behind found two batches together over ``driver_bytes``,
+    and Spark's tasks sent them: a job whose first run starts a Python worker and a producer took
+    5 s, where the driver sends a batch in 0.2 s (docs/benchmarks.md, the mirror woken by the
+    tier's commit)."""
+    if not driver_bytes or any(b.backfill for b in listed):
+        return end
+    sizes = [(b.end, sum(size for _name, size, _first in b.objects)) for b in listed]
+    if sum(size for _end, size in sizes) > CATCH_UP_BATCHES * driver_bytes:
+        return end
+    cut, taken = start, 0
+    for batch_end, size in sizes:
+        if cut > start and taken + size > driver_bytes:
+            break
+        cut, taken = min(batch_end, end), taken + size
+    return cut if cut > start else end
+
+
 def _split(key: str) -> tuple[str, int]:
     topic, _, partition = key.rpartition("\x00")
     return topic, int(partition)

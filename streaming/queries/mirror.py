@@ -13,7 +13,7 @@ from streaming import config as cfg
 from state.tier_feed import next_end
 from streaming.hold import BatchHold
 from streaming.queries.base import Query, RunContext, open_feed
-from streaming.mirror_handler import MirrorHandler, MirrorReport
+from streaming.mirror_handler import MirrorHandler, MirrorReport, driver_sized_end
 
 log = logging.getLogger("tierlog.service")
 
@@ -58,12 +58,15 @@ class MirrorQuery(Query):
 
     def step(self, spark) -> bool:
         """The tier's committed batches past what was sent, up to ``maxBytesPerTrigger`` of commitlog,
-        held back while under ``kafka.mirror_min_batch_bytes`` (for up to ``mirror_max_batch_delay_s``)."""
+        held back while under ``kafka.mirror_min_batch_bytes`` (for up to ``mirror_max_batch_delay_s``),
+        and cut to what the driver sends unless it is a catch-up (``driver_sized_end``)."""
         start = self.handler.start_at
         end = next_end(self.ctx.metadata.feed.batch_ends(start), start,
                        int(self.ctx.source_options.get("maxBytesPerTrigger") or 0))
         if end <= start or self.hold.held_back(start, end, draining=self.ctx.until_caught_up):
             return False
+        end = driver_sized_end(self.ctx.metadata.feed.batches(start, end), start, end,
+                               self.ctx.conf.kafka.mirror_driver_bytes)
         self.handler.process(FeedRange(self.batch_id, start, end), spark)
         self.batch_id += 1
         return True
