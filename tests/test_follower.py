@@ -3,6 +3,7 @@ stopped after its step in flight, and its failure reported as the runner reads a
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -99,3 +100,30 @@ def test_a_mirror_a_batch_behind_sends_driver_sized_batches_and_a_catch_up_goes_
     assert driver_sized_end(batches(5 * mb, 5 * mb), 0, 200, 0) == 200
     # Batches without objects (the tier's filter left nothing) weigh nothing.
     assert driver_sized_end([FeedBatch(0, 100, ())] + batches(5 * mb, start=100), 0, 200, 8 * mb) == 200
+
+
+def test_the_runner_counts_every_batch_since_its_last_tick_reading_only_the_newest_reports(spark, tmp_path):
+    """``Service._new_progress`` reads the newest few of Spark's progress reports, more while the
+    oldest it read is not counted yet; Spark's own ``recentProgress`` (all it keeps) is the oracle."""
+    from streaming.service import Service
+
+    source = tmp_path / "in"
+    source.mkdir()
+    for i in range(6):
+        path = source / f"{i}.json"
+        path.write_text("\n".join('{"v": %d}' % j for j in range(i + 1)))
+        os.utime(path, (1_000_000 + i, 1_000_000 + i))  # Spark takes the files oldest first
+    stream = (spark.readStream.schema("v int").option("maxFilesPerTrigger", 1).json(str(source))
+              .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck"))
+              .trigger(availableNow=True).start())
+    stream.awaitTermination(120)
+    oracle = [p for p in stream.recentProgress if p.numInputRows]
+    assert [p.numInputRows for p in oracle] == [1, 2, 3, 4, 5, 6]
+    runner = Service.__new__(Service)
+    for seen_batch in (0, 3):  # the truth, and a tick that thought more had run (the reads double)
+        runner._seen_progress = {"q": (oracle[0].timestamp, seen_batch)}
+        rows = [p.numInputRows for p in runner._new_progress("q", stream, stream.lastProgress) if p.numInputRows]
+        assert rows == [2, 3, 4, 5, 6]
+    runner._seen_progress = {}
+    assert [p.numInputRows for p in runner._new_progress("q", stream, stream.lastProgress)
+            if p.numInputRows] == [1, 2, 3, 4, 5, 6]
