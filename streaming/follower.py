@@ -37,7 +37,6 @@ class Follower:
         self._woken = threading.Event()
         self._stopped = threading.Event()
         self._error: FollowerError | None = None
-        self.steps = 0  # steps run, for tests and the log
         self._thread = threading.Thread(target=self._run, name=f"tierlog-{name}", daemon=True)
 
     def start(self) -> "Follower":
@@ -52,7 +51,6 @@ class Follower:
         try:
             while not self._stopped.is_set():
                 self._step()
-                self.steps += 1
                 self._woken.wait(self.interval_s)
                 self._woken.clear()  # before the step: a wake during it runs the next step at once
         except StopRequested:
@@ -81,4 +79,3 @@ class Follower:
             self._thread.join()
 
     lastProgress = None  # noqa: N815 - Spark's name; no Spark progress
-    recentProgress: list = []  # noqa: N815

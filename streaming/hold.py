@@ -33,7 +33,7 @@ class BatchHold:
 
 def hold_options(min_bytes: int, max_delay_s: float, draining: bool) -> dict[str, str]:
     """The source options that hold a batch below ``min_bytes`` back for up to ``max_delay_s``
-    (compaction's and the mirror's settings); none while ``draining`` (``--until-caught-up`` drains
+    (compaction's settings; the mirror, with no source, holds with ``BatchHold`` itself); none while ``draining`` (``--until-caught-up`` drains
     what is there) or when either setting is 0."""
     if draining or not min_bytes or not max_delay_s:
         return {}
