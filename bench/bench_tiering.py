@@ -248,14 +248,15 @@ def _freshness(args, root: str, broker) -> dict:
     service = ServiceProcess(root, conf=conf)
     service.start()
     # Warm up: the first batches of a new Spark application start Python workers and compile plans.
-    service.cli("produce", "--messages", "20000", "--rate", str(args.rate), "--queues", "64", "--seed", "99")
+    service.cli("produce", "--messages", "20000", "--rate", str(args.rate), "--queues", "64", "--seed", "99",
+                "--body-size", str(args.body))
     # The warm-up counts from the first batches' commit, not from the start: on a loaded host Spark's
     # start alone took 18 s, and a fixed sleep let the measured part begin on a cold service.
     _wait_for_tier(service, conf, args.drain)
     time.sleep(args.warmup)
     steady_from_ms = int(time.time() * 1000)
     producer = service.cli("produce", "--messages", str(int(args.rate * args.seconds)), "--rate", str(args.rate),
-                           "--queues", "64", "--body-size", "1024", "--format", "json", text=True)
+                           "--queues", "64", "--body-size", str(args.body), "--format", "json", text=True)
     # Every message counts: wait until the tier has committed the whole log (or give up after
     # --drain seconds, and count what it had not), then kill the service, so no clean stop folds the
     # commit records this reads (a fold deletes them).
@@ -296,7 +297,7 @@ def _freshness(args, root: str, broker) -> dict:
     else:
         shutil.rmtree(root, ignore_errors=True)
     return {
-        "benchmark": "tiering-freshness", "target_rate": args.rate, "achieved_rate": produced["msgs_per_s"],
+        "benchmark": "tiering-freshness", "target_rate": args.rate, "body": args.body, "achieved_rate": produced["msgs_per_s"],
         "messages": len(latencies), "measured": len(values), "steady_messages": steady,
         "not_committed_within_drain": uncommitted, "trigger_interval_s": args.trigger,
         "kafka": "mirror and changelog on an embedded tansu" if broker else "off",
@@ -479,6 +480,7 @@ def main() -> None:
     p.add_argument("--trigger", type=float, default=0.5, help="trigger interval in seconds")
     p.add_argument("--drain", type=float, default=120, help="seconds to wait for the tier to commit the whole log")
     p.add_argument("--kafka", action="store_true", help="the Kafka mirror and changelog too (an embedded tansu)")
+    p.add_argument("--body", type=int, default=1024, help="body size in bytes of the messages appended")
     p.add_argument("--mirror-driver-bytes", type=int, default=None, metavar="BYTES",
                    help="kafka.mirror_driver_bytes: mirror batches up to this size are sent by the driver")
     p.add_argument("--no-hold", action="store_true",

@@ -221,8 +221,10 @@ class KafkaConfig:
     mirror_max_batch_delay_s: float = setting(
         5.0, "The longest a mirror batch below kafka.mirror_min_batch_bytes waits: how far Kafka may trail "
         "the tier on a quiet broker. 0: never waits.")
+    # 32 MiB: at 15,500 msgs/s of 1 KiB a 0.5 s tier batch holds about 8 MB, and with 8 MiB a
+    # third of them went to Spark's tasks: Kafka p99 3.8-4.0 s against 1.3-2.1 s (docs/benchmarks.md).
     mirror_driver_bytes: int = setting(
-        8 << 20, "A mirror batch whose staging objects hold at most this many bytes is sent by the driver "
+        32 << 20, "A mirror batch whose staging objects hold at most this many bytes is sent by the driver "
         "itself, without waiting for a Spark job: sooner in Kafka, for less CPU. Larger ones (catching up) go to "
         "kafka.mirror_tasks Spark tasks, beside the driver. 0: always Spark's tasks.", size=True)
     mirror_topic: str = setting("{topic}", "Kafka topic of the mirror; {topic} is the RocketMQ topic.")
