@@ -33,8 +33,8 @@ class BatchHold:
 
 def hold_options(min_bytes: int, max_delay_s: float, draining: bool) -> dict[str, str]:
     """The source options that hold a batch below ``min_bytes`` back for up to ``max_delay_s``
-    (compaction's settings; the mirror, with no source, holds with ``BatchHold`` itself); none while ``draining`` (``--until-caught-up`` drains
-    what is there) or when either setting is 0."""
+    (compaction's settings; the mirror, with no source, holds with ``BatchHold`` itself); none
+    while ``draining`` (``--until-caught-up`` drains what is there) or when either setting is 0."""
     if draining or not min_bytes or not max_delay_s:
         return {}
     return {"minBytesPerTrigger": str(min_bytes), "maxTriggerDelayMs": str(int(max_delay_s * 1000))}
