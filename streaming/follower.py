@@ -1,12 +1,14 @@
 """A query that runs without a Spark stream of its own: the runner calls its ``step`` on a thread,
-as soon as a query that reads the commitlog committed a batch (``wake``), and at least every
-``interval_s``.
+as soon as a query that reads the commitlog committed a batch (``wake``), at least every
+``interval_s``, and again at once after a step that did work (it returned True).
 
 Why: a query over the tier's committed batches on Spark's processing-time trigger looked for the
 tier's new batch at the same instants the tier's own trigger fired, so it found it one trigger
 later, then spent a micro-batch of Spark's planning and commits on it.  The mirror keeps its
 progress in the metadata store (its ``mirror`` sink record) and sends on the driver, so Spark's
-offset log gave it nothing but that wait.
+offset log gave it nothing but that wait.  A step takes a bounded part of what is there (the
+mirror: what the driver sends, ``kafka.mirror_driver_bytes``), so a step that did work may have
+left the rest; waiting for the next wake there left it for a trigger interval or a tier commit.
 
 It offers the runner (``streaming.service``) the part of Spark's ``StreamingQuery`` the runner
 uses, so the runner treats both alike: ``isActive``, ``exception()``, ``awaitTermination``,
@@ -30,7 +32,7 @@ class FollowerError(Exception):
 
 
 class Follower:
-    def __init__(self, name: str, step: Callable[[], None], interval_s: float):
+    def __init__(self, name: str, step: Callable[[], bool], interval_s: float):
         self.name = name
         self._step = step
         self.interval_s = interval_s
@@ -50,7 +52,8 @@ class Follower:
     def _run(self) -> None:
         try:
             while not self._stopped.is_set():
-                self._step()
+                if self._step():
+                    continue  # it did work: there may be more, look again before any wait
                 self._woken.wait(self.interval_s)
                 self._woken.clear()  # before the step: a wake during it runs the next step at once
         except StopRequested:

@@ -212,12 +212,15 @@ class Service:
             self._entered.add(query.name)
             self.late.ran(query.name)
 
-    def _step(self, spark, query: Query) -> None:
-        """One step of a query without a Spark stream, on its follower's thread."""
+    def _step(self, spark, query: Query) -> bool:
+        """One step of a query without a Spark stream, on its follower's thread; whether it applied
+        a batch (then its follower steps again at once)."""
         self._ran(query)
         with self._admitted(query):
             if query.step(spark):
                 self.batches[query.name] = self.batches.get(query.name, 0) + 1
+                return True
+        return False
 
     @contextmanager
     def _admitted(self, query: Query):

@@ -46,6 +46,27 @@ def test_a_wake_runs_a_step_at_once_and_a_wake_during_a_step_runs_one_more():
     assert not follower.isActive and follower.exception() is None
 
 
+def test_a_step_that_did_work_is_followed_by_another_at_once_without_a_wake():
+    """A step takes a bounded part (the mirror: what the driver sends), so after one that did work
+    the follower looks again before it waits; a step that found nothing waits for a wake."""
+    ran = []
+
+    def step():
+        ran.append(time.monotonic())
+        return len(ran) <= 3  # three steps that did work, then nothing left
+
+    follower = Follower("mirror", step, HOUR).start()
+    try:
+        _wait(lambda: len(ran) == 4)
+        time.sleep(0.2)
+        assert len(ran) == 4, "the step that found nothing waits for a wake"
+        follower.wake()
+        _wait(lambda: len(ran) == 5)
+    finally:
+        follower.stop()
+    assert follower.exception() is None
+
+
 def test_stop_waits_for_the_step_in_flight_and_no_step_starts_after_it():
     entered, finished = threading.Event(), []
 
