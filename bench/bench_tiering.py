@@ -14,10 +14,12 @@ catchup    Tier a commitlog of 1 KB messages with availableNow.  Marginal
            tiers the same commitlog twice, under fail and under quarantine
            (whose driver decodes each batch's range once more to find corrupt
            ranges), and gives the ratio of their msgs/s.
-freshness  `tierlog produce --rate R` appends while `tierlog run` tiers; per
-           message, the time from its store timestamp to the commit record
-           that made it visible.  p50/p99 of the steady run, after a warm-up
-           batch (Spark's first batches start workers and compile plans).
+freshness  bench/loadgen.py (pre-encoded records, a process of its own;
+           --generator tierlog: `tierlog produce`) appends R msgs/s while
+           `tierlog run` tiers; per message, the time from its store
+           timestamp to the commit record that made it visible.  p50/p99
+           of the steady run, after a warm-up batch (Spark's first
+           batches start workers and compile plans).
            Every message stored after the warm-up counts: the run waits until
            the tier has committed the whole log (--drain), then kills the
            service (a clean stop folds the commit records away); messages still
@@ -66,6 +68,9 @@ from connectors.tier import layout
 from connectors.tier.backend import open_backend
 from connectors.tier.reader import TierReader
 from streaming import config as cfg
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def make_conf(root: str, **overrides) -> cfg.Config:
@@ -247,16 +252,28 @@ def _freshness(args, root: str, broker) -> dict:
     big = _build_big_tier(root, conf, args.big_tier, args.big_queues) if args.big_tier else None
     service = ServiceProcess(root, conf=conf)
     service.start()
+
+    def append(messages: int, seed: int) -> dict:
+        if args.generator == "tierlog":
+            done = service.cli("produce", "--messages", str(messages), "--rate", str(args.rate), "--queues", "64",
+                               "--seed", str(seed), "--body-size", str(args.body), "--keys", str(args.keys),
+                               "--format", "json", text=True)
+        else:  # a process of its own, pre-encoded, under a tenth of a core (bench/loadgen.py)
+            done = subprocess.run([sys.executable, "-m", "bench.loadgen", conf.commitlog.dir, "--rate", str(args.rate),
+                                   "--messages", str(messages), "--queues", "64", "--body", str(args.body),
+                                   "--keys", str(args.keys), "--seed", str(seed),
+                                   "--file-size", str(conf.commitlog.file_size)],
+                                  capture_output=True, text=True, check=True, cwd=REPO)
+        return json.loads(done.stdout)
+
     # Warm up: the first batches of a new Spark application start Python workers and compile plans.
-    service.cli("produce", "--messages", "20000", "--rate", str(args.rate), "--queues", "64", "--seed", "99",
-                "--body-size", str(args.body))
+    append(20_000, 99)
     # The warm-up counts from the first batches' commit, not from the start: on a loaded host Spark's
     # start alone took 18 s, and a fixed sleep let the measured part begin on a cold service.
     _wait_for_tier(service, conf, args.drain)
     time.sleep(args.warmup)
     steady_from_ms = int(time.time() * 1000)
-    producer = service.cli("produce", "--messages", str(int(args.rate * args.seconds)), "--rate", str(args.rate),
-                           "--queues", "64", "--body-size", str(args.body), "--format", "json", text=True)
+    produced = append(int(args.rate * args.seconds), 0)
     # Every message counts: wait until the tier has committed the whole log (or give up after
     # --drain seconds, and count what it had not), then kill the service, so no clean stop folds the
     # commit records this reads (a fold deletes them).
@@ -264,7 +281,6 @@ def _freshness(args, root: str, broker) -> dict:
     consumers = ["compaction"] + (["mirror"] if broker else [])
     _wait_for_consumers(service, consumers, args.drain)
     service.kill()
-    produced = json.loads(producer.stdout)
     lines = [json.loads(line.split("batch ", 1)[1]) for line in open(service.log) if "tierlog.service: batch {" in line]
     batch_seconds = sorted(line["seconds"] for line in lines)
     # The new process's first tiering batches: on a big tier, the ones a previous process's
@@ -289,7 +305,9 @@ def _freshness(args, root: str, broker) -> dict:
                     steady_phys.append((phy, stored_ms))
     values = sorted(lat for lat, stored in latencies if stored >= steady_from_ms)
     applied = {name: _applied_times(service.log, name, steady_phys) for name in consumers}
-    steady = sum(1 for t in _store_times(conf.commitlog.dir) if t >= steady_from_ms)
+    # The generator's own count is the oracle where it has one: it shares no code with the service.
+    steady = (produced["messages"] if args.generator == "pre-encoded"
+              else sum(1 for t in _store_times(conf.commitlog.dir) if t >= steady_from_ms))
     uncommitted = steady - len(values)
     q = statistics.quantiles(values, n=100)
     if os.environ.get("BENCH_KEEP"):
@@ -298,6 +316,7 @@ def _freshness(args, root: str, broker) -> dict:
         shutil.rmtree(root, ignore_errors=True)
     return {
         "benchmark": "tiering-freshness", "target_rate": args.rate, "body": args.body, "achieved_rate": produced["msgs_per_s"],
+        "generator": args.generator, "generator_cores": produced.get("cores"), "keys": args.keys,
         "messages": len(latencies), "measured": len(values), "steady_messages": steady,
         "not_committed_within_drain": uncommitted, "trigger_interval_s": args.trigger,
         "kafka": "mirror and changelog on an embedded tansu" if broker else "off",
@@ -481,6 +500,11 @@ def main() -> None:
     p.add_argument("--drain", type=float, default=120, help="seconds to wait for the tier to commit the whole log")
     p.add_argument("--kafka", action="store_true", help="the Kafka mirror and changelog too (an embedded tansu)")
     p.add_argument("--body", type=int, default=1024, help="body size in bytes of the messages appended")
+    p.add_argument("--keys", type=int, default=1000, help="distinct keys of the messages appended")
+    p.add_argument("--generator", choices=["pre-encoded", "tierlog"], default="pre-encoded",
+                   help="what appends: bench/loadgen.py (records encoded beforehand, a process under a tenth "
+                        "of a core) or `tierlog produce --rate` (encodes each message; about 17,000 msgs/s of "
+                        "1 KiB beside the service)")
     p.add_argument("--mirror-driver-bytes", type=int, default=None, metavar="BYTES",
                    help="kafka.mirror_driver_bytes: mirror batches up to this size are sent by the driver")
     p.add_argument("--no-hold", action="store_true",
