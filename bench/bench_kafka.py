@@ -13,16 +13,16 @@ bare        the client library alone (kafka-python's KafkaProducer, or
             the baseline of the sink and query on that library.
 sink        the mirror sink alone: read the commitlog with the Arrow fast path,
             build the records, send, flush.
-query       the mirror query under Spark (local[2], availableNow, 64 MiB
-            batches) reading what tiering committed (the commitlog is tiered
-            in 64 MiB batches beforehand, off the clock, the feed listing
-            them): Spark's per-batch job, the read of the staging objects
-            and the sink.  Its rate is wall
-            clock from the end of its first batch (which starts Python workers
-            and reads positions back) to the query's end: every later batch,
-            Spark's planning between batches and the last commit included.
-            ``foreach_batch_msgs_per_s`` (the time inside foreachBatch alone)
-            is shown beside it, not as the headline: it leaves planning out.
+query       the mirror as the service runs it (its steps, ``MirrorQuery.step``'s
+            range with no hold, as a drain) reading what tiering committed
+            (the commitlog is tiered in 64 MiB batches beforehand, off the
+            clock, the feed listing them): each step's read of the staging
+            objects and its sends, on the driver up to
+            ``kafka.mirror_driver_bytes`` of staging objects, else from Spark's
+            tasks (``sent_by`` says which).  Its rate is wall clock from the
+            end of its first step (which starts Python workers and reads
+            positions back) to the last step's end.  ``query_batches``: the
+            steps' own time, shown beside it.
 spark-kafka (with ``--spark-kafka``) the alternative the mirror was measured
             against: Spark's own Kafka sink (``writeStream.format("kafka")``,
             spark-sql-kafka from Maven Central, fetched by ``./dev setup``)
@@ -176,29 +176,36 @@ def tier_for_mirror(directory: str, workdir: str, batch_bytes: int = 64 << 20) -
 
 
 def run_query(spark, directory: str, s: KafkaSettings, workdir: str) -> dict:
-    from streaming.checkpoints import foreach_batch
+    """The mirror as the service runs it: steps on the driver (``MirrorQuery.step``'s range, with no
+    hold: a drain), each sending the tier's committed batches past the last, on the driver or, for
+    a backlog, from Spark's tasks (``streaming.mirror_handler``)."""
     from streaming.mirror_handler import MirrorHandler
+    from streaming.queries.mirror import FeedRange, step_end
     from state.metadata import MetadataStore
 
     location, metadata, start = tier_for_mirror(directory, workdir)
-    checkpoint = os.path.join(workdir, f"ck-{time.monotonic_ns()}")
     reports, ends = [], []
     store = MetadataStore(metadata)
-    query_sink = MirrorHandler(s, location, store, start,
-                               on_batch=lambda r: (reports.append(r), ends.append(time.perf_counter())))
-    stream = (spark.readStream.format("tierfeed").option("metadata", metadata).option("startingOffset", str(start))
-              .option("maxBytesPerTrigger", str(64 << 20)).load())
+    handler = MirrorHandler(s, location, store, start, driver_bytes=driver_bytes(),
+                            on_batch=lambda r: (reports.append(r), ends.append(time.perf_counter())))
     t = time.perf_counter()
-    query = (stream.writeStream.foreachBatch(foreach_batch(checkpoint, query_sink.process)).option("checkpointLocation", checkpoint)
-             .trigger(availableNow=True).start())
-    query.awaitTermination()
+    while (end := step_end(store.feed, handler.start_at, 64 << 20, driver_bytes())) > handler.start_at:
+        handler.process(FeedRange(len(reports), handler.start_at, end), spark)
     done = time.perf_counter()
     store.close()
     assert len(reports) >= 2, "one batch only: nothing to measure past the first; use more --messages"
     steady = reports[1:]  # the first batch starts Python workers and reads positions back
-    return {"foreach_batch_s": sum(r.seconds for r in steady), "steady_sent": sum(r.sent for r in steady),
-            "steady_wall_s": done - ends[0], "wall_s": done - t,
-            "sent": sum(r.sent for r in reports), "batches": [round(r.seconds, 2) for r in reports]}
+    return {"batches_s": sum(r.seconds for r in steady), "steady_sent": sum(r.sent for r in steady),
+            "steady_wall_s": done - ends[0], "wall_s": done - t, "sent": sum(r.sent for r in reports),
+            "batches": [round(r.seconds, 2) for r in reports],
+            "sent_by": ["driver" if r.on_driver else "spark" for r in reports]}
+
+
+def driver_bytes() -> int:
+    """``kafka.mirror_driver_bytes`` at its default: what the service's mirror sends on the driver."""
+    from streaming import config as cfg
+
+    return cfg.KafkaConfig.mirror_driver_bytes
 
 
 def spark_kafka_jars() -> str:
@@ -330,9 +337,10 @@ def main() -> None:
                     q = run_query(spark, directory, settings(bootstrap, f"query{r}{lib}", lib), workdir)
                     assert q["sent"] == args.messages, f"the query sent {q['sent']} of {args.messages}"
                     got[f"query {lib}"] = q["steady_sent"] / q["steady_wall_s"]
-                    got[f"query_foreach_batch {lib}"] = q["steady_sent"] / q["foreach_batch_s"]
+                    got[f"query_batches {lib}"] = q["steady_sent"] / q["batches_s"]
                     got[f"query_with_first_batch {lib}"] = args.messages / q["wall_s"]
                     got[f"query_batch_seconds {lib}"] = q["batches"]
+                    got[f"query_sent_by {lib}"] = q["sent_by"]
 
                 steps += [(f"bare {lib}", bare), (f"sink {lib}", sink), (f"query {lib}", query)]
             if args.spark_kafka:
@@ -362,7 +370,7 @@ def main() -> None:
         out = {"messages": args.messages, "body_bytes": args.body, "rounds": args.rounds,
                "broker": "tansu (embedded)" if broker else bootstrap}
         for lib in libraries:
-            for name in ("bare", "sink", "query", "query_foreach_batch", "query_with_first_batch"):
+            for name in ("bare", "sink", "query", "query_batches", "query_with_first_batch"):
                 rate = statistics.median(x[f"{name} {lib}"] for x in rounds)
                 out[f"{name} {lib}"] = {"msgs_per_s": round(rate), "mb_per_s": round(rate * mb, 1)}
             for name in ("sink_vs_bare", "query_vs_bare"):

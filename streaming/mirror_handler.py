@@ -13,8 +13,8 @@ The ``mirror`` sink's record in the metadata store is the query's only progress 
 checkpoint); the driver sends small batches, Spark's executors large ones.  Per batch:
 
 1. take the batch's range (``[start, end)``, whole tier batches), less what the ``mirror`` sink's
-   record says was sent, and the tier batches listed in it (``TierFeed.batches``).  A
-   ``foreachBatch`` over the ``tierfeed`` source (``bench/bench_kafka.py``) hands it the same;
+   record says was sent, and the tier batches listed in it (``TierFeed.batches``).  The range
+   is ``streaming.queries.mirror.step_end``'s, in the service and in ``bench/bench_kafka.py``;
 2. run one Spark task per sender slot (``kafka.mirror_tasks``; see ``default_slots``), or, for a
    batch whose staging objects hold at most ``kafka.mirror_driver_bytes``, send it on the driver as
    one slot, without a Spark job (a quiet broker's batch costs far less to send than a job does, and
@@ -191,8 +191,8 @@ _OUTCOME_SCHEMA = pa.schema([("slot", pa.int32()), ("sent", pa.int64()), ("skipp
 
 
 class MirrorHandler:
-    """The foreachBatch of the mirror query.  One instance per running query, on the driver.
-    ``start_at``: where a batch starts whose start the offset log lacks (a new checkpoint's first)."""
+    """What the mirror query's steps run.  One instance per running query, on the driver.
+    ``start_at``: where the next batch starts (the ``mirror`` sink's record at the start)."""
 
     def __init__(self, kafka: KafkaSettings, location: str, metadata, start_at: int, *, tasks: int = 0,
                  should_stop: Callable[[], bool] = lambda: False,
@@ -218,7 +218,7 @@ class MirrorHandler:
 
     def process(self, batch: Batch, spark=None) -> None:
         """Send ``batch`` (its ``batch_id``, ``start`` and ``end``); ``spark``: the session for the
-        batches Spark's tasks send, when the batch is not a foreachBatch's (with its ``df``)."""
+        batches Spark's tasks send (else the one of the batch's ``df``)."""
         name_native("mirror")  # the thread that runs it, for the cost ledger
         with self.lock:
             started = time.monotonic()
@@ -238,9 +238,9 @@ class MirrorHandler:
             # A checkpoint rolled back runs a batch that ends below the record: what Kafka holds
             # stays recorded, or the batches after it would be sent again.
             self.metadata.journal.record_sink(MIRROR, end if recorded is None else max(recorded, end))
-            # Up to this batch's start only: a foreachBatch's batch runs again if Spark stops (or dies)
-            # before committing it; the next batch releases this one.
-            self.metadata.feed.release(MIRROR, start)
+            # Up to its end: the mirror runs each range once (its follower, no Spark batch to run it
+            # again), and the record above is where a restart starts.
+            self.metadata.feed.release(MIRROR, end)
             self.start_at = end
             self.sent += report.sent
             report.seconds = time.monotonic() - started

@@ -27,6 +27,17 @@ class FeedRange:
     end: int
 
 
+def step_end(feed, start: int, max_bytes: int, driver_bytes: int, held=lambda end: False) -> int:
+    """Where a mirror step from ``start`` ends: the tier's committed batches past it up to
+    ``max_bytes`` of commitlog (0: no bound), cut to what the driver sends unless it is a catch-up
+    (``driver_sized_end``); ``start`` when nothing is there or ``held(end)`` holds it back (the
+    hold weighs the whole range, not the cut one)."""
+    end = next_end(feed.batch_ends(start), start, max_bytes)
+    if end <= start or held(end):
+        return start
+    return driver_sized_end(feed.batches(start, end), start, end, driver_bytes)
+
+
 class MirrorQuery(Query):
     name = "mirror"
     reads_commitlog = False
@@ -61,12 +72,11 @@ class MirrorQuery(Query):
         held back while under ``kafka.mirror_min_batch_bytes`` (for up to ``mirror_max_batch_delay_s``),
         and cut to what the driver sends unless it is a catch-up (``driver_sized_end``)."""
         start = self.handler.start_at
-        end = next_end(self.ctx.metadata.feed.batch_ends(start), start,
-                       int(self.ctx.source_options.get("maxBytesPerTrigger") or 0))
-        if end <= start or self.hold.held_back(start, end, draining=self.ctx.until_caught_up):
+        end = step_end(self.ctx.metadata.feed, start, int(self.ctx.source_options.get("maxBytesPerTrigger") or 0),
+                       self.ctx.conf.kafka.mirror_driver_bytes,
+                       lambda end: self.hold.held_back(start, end, draining=self.ctx.until_caught_up))
+        if end <= start:
             return False
-        end = driver_sized_end(self.ctx.metadata.feed.batches(start, end), start, end,
-                               self.ctx.conf.kafka.mirror_driver_bytes)
         self.handler.process(FeedRange(self.batch_id, start, end), spark)
         self.batch_id += 1
         return True
