@@ -30,7 +30,9 @@ freshness  bench/loadgen.py (pre-encoded records, a process of its own;
            changelog sent first) and append -> in Kafka (the mirror batch
            whose sends were acknowledged), each from the time of the
            service's own log line for that batch; the run then also waits
-           for them to apply the whole log.
+           for them to apply the whole log.  With --kafka, also append ->
+           consumed from the mirror topic, by a consumer process of its own
+           (bench/topic_times.py), every record by its tierlog.phy header.
            --big-tier N first seals about N one-message segments over
            --big-queues idle queues (the service itself, tiering them), so the
            steady run's batches commit, fold and maintain on a tier with that
@@ -273,6 +275,11 @@ def _freshness(args, root: str, broker) -> dict:
     _wait_for_tier(service, conf, args.drain)
     time.sleep(args.warmup)
     steady_from_ms = int(time.time() * 1000)
+    consumer = None
+    if broker:  # append -> consumed from the mirror topic, by a consumer of its own (bench/topic_times.py)
+        topics = "topic-0" if args.generator == "pre-encoded" else "topic-0,topic-1"
+        consumer = subprocess.Popen([sys.executable, "-m", "bench.topic_times", broker.bootstrap, topics,
+                                     os.path.join(root, "consumed.txt")], cwd=REPO, stdout=subprocess.PIPE, text=True)
     produced = append(int(args.rate * args.seconds), 0)
     # Every message counts: wait until the tier has committed the whole log (or give up after
     # --drain seconds, and count what it had not), then kill the service, so no clean stop folds the
@@ -281,6 +288,7 @@ def _freshness(args, root: str, broker) -> dict:
     consumers = ["compaction"] + (["mirror"] if broker else [])
     _wait_for_consumers(service, consumers, args.drain)
     service.kill()
+    consumed = _consumed(consumer, os.path.join(root, "consumed.txt"), args.drain) if consumer else None
     lines = [json.loads(line.split("batch ", 1)[1]) for line in open(service.log) if "tierlog.service: batch {" in line]
     batch_seconds = sorted(line["seconds"] for line in lines)
     # The new process's first tiering batches: on a big tier, the ones a previous process's
@@ -305,6 +313,13 @@ def _freshness(args, root: str, broker) -> dict:
                     steady_phys.append((phy, stored_ms))
     values = sorted(lat for lat, stored in latencies if stored >= steady_from_ms)
     applied = {name: _applied_times(service.log, name, steady_phys) for name in consumers}
+    if consumed is not None:
+        arrived = consumed["arrived"]
+        values_c = sorted(arrived[phy] - stored for phy, stored in steady_phys if phy in arrived)
+        qc = statistics.quantiles(values_c, n=100) if len(values_c) > 1 else [0] * 99
+        consumed = {"p50": round(qc[49]), "p99": round(qc[98]), "max": values_c[-1] if values_c else None,
+                    "measured": len(values_c), "not_consumed": len(steady_phys) - len(values_c),
+                    "consumer_cpu_s": consumed["cpu_s"]}
     # The generator's own count is the oracle where it has one: it shares no code with the service.
     steady = (produced["messages"] if args.generator == "pre-encoded"
               else sum(1 for t in _store_times(conf.commitlog.dir) if t >= steady_from_ms))
@@ -325,6 +340,7 @@ def _freshness(args, root: str, broker) -> dict:
         "append_to_committed_ms": {"p50": round(q[49]), "p99": round(q[98]), "max": max(values)},
         # The tier's consumers: the KV view (compaction) and, with --kafka, the mirror's acknowledged sends.
         **{f"append_to_{'kv_view' if n == 'compaction' else 'kafka'}_ms": applied[n] for n in consumers},
+        **({"append_to_consumed_from_mirror_topic_ms": consumed} if consumed is not None else {}),
         "batch_seconds": {"count": len(batch_seconds), "p50": batch_seconds[len(batch_seconds) // 2],
                           "max": batch_seconds[-1]},
         "first_tiering_batches_s": first_tiering,
@@ -364,6 +380,20 @@ def _wait_for_tier(service: ServiceProcess, conf: cfg.Config, timeout_s: float) 
         if service.proc.poll() is not None:
             raise RuntimeError(f"the service stopped (exit {service.proc.poll()}); see {service.log}")
         time.sleep(0.2)
+
+
+def _consumed(consumer: subprocess.Popen, path: str, timeout_s: float) -> dict:
+    """Stop the topic's consumer once what the mirror sent has had time to arrive: the first
+    arrival of each commitlog position, and the consumer's CPU seconds."""
+    time.sleep(3)
+    consumer.terminate()
+    cpu_s = float(consumer.communicate(timeout=timeout_s)[0].strip() or 0)
+    arrived: dict[int, int] = {}
+    with open(path) as fh:
+        for line in fh:
+            phy, at = map(int, line.split())
+            arrived.setdefault(phy, at)
+    return {"arrived": arrived, "cpu_s": cpu_s}
 
 
 def _wait_for_consumers(service: ServiceProcess, queries: list[str], timeout_s: float) -> None:
