@@ -3,22 +3,23 @@
     ./dev bench ledger [--rates 100,10000] [--body 1024] [--seconds 60] [--warmup 30] [--kafka] [--slices N]
 
 For each rate: a new root; ``tierlog run`` as a process (tiering and compaction; with ``--kafka``
-the mirror and the changelog into an embedded tansu, which is not counted); a separate ``tierlog
-produce --rate`` process (not counted either); after ``--warmup`` seconds, the CPU of every thread
-of the service's process tree over ``--seconds``, read from ``/proc/<pid>/task/<tid>/stat``
-before and after, user and system time apart.  A thread is put in a part by its process (the
-Python driver, the JVM, Spark's Python workers by the module they run: tasks, streaming sources,
-planning) and its name (the JVM names its threads; RocksDB and librdkafka name theirs).  The
-workers' tasks are split by kind (commitlog read, stage, tierfeed read, mirror send) with the CPU
-each task wrote down for its own code (``connectors.task_cpu``, on through ``TIERLOG_TASK_CPU``);
-the rest of the tasks' processes is PySpark's work around them.  Every thread is sampled each
-second (``Sampler``), so one that ends inside the window counts in its part up to its last sample.
-The total counts a process that exited only through its parent's children's time: its whole
-life, if the parent reaped it in the window (a Python worker's daemon does not always, so the
-unattributed share can be a little below zero).  The JVM's time that no sampled thread accounts for
-is its own part (``JVM_SHORT``: threads that began and ended between two samples).  What is not
-put in a part is printed as ``unattributed``, with the process kinds it is in: a thread's time
-after its last sample, and the other processes' threads that lived under a second.
+the mirror and the changelog into an embedded tansu, which is not counted); a separate process
+appending records encoded beforehand (``bench/loadgen.py``, not counted either); after
+``--warmup`` seconds, the CPU of every thread of the service's process tree over ``--seconds``,
+read from ``/proc/<pid>/task/<tid>/stat`` before and after, user and system time apart.  A thread
+is put in a part by its process (the Python driver, the JVM, Spark's Python workers by the module
+they run: tasks, streaming sources, planning) and its name (the JVM names its threads; RocksDB and
+librdkafka name theirs).  The workers' tasks are split by kind (commitlog read, stage, tierfeed
+read, mirror send) with the CPU each task wrote down for its own code (``connectors.task_cpu``, on
+through ``TIERLOG_TASK_CPU``); the rest of the tasks' processes is PySpark's work around
+them.  Every thread is sampled each second (``Sampler``), so one that ends inside the window counts
+in its part up to its last sample. The total counts a process that exited only through its
+parent's children's time: its whole life, if the parent reaped it in the window (a Python worker's
+daemon does not always, so the unattributed share can be a little below zero).  The JVM's time that
+no sampled thread accounts for is its own part (``JVM_SHORT``: threads that began and ended
+between two samples).  What is not put in a part is printed as ``unattributed``, with the process
+kinds it is in: a thread's time after its last sample, and the other processes' threads that lived
+under a second.
 
 It prints, per rate, each part's cores, core-seconds per GB of commitlog appended in the window
 and µs per message appended (both counted in the commitlog itself), the total measured from the

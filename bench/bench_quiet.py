@@ -4,7 +4,7 @@
 
 For each variant, in alternating order over ``--rounds``: a new root; ``tierlog run`` as a process
 (tiering and compaction, with ``--kafka`` the mirror and the changelog into an embedded tansu); a
-separate ``tierlog produce --rate`` process appending 1 KiB messages over 64 queues; after
+separate process appending 1 KiB messages over 64 queues (``bench/loadgen.py``); after
 ``--warmup`` seconds (the JIT, the first batches), the CPU of the service's whole process tree
 (the Python driver, the JVM, Spark's Python workers; what exited is in its parent's children's
 time) over ``--seconds``, read from /proc.  The producer is not in that tree.
@@ -33,10 +33,11 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
-from bench.bench_tiering import ServiceProcess, batch_lines
+from bench.bench_tiering import REPO, ServiceProcess, batch_lines
 from bench.common import descendants, report
 from streaming import config as cfg
 
@@ -80,8 +81,9 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
 def service_under_load(conf_for, rate: float, body: int = 1024, prefix: str = "tierlog-quiet-",
                        env: dict | None = None):
     """A service over a new root (``conf_for(root)``), with ``env`` added to its environment, its
-    first batch committed, while a separate ``tierlog produce`` appends ``rate`` messages a second of
-    ``body`` bytes over 64 queues; both are killed and the root removed on the way out."""
+    first batch committed, while a separate process (``bench/loadgen.py``, records encoded beforehand,
+    under a tenth of a core) appends ``rate`` messages a second of ``body`` bytes over 64 queues;
+    both are killed and the root removed on the way out."""
     root = tempfile.mkdtemp(prefix=prefix)
     service = ServiceProcess(root, conf=conf_for(root))
     service.env.update(env or {})
@@ -89,9 +91,10 @@ def service_under_load(conf_for, rate: float, body: int = 1024, prefix: str = "t
     try:
         service.produce(100, seed=1)
         service.start_until_first_commit()
-        producer = subprocess.Popen(service.command("produce", "--messages", str(10**9), "--rate", str(rate),
-                                                    "--queues", "64", "--body-size", str(body), "--seed", "2"),
-                                    env=service.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        producer = subprocess.Popen([sys.executable, "-m", "bench.loadgen", service.conf.commitlog.dir, "--rate", str(rate),
+                                     "--messages", str(10**12), "--queues", "64", "--body", str(body), "--keys", "1000",
+                                     "--seed", "2", "--file-size", str(service.conf.commitlog.file_size)],
+                                    cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         yield service
     finally:
         if producer is not None:

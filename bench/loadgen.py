@@ -64,12 +64,16 @@ def pool(topic: str, queues: int, keys: int, body: int, seed: int) -> np.ndarray
     rng = random.Random(seed)
     probe = encode(topic.encode(), 0, bytes(body), b"")
     count = max(queues, min(65_536, POOL_BYTES // (len(probe) + 64)) // queues * queues)
-    noise = rng.randbytes(body + count)
+    # Bodies of random bytes, none a copy of another within the pool (about 65,000 messages of
+    # 1 KiB): a tier batch holds no repeat for zstd to find, as with `tierlog produce`'s bodies.
+    # (Slices of one buffer a byte apart compressed a batch's staging objects to a sliver, so the
+    # mirror sent 200 MB batches on the driver.)
+    noise = rng.randbytes(body * count)
     rows = []
     for i in range(count):
         # §7: name U+0001 value U+0002; fixed-width values keep every record the same length.
         props = f"KEYS\x01key-{rng.randrange(keys):08d}\x02TAGS\x01tag-{i % 3}\x02".encode()
-        rows.append(encode(topic.encode(), i % queues, noise[i:i + body], props))
+        rows.append(encode(topic.encode(), i % queues, noise[i * body:(i + 1) * body], props))
     return np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(count, len(rows[0])).copy()
 
 
