@@ -179,6 +179,7 @@ def run_query(spark, directory: str, s: KafkaSettings, workdir: str) -> dict:
     """The mirror as the service runs it: steps on the driver (``MirrorQuery.step``'s range, with no
     hold: a drain), each sending the tier's committed batches past the last, on the driver or, for
     a backlog, from Spark's tasks (``streaming.mirror_handler``)."""
+    from streaming import config as cfg
     from streaming.mirror_handler import MirrorHandler
     from streaming.queries.mirror import FeedRange, step_end
     from state.metadata import MetadataStore
@@ -186,10 +187,11 @@ def run_query(spark, directory: str, s: KafkaSettings, workdir: str) -> dict:
     location, metadata, start = tier_for_mirror(directory, workdir)
     reports, ends = [], []
     store = MetadataStore(metadata)
-    handler = MirrorHandler(s, location, store, start, driver_bytes=driver_bytes(),
+    driver_bytes = cfg.KafkaConfig.mirror_driver_bytes  # the default: what the service's mirror sends on the driver
+    handler = MirrorHandler(s, location, store, start, driver_bytes=driver_bytes,
                             on_batch=lambda r: (reports.append(r), ends.append(time.perf_counter())))
     t = time.perf_counter()
-    while (end := step_end(store.feed, handler.start_at, 64 << 20, driver_bytes())) > handler.start_at:
+    while (end := step_end(store.feed, handler.start_at, 64 << 20, driver_bytes)) > handler.start_at:
         handler.process(FeedRange(len(reports), handler.start_at, end), spark)
     done = time.perf_counter()
     store.close()
@@ -199,13 +201,6 @@ def run_query(spark, directory: str, s: KafkaSettings, workdir: str) -> dict:
             "steady_wall_s": done - ends[0], "wall_s": done - t, "sent": sum(r.sent for r in reports),
             "batches": [round(r.seconds, 2) for r in reports],
             "sent_by": ["driver" if r.on_driver else "spark" for r in reports]}
-
-
-def driver_bytes() -> int:
-    """``kafka.mirror_driver_bytes`` at its default: what the service's mirror sends on the driver."""
-    from streaming import config as cfg
-
-    return cfg.KafkaConfig.mirror_driver_bytes
 
 
 def spark_kafka_jars() -> str:

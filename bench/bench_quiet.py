@@ -33,11 +33,11 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
 from bench.bench_tiering import REPO, ServiceProcess, batch_lines
+from bench import loadgen
 from bench.common import descendants, report
 from streaming import config as cfg
 
@@ -91,9 +91,7 @@ def service_under_load(conf_for, rate: float, body: int = 1024, prefix: str = "t
     try:
         service.produce(100, seed=1)
         service.start_until_first_commit()
-        producer = subprocess.Popen([sys.executable, "-m", "bench.loadgen", service.conf.commitlog.dir, "--rate", str(rate),
-                                     "--messages", str(10**12), "--queues", "64", "--body", str(body), "--keys", "1000",
-                                     "--seed", "2", "--file-size", str(service.conf.commitlog.file_size)],
+        producer = subprocess.Popen(loadgen.command(service.conf.commitlog, rate, 10**12, body, 1000, 2),
                                     cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         yield service
     finally:

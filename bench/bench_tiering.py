@@ -61,6 +61,7 @@ import sys
 import tempfile
 import time
 
+from bench import loadgen
 from bench.common import report
 from connectors.commitlog.format import Message
 from connectors.commitlog.reader import CommitLogReader
@@ -261,10 +262,7 @@ def _freshness(args, root: str, broker) -> dict:
                                "--seed", str(seed), "--body-size", str(args.body), "--keys", str(args.keys),
                                "--format", "json", text=True)
         else:  # a process of its own, pre-encoded, under a tenth of a core (bench/loadgen.py)
-            done = subprocess.run([sys.executable, "-m", "bench.loadgen", conf.commitlog.dir, "--rate", str(args.rate),
-                                   "--messages", str(messages), "--queues", "64", "--body", str(args.body),
-                                   "--keys", str(args.keys), "--seed", str(seed),
-                                   "--file-size", str(conf.commitlog.file_size)],
+            done = subprocess.run(loadgen.command(conf.commitlog, args.rate, messages, args.body, args.keys, seed),
                                   capture_output=True, text=True, check=True, cwd=REPO)
         return json.loads(done.stdout)
 
@@ -315,11 +313,8 @@ def _freshness(args, root: str, broker) -> dict:
     applied = {name: _applied_times(service.log, name, steady_phys) for name in consumers}
     if consumed is not None:
         arrived = consumed["arrived"]
-        values_c = sorted(arrived[phy] - stored for phy, stored in steady_phys if phy in arrived)
-        qc = statistics.quantiles(values_c, n=100) if len(values_c) > 1 else [0] * 99
-        consumed = {"p50": round(qc[49]), "p99": round(qc[98]), "max": values_c[-1] if values_c else None,
-                    "measured": len(values_c), "not_consumed": len(steady_phys) - len(values_c),
-                    "consumer_cpu_s": consumed["cpu_s"]}
+        timed = [arrived[phy] - stored for phy, stored in steady_phys if phy in arrived]
+        consumed = {**_summary(timed, not_consumed=len(steady_phys) - len(timed)), "consumer_cpu_s": consumed["cpu_s"]}
     # The generator's own count is the oracle where it has one: it shares no code with the service.
     steady = (produced["messages"] if args.generator == "pre-encoded"
               else sum(1 for t in _store_times(conf.commitlog.dir) if t >= steady_from_ms))
@@ -442,11 +437,16 @@ def _applied_times(log_path: str, query: str, messages: list[tuple[int, int]]) -
             missed += 1
         else:
             values.append(reached[i] - stored_ms)
+    return _summary(values, not_applied=missed)
+
+
+def _summary(values: list[int], **missed: int) -> dict:
+    """p50/p99/max of latencies ``values`` (ms), how many, and ``missed``: what no time was found for."""
     if len(values) < 2:
-        return {"measured": len(values), "not_applied": missed}
-    values.sort()
+        return {"measured": len(values), **missed}
+    values = sorted(values)
     q = statistics.quantiles(values, n=100)
-    return {"p50": round(q[49]), "p99": round(q[98]), "max": values[-1], "measured": len(values), "not_applied": missed}
+    return {"p50": round(q[49]), "p99": round(q[98]), "max": values[-1], "measured": len(values), **missed}
 
 
 def _store_times(directory: str) -> list[int]:

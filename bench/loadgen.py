@@ -160,6 +160,14 @@ class Appender:
         os.close(self.fd)
 
 
+def command(commitlog, rate: float, messages: int, body: int, keys: int, seed: int, queues: int = 64) -> list[str]:
+    """This generator's command line for a service's ``commitlog`` settings (its ``dir`` and
+    ``file_size``), run from the repository's root."""
+    return [sys.executable, "-m", "bench.loadgen", commitlog.dir, "--rate", str(rate), "--messages", str(messages),
+            "--queues", str(queues), "--body", str(body), "--keys", str(keys), "--seed", str(seed),
+            "--file-size", str(commitlog.file_size)]
+
+
 def run(args) -> dict:
     os.makedirs(args.dir, exist_ok=True)
     rows = pool(args.topic, args.queues, args.keys, args.body, args.seed)
