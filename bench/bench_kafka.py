@@ -2,6 +2,7 @@
 
     python -m bench.bench_kafka [--messages 300000] [--body 1024] [--bootstrap HOST:PORT] [--rounds 3]
                                 [--producers kafka-python,librdkafka] [--spark-kafka]
+                                [--random-bodies] [--tier-batch-mb 64] [--tasks-baseline]
 
 One commitlog of ``--messages`` messages (2 topics x 8 queues, keyed, with
 properties) is replicated to the same broker, each run into topics of its own:
@@ -23,6 +24,14 @@ query       the mirror as the service runs it (its steps, ``MirrorQuery.step``'s
             end of its first step (which starts Python workers and reads
             positions back) to the last step's end.  ``query_batches``: the
             steps' own time, shown beside it.
+            ``query_cpu_us_per_message``: the CPU of the bench's process tree
+            (driver, JVM, Python workers; the broker left out) over those
+            steps, per message.
+query-tasks (with ``--tasks-baseline``) the same with
+            ``kafka.mirror_driver_bytes`` 0: every step sent from Spark's
+            tasks, as a catch-up was before the driver took it in steps.
+            With ``--random-bodies`` and ``--tier-batch-mb 16`` this is the
+            mirror catching up on a broker's log behind small tier batches.
 spark-kafka (with ``--spark-kafka``) the alternative the mirror was measured
             against: Spark's own Kafka sink (``writeStream.format("kafka")``,
             spark-sql-kafka from Maven Central, fetched by ``./dev setup``)
@@ -54,7 +63,7 @@ import statistics
 import tempfile
 import time
 
-from bench.common import report
+from bench.common import descendants, report
 from connectors.commitlog.format import Message
 from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.writer import CommitLogWriter
@@ -65,13 +74,16 @@ from connectors.kafka.settings import KafkaSettings
 TOPICS, QUEUES, PARTITIONS = 2, 8, 8
 
 
-def produce(directory: str, n: int, body: int) -> int:
+def produce(directory: str, n: int, body: int, random_bodies: bool = False) -> int:
+    """``n`` messages of one repeated body (its staging objects compress to a sliver, so every
+    mirror step fits the driver), or of random bodies as a broker's are (``random_bodies``)."""
     rng = random.Random(3)
     payload = rng.randbytes(body)
     with CommitLogWriter(directory, file_size=256 << 20, fsync="never") as writer:
         batch = []
         for i in range(n):
-            batch.append(Message(topic=f"t{i % TOPICS}", queue_id=i % QUEUES, body=payload,
+            batch.append(Message(topic=f"t{i % TOPICS}", queue_id=i % QUEUES,
+                                 body=rng.randbytes(body) if random_bodies else payload,
                                  properties={"KEYS": f"k{rng.randrange(100_000):06d}", "TAGS": "bench"}))
             if len(batch) == 10_000:
                 writer.append_many(batch)
@@ -175,30 +187,58 @@ def tier_for_mirror(directory: str, workdir: str, batch_bytes: int = 64 << 20) -
     return location, metadata, start
 
 
-def run_query(spark, directory: str, s: KafkaSettings, workdir: str) -> dict:
+def tree_cpu_s(skip: int | None) -> float:
+    """CPU seconds so far of this process and every live one under it (the JVM, Spark's Python
+    workers), less the ``skip`` process's subtree (the embedded broker)."""
+    skipped = set(descendants(skip)) | {skip} if skip else set()
+    total = 0.0
+    for pid in [os.getpid()] + descendants(os.getpid()):
+        if pid in skipped:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def run_query(spark, directory: str, s: KafkaSettings, workdir: str, tier_batch_bytes: int = 64 << 20,
+              driver_bytes: int | None = None, skip_pid: int | None = None) -> dict:
     """The mirror as the service runs it: steps on the driver (``MirrorQuery.step``'s range, with no
-    hold: a drain), each sending the tier's committed batches past the last, on the driver or, for
-    a backlog, from Spark's tasks (``streaming.mirror_handler``)."""
+    hold: a drain), each sending the tier's committed batches past the last, on the driver up to
+    ``driver_bytes`` (the default: the product's) or from Spark's tasks (``streaming.mirror_handler``).
+    ``cpu_s``: the process tree's CPU past the first batch, the broker's left out."""
     from streaming import config as cfg
     from streaming.mirror_handler import MirrorHandler
     from streaming.queries.mirror import FeedRange, step_end
     from state.metadata import MetadataStore
 
-    location, metadata, start = tier_for_mirror(directory, workdir)
-    reports, ends = [], []
+    location, metadata, start = tier_for_mirror(directory, workdir, tier_batch_bytes)
+    reports, ends, cpu = [], [], []
     store = MetadataStore(metadata)
-    driver_bytes = cfg.KafkaConfig.mirror_driver_bytes  # the default: what the service's mirror sends on the driver
-    handler = MirrorHandler(s, location, store, start, driver_bytes=driver_bytes,
-                            on_batch=lambda r: (reports.append(r), ends.append(time.perf_counter())))
+    if driver_bytes is None:
+        driver_bytes = cfg.KafkaConfig.mirror_driver_bytes  # what the service's mirror sends on the driver
+
+    def on_batch(r):
+        reports.append(r)
+        ends.append(time.perf_counter())
+        if len(reports) == 1:
+            cpu.append(tree_cpu_s(skip_pid))
+
+    handler = MirrorHandler(s, location, store, start, driver_bytes=driver_bytes, on_batch=on_batch)
     t = time.perf_counter()
     while (end := step_end(store.feed, handler.start_at, 64 << 20, driver_bytes)) > handler.start_at:
         handler.process(FeedRange(len(reports), handler.start_at, end), spark)
     done = time.perf_counter()
+    cpu_s = tree_cpu_s(skip_pid) - cpu[0]
     store.close()
     assert len(reports) >= 2, "one batch only: nothing to measure past the first; use more --messages"
     steady = reports[1:]  # the first batch starts Python workers and reads positions back
     return {"batches_s": sum(r.seconds for r in steady), "steady_sent": sum(r.sent for r in steady),
             "steady_wall_s": done - ends[0], "wall_s": done - t, "sent": sum(r.sent for r in reports),
+            "cpu_s": cpu_s,
             "batches": [round(r.seconds, 2) for r in reports],
             "sent_by": ["driver" if r.on_driver else "spark" for r in reports]}
 
@@ -292,6 +332,13 @@ def main() -> None:
                     help="client libraries (kafka.producer) to measure, each against its own bare producer")
     ap.add_argument("--spark-kafka", action="store_true",
                     help="also measure Spark's own Kafka sink (needs librdkafka in --producers, its baseline)")
+    ap.add_argument("--random-bodies", action="store_true",
+                    help="a random body per message, as a broker's are (default: one repeated body, whose staging "
+                         "objects compress to a sliver, so every mirror step fits the driver)")
+    ap.add_argument("--tier-batch-mb", type=int, default=64,
+                    help="the tier's committed batches the mirror reads, in MiB of commitlog (default 64)")
+    ap.add_argument("--tasks-baseline", action="store_true",
+                    help="also the query with kafka.mirror_driver_bytes 0: every step sent from Spark's tasks")
     args = ap.parse_args()
     if args.spark_kafka and "librdkafka" not in args.producers.split(","):
         ap.error("--spark-kafka is measured against librdkafka's bare producer: keep librdkafka in --producers")
@@ -299,7 +346,7 @@ def main() -> None:
     broker = None
     try:
         directory = os.path.join(workdir, "commitlog")
-        end = produce(directory, args.messages, args.body)
+        end = produce(directory, args.messages, args.body, args.random_bodies)
         bootstrap = args.bootstrap
         if not bootstrap:
             from connectors.kafka.embedded import EmbeddedBroker
@@ -328,16 +375,20 @@ def main() -> None:
                     assert sent == args.messages, f"the sink sent {sent} of {args.messages}"
                     got[f"sink {lib}"] = args.messages / sink_s
 
-                def query(lib=lib):
-                    q = run_query(spark, directory, settings(bootstrap, f"query{r}{lib}", lib), workdir)
-                    assert q["sent"] == args.messages, f"the query sent {q['sent']} of {args.messages}"
-                    got[f"query {lib}"] = q["steady_sent"] / q["steady_wall_s"]
-                    got[f"query_batches {lib}"] = q["steady_sent"] / q["batches_s"]
-                    got[f"query_with_first_batch {lib}"] = args.messages / q["wall_s"]
-                    got[f"query_batch_seconds {lib}"] = q["batches"]
-                    got[f"query_sent_by {lib}"] = q["sent_by"]
+                def query(lib=lib, name="query", driver_bytes=None):
+                    q = run_query(spark, directory, settings(bootstrap, f"{name}{r}{lib}", lib), workdir,
+                                  args.tier_batch_mb << 20, driver_bytes, broker.process.pid if broker else None)
+                    assert q["sent"] == args.messages, f"the {name} sent {q['sent']} of {args.messages}"
+                    got[f"{name} {lib}"] = q["steady_sent"] / q["steady_wall_s"]
+                    got[f"{name}_batches {lib}"] = q["steady_sent"] / q["batches_s"]
+                    got[f"{name}_with_first_batch {lib}"] = args.messages / q["wall_s"]
+                    got[f"{name}_cpu_us_per_message {lib}"] = round(q["cpu_s"] * 1e6 / q["steady_sent"], 1)
+                    got[f"{name}_batch_seconds {lib}"] = q["batches"]
+                    got[f"{name}_sent_by {lib}"] = q["sent_by"]
 
                 steps += [(f"bare {lib}", bare), (f"sink {lib}", sink), (f"query {lib}", query)]
+                if args.tasks_baseline:
+                    steps.append((f"query-tasks {lib}", lambda lib=lib: query(lib, "query-tasks", 0)))
             if args.spark_kafka:
                 def spark_kafka():
                     q = run_spark_kafka(spark, directory, settings(bootstrap, f"spark{r}", "librdkafka"), workdir)
@@ -353,22 +404,33 @@ def main() -> None:
             for lib in libraries:
                 ratios[f"sink_vs_bare {lib}"] = round(got[f"sink {lib}"] / got[f"bare {lib}"], 3)
                 ratios[f"query_vs_bare {lib}"] = round(got[f"query {lib}"] / got[f"bare {lib}"], 3)
+                if args.tasks_baseline:
+                    ratios[f"query_vs_query-tasks {lib}"] = round(got[f"query {lib}"] / got[f"query-tasks {lib}"], 3)
+                    ratios[f"query_cpu_vs_query-tasks {lib}"] = round(
+                        got[f"query_cpu_us_per_message {lib}"] / got[f"query-tasks_cpu_us_per_message {lib}"], 3)
             if args.spark_kafka:
                 ratios["spark-kafka_vs_bare librdkafka"] = round(got["spark-kafka"] / got["bare librdkafka"], 3)
                 ratios["spark-kafka_vs_query librdkafka"] = round(got["spark-kafka"] / got["query librdkafka"], 3)
             rounds.append({"order": [name for name, _ in order],
-                           **{k: (round(v) if isinstance(v, float) else v) for k, v in got.items()}, **ratios})
+                           **{k: (round(v) if isinstance(v, float) and "cpu" not in k else v) for k, v in got.items()}, **ratios})
         if args.spark_kafka:  # Spark keeps its Kafka producers past stop(); they would warn once the broker goes
             spark.sparkContext.setLogLevel("ERROR")
         spark.stop()
         mb = args.body / 1e6
         out = {"messages": args.messages, "body_bytes": args.body, "rounds": args.rounds,
+               "bodies": "random" if args.random_bodies else "one repeated", "tier_batch_mb": args.tier_batch_mb,
                "broker": "tansu (embedded)" if broker else bootstrap}
+        queries = ("query", "query-tasks") if args.tasks_baseline else ("query",)
         for lib in libraries:
-            for name in ("bare", "sink", "query", "query_batches", "query_with_first_batch"):
+            for name in ("bare", "sink", *(q + suffix for q in queries for suffix in ("", "_batches", "_with_first_batch"))):
                 rate = statistics.median(x[f"{name} {lib}"] for x in rounds)
                 out[f"{name} {lib}"] = {"msgs_per_s": round(rate), "mb_per_s": round(rate * mb, 1)}
-            for name in ("sink_vs_bare", "query_vs_bare"):
+            for q in queries:
+                out[f"{q}_cpu_us_per_message {lib}"] = statistics.median(x[f"{q}_cpu_us_per_message {lib}"] for x in rounds)
+            ratios = ("sink_vs_bare", "query_vs_bare")
+            if args.tasks_baseline:
+                ratios += ("query_vs_query-tasks", "query_cpu_vs_query-tasks")
+            for name in ratios:
                 out[f"{name} {lib}"] = statistics.median(x[f"{name} {lib}"] for x in rounds)
         if args.spark_kafka:
             for name in ("spark-kafka", "spark-kafka_with_first_batch"):

@@ -251,7 +251,9 @@ def _freshness(args, root: str, broker) -> dict:
         kafka, compaction = {**kafka, "mirror_min_batch_bytes": 0}, {"min_batch_bytes": 0}
     if broker and args.mirror_driver_bytes is not None:
         kafka["mirror_driver_bytes"] = args.mirror_driver_bytes
-    conf = make_conf(root, spark={"trigger_interval_s": args.trigger}, kafka=kafka, compaction=compaction)
+    source = {"max_bytes_per_trigger": args.max_batch_bytes} if args.max_batch_bytes is not None else {}
+    conf = make_conf(root, spark={"trigger_interval_s": args.trigger}, kafka=kafka, compaction=compaction,
+                     source=source)
     big = _build_big_tier(root, conf, args.big_tier, args.big_queues) if args.big_tier else None
     service = ServiceProcess(root, conf=conf)
     service.start()
@@ -331,6 +333,7 @@ def _freshness(args, root: str, broker) -> dict:
         "not_committed_within_drain": uncommitted, "trigger_interval_s": args.trigger,
         "kafka": "mirror and changelog on an embedded tansu" if broker else "off",
         "mirror_driver_bytes": conf.kafka.mirror_driver_bytes if broker else None,
+        "max_bytes_per_trigger": conf.source.max_bytes_per_trigger,
         "tier_before": big or "new",
         "append_to_committed_ms": {"p50": round(q[49]), "p99": round(q[98]), "max": max(values)},
         # The tier's consumers: the KV view (compaction) and, with --kafka, the mirror's acknowledged sends.
@@ -537,6 +540,9 @@ def main() -> None:
                         "1 KiB beside the service)")
     p.add_argument("--mirror-driver-bytes", type=int, default=None, metavar="BYTES",
                    help="kafka.mirror_driver_bytes: mirror batches up to this size are sent by the driver")
+    p.add_argument("--max-batch-bytes", type=int, default=None, metavar="BYTES",
+                   help="source.max_bytes_per_trigger: a tiering batch past source.partition_bytes is staged "
+                        "by Spark's tasks, one within it by the driver")
     p.add_argument("--no-hold", action="store_true",
                    help="compaction and the mirror run at every trigger (min_batch_bytes 0), the defaults before")
     p.add_argument("--big-tier", type=int, default=0, metavar="SEGMENTS",
