@@ -223,10 +223,13 @@ class KafkaConfig:
         "the tier on a quiet broker. 0: never waits.")
     # 32 MiB: at 15,500 msgs/s of 1 KiB a 0.5 s tier batch holds about 8 MB, and with 8 MiB a
     # third of them went to Spark's tasks: Kafka p99 3.8-4.0 s against 1.3-2.1 s (docs/benchmarks.md).
+    # Every step on the driver: a catch-up from Spark's tasks was 83-85k msgs/s at 15 core-us a
+    # message, against 100-113k at 9-10 on the driver (docs/benchmarks.md).
     mirror_driver_bytes: int = setting(
-        32 << 20, "A mirror batch whose staging objects hold at most this many bytes is sent by the driver "
-        "itself, without waiting for a Spark job: sooner in Kafka, for less CPU. Larger ones (catching up) go to "
-        "kafka.mirror_tasks Spark tasks, beside the driver. 0: always Spark's tasks.", size=True)
+        32 << 20, "The driver sends the mirror itself, without a Spark job, in steps of at most this many bytes "
+        "of staging objects (or one tier batch, if larger), the next step at once while more is committed: sooner "
+        "in Kafka, and about 0.6 of the CPU a message of Spark's tasks, catching up included. A backfill goes to "
+        "kafka.mirror_tasks Spark tasks. 0: every step from Spark's tasks.", size=True)
     mirror_topic: str = setting("{topic}", "Kafka topic of the mirror; {topic} is the RocketMQ topic.")
     mirror_topic_map: str = setting("", "Explicit mirror topics, `orders=orders-mirror,...`; they win over mirror_topic.")
     changelog_topic: str = setting("{topic}.changelog", "Kafka topic of the changelog; {topic} is the RocketMQ topic.")

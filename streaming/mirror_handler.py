@@ -15,10 +15,11 @@ checkpoint); the driver sends small batches, Spark's executors large ones.  Per 
 1. take the batch's range (``[start, end)``, whole tier batches), less what the ``mirror`` sink's
    record says was sent, and the tier batches listed in it (``TierFeed.batches``).  The range
    is ``streaming.queries.mirror.step_end``'s, in the service and in ``bench/bench_kafka.py``;
-2. run one Spark task per sender slot (``kafka.mirror_tasks``; see ``default_slots``), or, for a
-   batch whose staging objects hold at most ``kafka.mirror_driver_bytes``, send it on the driver as
-   one slot, without a Spark job (a quiet broker's batch costs far less to send than a job does, and
-   a busy one's reaches Kafka sooner without waiting for a job behind compaction's).  Each task
+2. send it on the driver as one slot, without a Spark job (``kafka.mirror_driver_bytes`` above 0,
+   the default; a quiet broker's batch costs far less to send than a job does, a busy one's reaches
+   Kafka sooner without waiting for a job behind compaction's, and a catch-up costs about 0.6 of
+   the CPU a message); or, for a backfill or with ``kafka.mirror_driver_bytes`` 0, run one Spark
+   task per sender slot (``kafka.mirror_tasks``; see ``default_slots``).  Each task
    reads the listed staging objects (the mirror's columns only) and sends only the Kafka
    partitions its slot owns (``slot_of``), with its own idempotent producer, in queue order.  A
    partition therefore has one sender and keeps its order, while the slots run in parallel: two
@@ -79,7 +80,7 @@ class MirrorReport:
     source_end: int
     seconds: float
     attempts: int = 1
-    on_driver: bool = False  # sent by the driver (``kafka.mirror_driver_bytes``), not by Spark's tasks
+    on_driver: bool = False  # sent by the driver (``kafka.mirror_driver_bytes`` above 0), not by Spark's tasks
 
 
 @dataclass(frozen=True)
@@ -141,31 +142,26 @@ def default_slots(kafka: KafkaSettings, parallelism: int) -> int:
     return parallelism if kafka.producer == "kafka-python" else max(1, parallelism // 2)
 
 
-# A backlog of more than this many times ``kafka.mirror_driver_bytes`` is a catch-up: it goes to
-# Spark's tasks whole, in parallel slots.
-CATCH_UP_BATCHES = 4
-
-
 def driver_sized_end(listed: list[FeedBatch], start: int, end: int, driver_bytes: int) -> int:
     """Where a mirror batch from ``start`` ends, of ``[start, end)``'s ``listed`` tier batches: the
     most whole tier batches whose staging objects fit ``driver_bytes`` (at least one), so the driver
-    sends it; ``end`` itself for a catch-up or a backfill (Spark's tasks send it), or when
-    ``driver_bytes`` is 0.
+    sends it; ``end`` itself for a backfill (Spark's tasks send it), or when ``driver_bytes`` is 0.
 
     Why: a mirror that fell one tier batch behind found two batches together over ``driver_bytes``,
     and Spark's tasks sent them: a job whose first run starts a Python worker and a producer took
     5 s, where the driver sends a batch in 0.2 s (docs/benchmarks.md, the mirror woken by the
-    tier's commit)."""
+    tier's commit). A catch-up is cut the same way, and the follower steps again at once: Spark's
+    tasks spent 19.7 core-us a message where the driver spends about 10, so a mirror that fell
+    behind sent it to them, spent more a message and fell further behind (the ledger at 25,000
+    msgs/s, docs/benchmarks.md)."""
     if not driver_bytes or any(b.backfill for b in listed):
         return end
-    sizes = [(b.end, sum(size for _name, size, _first in b.objects)) for b in listed]
-    if sum(size for _end, size in sizes) > CATCH_UP_BATCHES * driver_bytes:
-        return end
     cut, taken = start, 0
-    for batch_end, size in sizes:
+    for b in listed:
+        size = sum(size for _name, size, _first in b.objects)
         if cut > start and taken + size > driver_bytes:
             break
-        cut, taken = min(batch_end, end), taken + size
+        cut, taken = min(b.end, end), taken + size
     return cut if cut > start else end
 
 
@@ -199,7 +195,7 @@ class MirrorHandler:
                  on_batch: Callable[[MirrorReport], None] | None = None,
                  topics: TopicFilter | None = None, copies: CopySettings | None = None, driver_bytes: int = 0):
         self.kafka = kafka
-        self.driver_bytes = driver_bytes  # a batch of at most this many bytes of objects is sent here; 0: never
+        self.driver_bytes = driver_bytes  # steps are cut to this many bytes of objects and sent here; 0: never
         self._backend = None  # the tier's, for the batches sent here
         self.copies = copies
         self.topics = topics
@@ -276,11 +272,11 @@ class MirrorHandler:
             attempt = backoff(attempt, KafkaUnavailable(failed[0]["error"]), self.health, self.should_stop)
 
     def _fits_driver(self, listed: tuple[FeedBatch, ...]) -> bool:
-        """Whether the driver sends this batch: its listed objects' bytes within ``driver_bytes``
-        (a backfill's size is not listed: Spark's tasks send it)."""
-        if not self.driver_bytes or any(b.backfill for b in listed):
-            return False
-        return sum(size for b in listed for _name, size, _first in b.objects) <= self.driver_bytes
+        """Whether the driver sends this batch: unless ``driver_bytes`` is 0 or it holds a backfill
+        (whose size is not listed: Spark's tasks send it).  A step is cut to ``driver_bytes``
+        (``driver_sized_end``) but holds at least one tier batch, which may be larger: the driver
+        reads it one staging object at a time, so it sends it too."""
+        return bool(self.driver_bytes) and not any(b.backfill for b in listed)
 
     def close(self) -> None:
         """Release what the batches sent here held: the tier's backend, the driver's producer."""

@@ -101,7 +101,7 @@ def test_a_stop_requested_ends_the_thread_without_an_error():
     assert follower.exception() is None
 
 
-def test_a_mirror_a_batch_behind_sends_driver_sized_batches_and_a_catch_up_goes_to_spark_whole():
+def test_a_mirror_behind_sends_driver_sized_batches_and_only_a_backfill_goes_to_spark_whole():
     from connectors.tier.feed import FeedBatch
     from streaming.mirror_handler import driver_sized_end
 
@@ -115,8 +115,9 @@ def test_a_mirror_a_batch_behind_sends_driver_sized_batches_and_a_catch_up_goes_
     assert driver_sized_end(batches(3 * mb, 4 * mb, 3 * mb), 0, 300, 8 * mb) == 200
     # One batch over the limit is sent alone (by Spark's tasks, as before).
     assert driver_sized_end(batches(9 * mb, 1 * mb), 0, 200, 8 * mb) == 100
-    # A catch-up (over 4 x 8 MiB) and a backfill go whole; 0 means always Spark's tasks.
-    assert driver_sized_end(batches(*[5 * mb] * 7), 0, 700, 8 * mb) == 700
+    # A catch-up (7 x 5 MiB) is cut to the driver's size too; a backfill goes whole; 0 means
+    # always Spark's tasks.
+    assert driver_sized_end(batches(*[5 * mb] * 7), 0, 700, 8 * mb) == 100
     assert driver_sized_end([FeedBatch(0, 5_000, (), backfill=True)], 0, 5_000, 8 * mb) == 5_000
     assert driver_sized_end(batches(5 * mb, 5 * mb), 0, 200, 0) == 200
     # Batches without objects (the tier's filter left nothing) weigh nothing.

@@ -201,20 +201,22 @@ def test_a_consumer_group_reads_the_mirror(spark, tmp_path, kafka_bootstrap, kaf
     assert committed == len(want)
 
 
-def test_small_batches_are_sent_by_the_driver_and_large_ones_by_spark_tasks_exactly_once(
-        spark, tmp_path, kafka_bootstrap, kafka_prefix, caplog):
-    """``kafka.mirror_driver_bytes``: a mirror batch whose staging objects fit is sent by the driver
-    as one slot, a larger one by two Spark tasks; positions pass between them batch to batch, and
-    the topics equal the commitlog's replay record for record (no message twice, none missing)."""
+def test_the_driver_and_spark_tasks_send_in_turn_exactly_once(spark, tmp_path, kafka_bootstrap, kafka_prefix, caplog):
+    """``kafka.mirror_driver_bytes``: with it, the driver sends every step, one larger than it
+    included (a step holds at least one tier batch); with 0, two Spark tasks do.  Runs alternate
+    the two, positions pass between them, and the topics equal the commitlog's replay record for
+    record (no message twice, none missing)."""
+    import dataclasses
     import json
 
     conf = kafka_conf(make_conf(tmp_path, str(tmp_path / "tier"), compaction=COMPACTION), kafka_bootstrap,
                       kafka_prefix, mirror_driver_bytes=8_000)
     with caplog.at_level("INFO", logger="tierlog.service"):
-        for round_, messages in enumerate([1500, 40, 1500, 30]):  # large, small, large, small
-            append(conf, kv_messages(messages, keys=150, seed=10 + round_, topics=2))
-            run(spark, conf)
-            assert_kafka_equals_oracle(conf)
+        for round_, (messages, driver_bytes) in enumerate([(1500, 0), (40, 8_000), (1500, 8_000), (30, 0)]):
+            run_conf = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, mirror_driver_bytes=driver_bytes))
+            append(run_conf, kv_messages(messages, keys=150, seed=10 + round_, topics=2))
+            run(spark, run_conf)
+            assert_kafka_equals_oracle(run_conf)
     sent_by = [json.loads(r.getMessage().split("batch ", 1)[1]).get("sent_by") for r in caplog.records
                if r.getMessage().startswith("batch {") and '"mirror"' in r.getMessage()]
     assert "driver" in sent_by and "spark" in sent_by, sent_by

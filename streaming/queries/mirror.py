@@ -29,7 +29,7 @@ class FeedRange:
 
 def step_end(feed, start: int, max_bytes: int, driver_bytes: int, held=lambda end: False) -> int:
     """Where a mirror step from ``start`` ends: the tier's committed batches past it up to
-    ``max_bytes`` of commitlog (0: no bound), cut to what the driver sends unless it is a catch-up
+    ``max_bytes`` of commitlog (0: no bound), cut to what the driver sends unless it is a backfill
     (``driver_sized_end``); ``start`` when nothing is there or ``held(end)`` holds it back (the
     hold weighs the whole range, not the cut one)."""
     end = next_end(feed.batch_ends(start), start, max_bytes)
@@ -70,7 +70,7 @@ class MirrorQuery(Query):
     def step(self, spark) -> bool:
         """The tier's committed batches past what was sent, up to ``maxBytesPerTrigger`` of commitlog,
         held back while under ``kafka.mirror_min_batch_bytes`` (for up to ``mirror_max_batch_delay_s``),
-        and cut to what the driver sends unless it is a catch-up (``driver_sized_end``)."""
+        and cut to what the driver sends unless it is a backfill (``driver_sized_end``)."""
         start = self.handler.start_at
         end = step_end(self.ctx.metadata.feed, start, int(self.ctx.source_options.get("maxBytesPerTrigger") or 0),
                        self.ctx.conf.kafka.mirror_driver_bytes,
