@@ -66,8 +66,9 @@ def commitlog_bytes(directory: str) -> int:
         return reader.end_offset() - reader.first_offset()
 
 
-def run_service(root: str, log_dir: str, tiering_only: bool) -> float:
-    """Seconds of one ``tierlog run --until-caught-up`` on a fresh tier, state and checkpoints."""
+def run_service(root: str, log_dir: str, tiering_only: bool, max_batch_bytes: int | None = None) -> float:
+    """Seconds of one ``tierlog run --until-caught-up`` on a fresh tier, state and checkpoints;
+    ``max_batch_bytes``: ``source.max_bytes_per_trigger`` (None: the product's default)."""
     work = tempfile.mkdtemp(dir=root, prefix="run-")
     conf = cfg.Config(
         commitlog=cfg.CommitlogConfig(dir=log_dir),
@@ -75,6 +76,7 @@ def run_service(root: str, log_dir: str, tiering_only: bool) -> float:
         state=cfg.StateConfig(dir=os.path.join(work, "state")),
         checkpoint=cfg.CheckpointConfig(dir=os.path.join(work, "checkpoints")),
         compaction=cfg.CompactionConfig(enabled=not tiering_only),
+        source=cfg.SourceConfig(**({} if max_batch_bytes is None else {"max_bytes_per_trigger": max_batch_bytes})),
         metrics=cfg.MetricsConfig(port=0),
     )
     path = os.path.join(work, "tierlog.toml")
@@ -143,7 +145,8 @@ def floor(root: str, log_dir: str, size: int) -> float:
     return float(result.stdout.split()[0])
 
 
-def measure(shape_name: str, rounds: int, tiering_only: bool, messages: tuple[int, int] | None = None) -> dict:
+def measure(shape_name: str, rounds: int, tiering_only: bool, messages: tuple[int, int] | None = None,
+            max_batch_bytes: int | None = None) -> dict:
     shape = dict(SHAPES[shape_name], **({"messages": messages} if messages else {}))
     root = tempfile.mkdtemp(prefix=f"tierlog-catchup-{shape_name}-")
     logs = {}
@@ -154,7 +157,7 @@ def measure(shape_name: str, rounds: int, tiering_only: bool, messages: tuple[in
     small, large = shape["messages"]
     kinds = ("service", "floor", "copy")
     times: dict[tuple[str, int], list[float]] = {(k, n): [] for k in kinds for n in (small, large)}
-    steps = {"service": lambda n: run_service(root, logs[n], tiering_only),
+    steps = {"service": lambda n: run_service(root, logs[n], tiering_only, max_batch_bytes),
              "floor": lambda n: floor(root, logs[n], sizes[n]), "copy": lambda n: copy(root, logs[n])}
     for r in range(rounds):
         order = [(kind, n) for n in (small, large) for kind in kinds]
@@ -191,6 +194,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tiering-only", action="store_true", help="compaction off: the tiering query alone")
     ap.add_argument("--messages", help="SMALL,LARGE: the two logs' sizes in messages (default: the shape's)")
+    ap.add_argument("--max-batch-mb", type=int, default=None,
+                    help="source.max_bytes_per_trigger in MiB (default: the product's); a batch within "
+                         "source.partition_bytes is staged by the driver, a larger one by Spark's tasks")
     args = ap.parse_args()
     messages = None
     if args.messages:
@@ -203,7 +209,9 @@ def main() -> None:
         messages = (small, large)
     shapes = list(SHAPES) if args.shape == "both" else [args.shape]
     report({"benchmark": "catchup",
-            "results": [measure(s, args.rounds, args.tiering_only, messages) for s in shapes]})
+            "max_batch_mb": args.max_batch_mb,
+            "results": [measure(s, args.rounds, args.tiering_only, messages,
+                                None if args.max_batch_mb is None else args.max_batch_mb << 20) for s in shapes]})
 
 
 if __name__ == "__main__":
