@@ -117,7 +117,9 @@ class CommitlogConfig:
 class SourceConfig:
     max_records_per_trigger: int = setting(0, "At most this many messages per micro-batch (0: no cap).")
     max_bytes_per_trigger: int = setting(
-        256 << 20, "At most this many commitlog bytes per micro-batch (0: no cap).", size=True
+        256 << 20, "At most this many commitlog bytes per micro-batch (0: no cap). While tiering follows the "
+        "log's head (at most 4 x source.partition_bytes behind), a batch holds at most source.partition_bytes, "
+        "which the driver stages (tier.stage_on_driver); this bound is for catching up.", size=True
     )
     partition_bytes: int = setting(32 << 20, "Split each micro-batch into Spark tasks of about this size.", size=True)
     starting_offset: str = setting(

@@ -200,3 +200,34 @@ def test_a_small_batch_waits_for_bytes_or_its_delay_and_a_drain_never_waits(log_
     assert drain.latestOffset(last, limit) == last
     reader.stop()
     drain.stop()
+
+
+def test_a_batch_near_the_head_holds_follow_bytes_and_a_catch_up_takes_max_bytes(log_dir):
+    """followBytesPerTrigger: while at most 4 times it is past a batch's start, the batch holds at
+    most that many bytes (the driver stages it); a larger backlog is a catch-up, up to
+    maxBytesPerTrigger; without a byte cap (ReadAllAvailable) nothing is held."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
+
+    from streaming.source import CommitLogStreamReader
+
+    produce(log_dir, 2000)
+    with CommitLogReader(log_dir) as r:
+        first, head = r.first_offset(), r.end_offset()
+    backlog = head - first
+    follow = backlog // 3  # the whole backlog is within 4x: following the head
+    reader = CommitLogStreamReader(SourceOptions.parse(
+        {"path": log_dir, "maxBytesPerTrigger": str(backlog), "followBytesPerTrigger": str(follow)}))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxBytes(backlog))["phy_offset"]
+    assert 0 < end - first <= follow + 200, (end - first, follow)
+
+    small = backlog // 10  # the backlog is over 4x: a catch-up, up to maxBytesPerTrigger
+    reader = CommitLogStreamReader(SourceOptions.parse(
+        {"path": log_dir, "maxBytesPerTrigger": str(backlog), "followBytesPerTrigger": str(small)}))
+    assert reader.latestOffset(start, ReadMaxBytes(backlog))["phy_offset"] == head
+    # Nearer the head, the same reader holds its batch to followBytesPerTrigger.
+    near = head - 3 * small
+    with CommitLogReader(log_dir) as r:
+        near = r.scan(first, max_bytes=near - first).end
+    assert reader.latestOffset({"phy_offset": near}, ReadMaxBytes(backlog))["phy_offset"] - near <= small + 200
+    assert reader.latestOffset(start, ReadAllAvailable())["phy_offset"] == head
