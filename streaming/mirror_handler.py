@@ -10,7 +10,7 @@ once, and the mirror reads it back from the staging objects the tier committed
 staging objects in the tier instead of the broker's disk.
 
 The ``mirror`` sink's record in the metadata store is the query's only progress (it has no Spark
-checkpoint); the driver sends small batches, Spark's executors large ones.  Per batch:
+checkpoint); the driver sends every batch, Spark's executors only a backfill.  Per batch:
 
 1. take the batch's range (``[start, end)``, whole tier batches), less what the ``mirror`` sink's
    record says was sent, and the tier batches listed in it (``TierFeed.batches``).  The range
@@ -150,10 +150,10 @@ def driver_sized_end(listed: list[FeedBatch], start: int, end: int, driver_bytes
     Why: a mirror that fell one tier batch behind found two batches together over ``driver_bytes``,
     and Spark's tasks sent them: a job whose first run starts a Python worker and a producer took
     5 s, where the driver sends a batch in 0.2 s (docs/benchmarks.md, the mirror woken by the
-    tier's commit). A catch-up is cut the same way, and the follower steps again at once: Spark's
-    tasks spent 19.7 core-us a message where the driver spends about 10, so a mirror that fell
-    behind sent it to them, spent more a message and fell further behind (the ledger at 25,000
-    msgs/s, docs/benchmarks.md)."""
+    tier's commit). A catch-up is cut the same way, and the follower steps again at once: from
+    Spark's tasks a catch-up on random 1 KiB bodies ran at 83-85k msgs/s and 15 core-us a message,
+    from the driver at 100-113k and 9-10 (docs/benchmarks.md); and a mirror that fell behind, sent
+    by the tasks, spent more a message and fell further behind."""
     if not driver_bytes or any(b.backfill for b in listed):
         return end
     cut, taken = start, 0
