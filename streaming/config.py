@@ -213,7 +213,8 @@ class KafkaConfig:
         True, "Send each changed key's latest value to a compacted topic (the changelog sink); needs compaction."
     )
     mirror_tasks: int = setting(
-        0, "Parallel Spark tasks sending the mirror, each owning some partitions (0: one per two cores with "
+        0, "Parallel Spark tasks sending the mirror when Spark's tasks send it (a backfill, or "
+        "kafka.mirror_driver_bytes 0), each owning some partitions (0: one per two cores with "
         "librdkafka, one per core with kafka-python)."
     )
     mirror_min_batch_bytes: int = setting(
