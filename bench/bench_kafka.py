@@ -63,7 +63,7 @@ import statistics
 import tempfile
 import time
 
-from bench.common import descendants, report
+from bench.common import report, tree_cpu_s
 from connectors.commitlog.format import Message
 from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.writer import CommitLogWriter
@@ -187,23 +187,6 @@ def tier_for_mirror(directory: str, workdir: str, batch_bytes: int = 64 << 20) -
     return location, metadata, start
 
 
-def tree_cpu_s(skip: int | None) -> float:
-    """CPU seconds so far of this process and every live one under it (the JVM, Spark's Python
-    workers), less the ``skip`` process's subtree (the embedded broker)."""
-    skipped = set(descendants(skip)) | {skip} if skip else set()
-    total = 0.0
-    for pid in [os.getpid()] + descendants(os.getpid()):
-        if pid in skipped:
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 def run_query(spark, directory: str, s: KafkaSettings, workdir: str, tier_batch_bytes: int = 64 << 20,
               driver_bytes: int | None = None, skip_pid: int | None = None) -> dict:
     """The mirror as the service runs it: steps on the driver (``MirrorQuery.step``'s range, with no
@@ -225,14 +208,14 @@ def run_query(spark, directory: str, s: KafkaSettings, workdir: str, tier_batch_
         reports.append(r)
         ends.append(time.perf_counter())
         if len(reports) == 1:
-            cpu.append(tree_cpu_s(skip_pid))
+            cpu.append(tree_cpu_s(os.getpid(), skip_pid))
 
     handler = MirrorHandler(s, location, store, start, driver_bytes=driver_bytes, on_batch=on_batch)
     t = time.perf_counter()
     while (end := step_end(store.feed, handler.start_at, 64 << 20, driver_bytes)) > handler.start_at:
         handler.process(FeedRange(len(reports), handler.start_at, end), spark)
     done = time.perf_counter()
-    cpu_s = tree_cpu_s(skip_pid) - cpu[0]
+    cpu_s = tree_cpu_s(os.getpid(), skip_pid) - cpu[0]
     store.close()
     assert len(reports) >= 2, "one batch only: nothing to measure past the first; use more --messages"
     steady = reports[1:]  # the first batch starts Python workers and reads positions back

@@ -38,24 +38,8 @@ import time
 
 from bench.bench_tiering import REPO, ServiceProcess, batch_lines
 from bench import loadgen
-from bench.common import descendants, report
+from bench.common import report, tree_cpu_s
 from streaming import config as cfg
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds of ``root`` and every descendant alive now, with the time of those that exited
-    (in their parent's children's time)."""
-    total = 0
-    for pid in [root, *descendants(root)]:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime: stat's fields 14-17
-    return total / TICK
 
 
 def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:

@@ -75,3 +75,21 @@ def descendants(root: int) -> list[int]:
         out.append(pid)
         stack.extend(children.get(pid, []))
     return out
+
+
+def tree_cpu_s(root: int, skip: int | None = None) -> float:
+    """CPU seconds of ``root`` and every descendant alive now, with the time of those that exited
+    (in their parent's children's time); ``skip``: a descendant whose subtree is left out (an
+    embedded broker beside what is measured)."""
+    skipped = {skip, *descendants(skip)} if skip else set()
+    total = 0
+    for pid in [root, *descendants(root)]:
+        if pid in skipped:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime: stat's fields 14-17
+    return total / os.sysconf("SC_CLK_TCK")

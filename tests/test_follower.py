@@ -113,7 +113,7 @@ def test_a_mirror_behind_sends_driver_sized_batches_and_only_a_backfill_goes_to_
     # Two tier batches of 5 MiB together: the first alone, on the driver (8 MiB).
     assert driver_sized_end(batches(5 * mb, 5 * mb), 0, 200, 8 * mb) == 100
     assert driver_sized_end(batches(3 * mb, 4 * mb, 3 * mb), 0, 300, 8 * mb) == 200
-    # One batch over the limit is sent alone (by Spark's tasks, as before).
+    # One batch over the limit is a step alone (the driver sends it, one staging object at a time).
     assert driver_sized_end(batches(9 * mb, 1 * mb), 0, 200, 8 * mb) == 100
     # A catch-up (7 x 5 MiB) is cut to the driver's size too; a backfill goes whole; 0 means
     # always Spark's tasks.
