@@ -104,6 +104,8 @@ def capture_sends(sink) -> list[tuple]:
     sent: list[tuple] = []
     sink.send = lambda topic, p, key, value, headers, position, ts=None, **_: sent.append(
         (topic, p, key, value, headers, ts)) or True
+    sink.send_rows = lambda rows: sent.extend(
+        (topic, p, key, value, headers, ts) for topic, p, key, value, headers, _position, ts in rows)
     return sent
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka import errors as kerr
@@ -229,6 +229,31 @@ class KafkaSink:
             crash_point("kafka_sending")
         self.stats.bytes += len(value or b"")
         return True
+
+    def send_rows(self, rows: Iterable[tuple]) -> None:
+        """``send`` each ``(topic, partition, key, value, headers, position, timestamp_ms)`` of
+        ``rows``, in order, with ``send``'s checks and counts.
+
+        Why a loop of its own: the mirror sends 100,000 records a second from one thread, and a
+        call of ``send`` a record, with its lookups of the producer, the floor and the counters,
+        cost 0.15-0.25 µs of the 2.8 µs the mirror sink spends a record in Python before librdkafka
+        (1 KiB messages, the producer replaced by a no-op, two runs of five rounds)."""
+        send, positions, floor, stats = self.producer.send, self._positions, self.floor, self.stats
+        for topic, partition, key, value, headers, position, timestamp_ms in rows:
+            where = (topic, partition)
+            if position <= floor or position <= positions.get(where, -1):
+                stats.skipped += 1
+                continue
+            try:
+                send(topic, partition, key, value, headers, timestamp_ms, position)
+            except TooLarge as exc:
+                self._too_large(position, str(exc))
+                continue
+            positions[where] = position
+            stats.sent += 1
+            if stats.sent % 100 == 0:
+                crash_point("kafka_sending")
+            stats.bytes += len(value or b"")
 
     def _too_large(self, position: int, reason: str) -> None:
         if self.settings.on_too_large != "skip":
