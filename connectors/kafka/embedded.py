@@ -54,6 +54,10 @@ class EmbeddedBroker:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> "EmbeddedBroker":
+        if self.process is not None and self.process.poll() is None:
+            # Already running (``with EmbeddedBroker().start()``): a second process on the port
+            # would be the one ``stop`` ends, and the first would outlive its owner.
+            return self
         url = f"tcp://127.0.0.1:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
