@@ -2,17 +2,24 @@
 runs), against a copy of the same byte ranges into the same tier directory, in one process.
 
     ./dev bench stage [--mb 256] [--part-mb 32] [--queues 64] [--body 2000] [--rounds 3]
+                      [--driver] [--no-uniq-key]
 
 Each round stages the whole log in ``--part-mb`` ranges (as the source's partitions cut it) and
 copies the same ranges (read, write, fsync: a staging object is durable before its batch commits),
 in alternating order.  A pass with the phases timed apart (decode with the body CRC, sort, Parquet encode,
 upload) says where a stager's time goes.  No Spark: this is the floor of what one task can do,
 and the tiering query's catch-up cannot beat its ratio.
+
+``--driver`` stages each range as the driver stages a batch near the head (``stage_range``:
+the range's record count too, as Spark would have counted it).  ``--no-uniq-key`` writes messages
+without ``UNIQ_KEY``, whose message id is the broker's offset id, built at decode: as from
+clients that set none, and the sustained benchmarks' generator.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import statistics
@@ -29,7 +36,7 @@ from connectors.commitlog.workload import Workload, append_in_chunks
 from connectors.commitlog.writer import CommitLogWriter
 from connectors.tier import layout
 from connectors.tier.backend import open_backend
-from connectors.tier.staging import StageSettings, stage
+from connectors.tier.staging import StageSettings, stage, stage_range
 
 
 def ranges(directory: str, part_bytes: int) -> list[tuple[int, int, int]]:
@@ -90,13 +97,19 @@ def main() -> None:
     ap.add_argument("--queues", type=int, default=64)
     ap.add_argument("--body", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--driver", action="store_true", help="stage as the driver does (stage_range)")
+    ap.add_argument("--no-uniq-key", action="store_true", help="messages without UNIQ_KEY")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="tierlog-stage-")
     log_dir = os.path.join(root, "log")
     w = Workload(messages=args.mb * (1 << 20) // (args.body + 200), topics=4, queues=args.queues // 4,
                  keys=100_000, body_size=args.body, delete_ratio=0.05, seed=7)
+    messages = w.generate()
+    if args.no_uniq_key:
+        messages = (dataclasses.replace(m, properties={k: v for k, v in m.properties.items() if k != "UNIQ_KEY"})
+                    for m in messages)
     with CommitLogWriter(log_dir, file_size=256 << 20, fsync="never") as writer:
-        append_in_chunks(writer, w.generate())
+        append_in_chunks(writer, messages)
     parts = ranges(log_dir, args.part_mb << 20)
     nbytes = sum(end - first for first, end, _ in parts)
     settings = StageSettings(location=os.path.join(root, "tier"), reader=ReaderOptions(log_dir))
@@ -106,7 +119,10 @@ def main() -> None:
             started = time.perf_counter()
             if kind == "stage":
                 for first, end, last in parts:
-                    stage(settings, first, end, last)
+                    if args.driver:
+                        stage_range(settings, first, end)
+                    else:
+                        stage(settings, first, end, last)
                 stage_s.append(time.perf_counter() - started)
             else:
                 copy_ranges(log_dir, os.path.join(root, "tier", "_copy"), parts)
@@ -116,7 +132,8 @@ def main() -> None:
     ratios = [c / s for s, c in zip(stage_s, copy_s)]
     report({
         "benchmark": "stage", "bytes": nbytes, "parts": len(parts), "queues": args.queues, "body": args.body,
-        "rounds": args.rounds,
+        "rounds": args.rounds, "messages": w.messages, "driver": args.driver, "uniq_key": not args.no_uniq_key,
+        "stage_us_per_message": [round(s / w.messages * 1e6, 2) for s in stage_s],
         "stage_MBps": [round(nbytes / s / 1e6, 1) for s in stage_s],
         "copy_MBps": [round(nbytes / s / 1e6, 1) for s in copy_s],
         "ratio_per_round": [round(x, 3) for x in ratios], "ratio_median": round(statistics.median(ratios), 3),
