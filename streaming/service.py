@@ -122,7 +122,8 @@ class Service:
                 os.environ[DRIVER_PID] = str(os.getpid())
                 os.environ[STOP_FILE] = os.path.join(tempfile.gettempdir(), f"tierlog-stop-{os.getpid()}")
                 clear_stop()  # one an earlier process of this pid left, before any batch can retry
-                spark = owned = build_session("tierlog", conf.spark.master, plan.session_conf(conf))
+                spark = owned = build_session("tierlog", conf.spark.master, plan.session_conf(conf),
+                                              c1_only=conf.spark.jit_c1_only)
             streamed = [q for q in kinds if q.spark_stream]  # the others keep no checkpoint
             committed = {q.name: Checkpoint(plan.checkpoint_path(conf, q.name), spark).last_committed_end()
                          for q in streamed}

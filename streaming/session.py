@@ -68,9 +68,18 @@ def local_driver(master: str) -> dict:
 QUIET_LOG4J = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
 
 
-def java_options(verbose: bool) -> str:
-    """The driver's JVM options; quiet unless ``verbose``."""
-    return JVM_OPTIONS if verbose else f"{JVM_OPTIONS} -Dlog4j2.configurationFile=file:{QUIET_LOG4J}"
+# The JIT's first tier only (C1).  Why: the driver's JVM plans and commits micro-batches and moves
+# Arrow batches; little of its code runs hot for long, and the second tier (C2) kept compiling
+# afresh as plans came and went: 0.16 of the 1.14 cores the whole service used at 25,000 msgs/s
+# of 1 KiB, and a third of a quiet broker's.  With C1 only, the service used 0.13 cores less
+# there, and catching up was no slower (docs/benchmarks.md).
+C1_ONLY = "-XX:TieredStopAtLevel=1"
+
+
+def java_options(verbose: bool, c1_only: bool = True) -> str:
+    """The driver's JVM options; quiet unless ``verbose``; the JIT's first tier only unless not ``c1_only``."""
+    options = f"{JVM_OPTIONS} {C1_ONLY}" if c1_only else JVM_OPTIONS
+    return options if verbose else f"{options} -Dlog4j2.configurationFile=file:{QUIET_LOG4J}"
 
 
 def worker_python(master: str) -> str:
@@ -155,8 +164,10 @@ except (BrokenPipeError, ConnectionResetError, EOFError):
 """
 
 
-def build_session(app_name: str = "tierlog", master: str = "local[2]", extra: dict | None = None):
-    """Create (or reuse) the SparkSession with tierlog's settings and data sources registered.
+def build_session(app_name: str = "tierlog", master: str = "local[2]", extra: dict | None = None,
+                  c1_only: bool = True):
+    """Create (or reuse) the SparkSession with tierlog's settings and data sources registered;
+    ``c1_only``: the driver's JVM compiles with the JIT's first tier only (``spark.jit_c1_only``).
 
     Spark's start-up notes are hidden unless the ``tierlog`` logger is at DEBUG (``--log-level
     DEBUG``)."""
@@ -164,7 +175,7 @@ def build_session(app_name: str = "tierlog", master: str = "local[2]", extra: di
 
     check_java()
     # The driver's only: a cluster's executors keep Spark's own logging, in the worker's files.
-    options = java_options(logging.getLogger("tierlog").isEnabledFor(logging.DEBUG))
+    options = java_options(logging.getLogger("tierlog").isEnabledFor(logging.DEBUG), c1_only)
     extra = {"spark.driver.extraJavaOptions": options, **(extra or {})}
     if "PYSPARK_PYTHON" not in os.environ:
         os.environ["PYSPARK_PYTHON"] = worker_python(master)

@@ -112,12 +112,17 @@ def test_a_view_behind_the_checkpoint_catches_up_from_the_commitlog(spark, tmp_p
     assert view_contents(conf) == expected
 
 
-def test_the_state_stores_run_on_rocksdb_in_a_jvm_that_trims_its_c_heap(spark):
+def test_the_state_stores_run_on_rocksdb_in_a_jvm_that_trims_its_c_heap_and_compiles_with_c1_only(spark):
     """Bounded RocksDB memory is only half of flat memory: glibc keeps what RocksDB frees unless
-    the JVM trims it (streaming/session.py), and an old JVM would ignore the flag silently."""
+    the JVM trims it (streaming/session.py), and an old JVM would ignore the flag silently.  The
+    JIT's first tier only is the default (``spark.jit_c1_only``); false leaves the flag out."""
+    from streaming.session import C1_ONLY, java_options
+
     jvm = spark.sparkContext._jvm
     assert spark.conf.get("spark.sql.streaming.stateStore.providerClass").endswith("RocksDBStateStoreProvider")
     assert spark.conf.get("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage") == "true"
     bean_class = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
     diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(bean_class)
     assert diagnostics.getVMOption("TrimNativeHeapInterval").getValue() == "30000"
+    assert diagnostics.getVMOption("TieredStopAtLevel").getValue() == "1"
+    assert C1_ONLY not in java_options(False, c1_only=False) and C1_ONLY in java_options(True)
