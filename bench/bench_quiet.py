@@ -17,6 +17,8 @@ variants
   the default    the configuration's defaults, whatever they are now
   spark-mirror   the defaults, but every mirror batch sent by Spark's tasks (kafka.mirror_driver_bytes
                  = 0: the default before the driver sent a quiet broker's small batches itself)
+  both-jit-tiers the defaults, but the JVM's JIT with both its tiers (spark.jit_c1_only = false: the
+                 default before it)
 
 It prints each round's cores (CPU seconds over wall seconds) and the medians; with ``--series S``
 also the cores of each S-second slice of the window; and the window's longest tiering batch with
@@ -58,6 +60,8 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
             kafka=dataclasses.replace(conf.kafka, mirror_min_batch_bytes=least, mirror_max_batch_delay_s=delay))
     if name == "spark-mirror":
         conf = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, mirror_driver_bytes=0))
+    if name == "both-jit-tiers":
+        conf = dataclasses.replace(conf, spark=dataclasses.replace(conf.spark, jit_c1_only=False))
     return conf
 
 
@@ -142,9 +146,10 @@ def main() -> None:
     if "every-trigger" in rounds and "batched" in rounds:
         result["ratio_batched_over_every_trigger"] = round(
             statistics.median(rounds["batched"]) / statistics.median(rounds["every-trigger"]), 3)
-    if "the default" in rounds and "spark-mirror" in rounds:
-        result["ratio_default_over_spark_mirror"] = round(
-            statistics.median(rounds["the default"]) / statistics.median(rounds["spark-mirror"]), 3)
+    for other in ("spark-mirror", "both-jit-tiers"):
+        if "the default" in rounds and other in rounds:
+            result[f"ratio_default_over_{other.replace('-', '_')}"] = round(
+                statistics.median(rounds["the default"]) / statistics.median(rounds[other]), 3)
     report(result)
 
 
