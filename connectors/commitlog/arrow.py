@@ -334,8 +334,9 @@ def _offset_msg_ids(u8, host_at, width, phy, uniq: pa.Array) -> pa.Array:
     with no UNIQ_KEY; null for the others.
 
     Why on whole columns: a broker's own clients set UNIQ_KEY, but messages from other writers
-    (and the benchmarks' generator) do not, and a Python call a row cost 1.1 µs, a sixth of the
-    driver's staging of a 1 KiB message (16 MiB ranges, measured here)."""
+    (and the benchmarks' generator) do not, and a Python call a row cost 0.6-1.3 µs a message, a
+    tenth to a sixth of the driver's staging of 1 KiB messages (``./dev bench stage --driver
+    --no-uniq-key``, docs/benchmarks.md)."""
     missing = uniq.is_null().to_numpy(zero_copy_only=False)
     width = np.broadcast_to(np.asarray(width, np.int64), (len(phy),))
     host_at = np.broadcast_to(np.asarray(host_at, np.int64), (len(phy),))
