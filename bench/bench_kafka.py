@@ -212,12 +212,14 @@ def run_query(spark, directory: str, s: KafkaSettings, workdir: str, tier_batch_
         if len(reports) == 1:
             cpu.append(tree_cpu_s(os.getpid(), skip_pid))
 
-    handler = MirrorHandler(s, location, store, start, driver_bytes=driver_bytes, on_batch=on_batch)
+    handler = MirrorHandler(s, location, store, start, driver_bytes=driver_bytes, on_batch=on_batch,
+                            process=cfg.KafkaConfig.mirror_process)
     t = time.perf_counter()
     while (end := step_end(store.feed, handler.start_at, 64 << 20, driver_bytes)) > handler.start_at:
         handler.process(FeedRange(len(reports), handler.start_at, end), spark)
     done = time.perf_counter()
-    cpu_s = tree_cpu_s(os.getpid(), skip_pid) - cpu[0]
+    cpu_s = tree_cpu_s(os.getpid(), skip_pid) - cpu[0]  # the sender process is in the tree
+    handler.close()
     store.close()
     assert len(reports) >= 2, "one batch only: nothing to measure past the first; use more --messages"
     steady = reports[1:]  # the first batch starts Python workers and reads positions back

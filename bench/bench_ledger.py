@@ -1,6 +1,6 @@
 """The cost ledger: where the whole service's CPU goes, by part, at a fixed append rate.
 
-    ./dev bench ledger [--rates 100,10000] [--body 1024] [--seconds 60] [--warmup 30] [--kafka] [--slices N]
+    ./dev bench ledger [--rates 100,10000] [--body 1024] [--seconds 60] [--warmup 30] [--kafka] [--variant V] [--slices N]
 
 For each rate: a new root; ``tierlog run`` as a process (tiering and compaction; with ``--kafka``
 the mirror and the changelog into an embedded tansu, which is not counted); a separate process
@@ -100,6 +100,7 @@ PYTHON_PARTS = {
     "python-worker": TASKS,  # pyspark.worker: tasks (reads of the data sources, mapInArrow)
     "python-source": "Spark's Python workers: streaming sources (offsets, the hold; one process each)",
     "python-planner": "Spark's Python workers: planning (data source lookup, creation, read plans)",
+    "mirror-sender": "the mirror's sender process (reads the staging objects back, builds and sends the records)",
 }
 
 
@@ -123,6 +124,8 @@ def _role(pid: int, root: int) -> str:
         return "other"
     if "java" in cmd.split(" ", 1)[0]:
         return "jvm"
+    if "streaming.mirror_process" in cmd:
+        return "mirror-sender"
     if "python_streaming_source_runner" in cmd:
         return "python-source"
     if "pyspark.sql.worker." in cmd:  # lookup_data_sources, create_data_source, plan_data_source_read
@@ -301,7 +304,7 @@ def _batches(log_path: str, since: float, until: float) -> dict[str, int]:
 
 
 def measure(rate: float, args, kafka: str | None) -> dict:
-    conf_for = lambda root: variant_conf(root, "the default", kafka)  # noqa: E731
+    conf_for = lambda root: variant_conf(root, args.variant, kafka)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="tierlog-ledger-tasks-") as tasks_dir, \
             service_under_load(conf_for, rate, args.body, prefix="tierlog-ledger-",
                                env={TASK_CPU: os.path.join(tasks_dir, "task-cpu")}) as service:
@@ -347,6 +350,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window (default 60)")
     parser.add_argument("--warmup", type=float, default=30.0, help="seconds before the window (default 30)")
     parser.add_argument("--kafka", action="store_true", help="the mirror and changelog into an embedded tansu")
+    parser.add_argument("--variant", default="the default",
+                        help="a configuration of ./dev bench quiet's (bench/bench_quiet.py), e.g. mirror-thread")
     parser.add_argument("--slices", type=int, default=1, help="also print the window cut in this many slices")
     args = parser.parse_args()
     broker = None
@@ -359,7 +364,7 @@ def main() -> None:
     finally:
         if broker is not None:
             broker.stop()
-    report({"benchmark": "ledger", "kafka": args.kafka, "runs": runs, "target_unattributed_share": 0.10})
+    report({"benchmark": "ledger", "variant": args.variant, "kafka": args.kafka, "runs": runs, "target_unattributed_share": 0.10})
 
 
 if __name__ == "__main__":

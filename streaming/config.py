@@ -233,6 +233,11 @@ class KafkaConfig:
         "of staging objects (or one tier batch, if larger), the next step at once while more is committed: sooner "
         "in Kafka, and about 0.6 of the CPU a message of Spark's tasks, catching up included. A backfill goes to "
         "kafka.mirror_tasks Spark tasks. 0: every step from Spark's tasks.", size=True)
+    # A process of its own: the driver's staging and the mirror's sends, about 9 µs of Python a
+    # message each, no longer take turns on one interpreter lock (docs/benchmarks.md).
+    mirror_process: bool = setting(
+        True, "The driver's mirror steps (kafka.mirror_driver_bytes) are sent from a process of their own, "
+        "so they do not share the driver's Python with the tier's staging. false: from the driver's own thread.")
     mirror_topic: str = setting("{topic}", "Kafka topic of the mirror; {topic} is the RocketMQ topic.")
     mirror_topic_map: str = setting("", "Explicit mirror topics, `orders=orders-mirror,...`; they win over mirror_topic.")
     changelog_topic: str = setting("{topic}.changelog", "Kafka topic of the changelog; {topic} is the RocketMQ topic.")

@@ -61,6 +61,7 @@ from connectors.tier.backend import open_backend
 from connectors.tier.copies import CopySettings
 from connectors.tier.feed import FeedBatch, read_batches
 from streaming.checkpoints import Batch
+from streaming.mirror_process import SenderProcess
 from connectors.faults import crash_point
 from connectors.threads import name_native
 from connectors.sinks import MIRROR
@@ -193,10 +194,16 @@ class MirrorHandler:
     def __init__(self, kafka: KafkaSettings, location: str, metadata, start_at: int, *, tasks: int = 0,
                  should_stop: Callable[[], bool] = lambda: False,
                  on_batch: Callable[[MirrorReport], None] | None = None,
-                 topics: TopicFilter | None = None, copies: CopySettings | None = None, driver_bytes: int = 0):
+                 topics: TopicFilter | None = None, copies: CopySettings | None = None, driver_bytes: int = 0,
+                 process: bool = False):
         self.kafka = kafka
         self.driver_bytes = driver_bytes  # steps are cut to this many bytes of objects and sent here; 0: never
         self._backend = None  # the tier's, for the batches sent here
+        # The driver's batches sent from a process of its own (``kafka.mirror_process``), started
+        # now beside the service's start, so the first batch does not wait for its imports.
+        self._sender = SenderProcess() if process and driver_bytes else None
+        if self._sender is not None:
+            threading.Thread(target=self._start_sender, name="mirror-sender-start", daemon=True).start()
         self.copies = copies
         self.topics = topics
         self.location = location
@@ -253,7 +260,9 @@ class MirrorHandler:
         while pending:
             task = SendTask(self.kafka, self.location, listed, start, end, slots_total, dict(self._partitions),
                             dict(self._positions), self.topics, self.copies)
-            if report.on_driver:
+            if report.on_driver and self._sender is not None:
+                outcomes = [self._sender.send(task)]
+            elif report.on_driver:
                 if self._backend is None:
                     self._backend = open_backend(self.location, copies=self.copies)
                 outcomes = [send_slot(task, 0, self._backend)]
@@ -278,8 +287,17 @@ class MirrorHandler:
         reads it one staging object at a time, so it sends it too."""
         return bool(self.driver_bytes) and not any(b.backfill for b in listed)
 
+    def _start_sender(self) -> None:
+        try:
+            self._sender.start()
+        except TierlogError as exc:  # the first batch tries again and fails with it
+            log.warning("%s", exc)
+
     def close(self) -> None:
-        """Release what the batches sent here held: the tier's backend, the driver's producer."""
+        """Release what the batches sent here held: the sender process, the tier's backend, the
+        driver's producer."""
+        if self._sender is not None:
+            self._sender.close()
         if self._backend is not None:
             self._backend.close()
             self._backend = None

@@ -220,3 +220,51 @@ def test_the_driver_and_spark_tasks_send_in_turn_exactly_once(spark, tmp_path, k
     sent_by = [json.loads(r.getMessage().split("batch ", 1)[1]).get("sent_by") for r in caplog.records
                if r.getMessage().startswith("batch {") and '"mirror"' in r.getMessage()]
     assert "driver" in sent_by and "spark" in sent_by, sent_by
+
+
+def test_the_driver_sends_from_a_process_of_its_own_and_one_killed_mid_step_loses_nothing(
+        spark, tmp_path, kafka_bootstrap, kafka_prefix, monkeypatch):
+    """``kafka.mirror_process``: the driver's mirror steps are sent by a child process.  The child
+    is killed at its 300th record (a crash point with the child as the process it kills; a step is
+    one tier batch of about 230 records), and again between two steps (a SIGKILL).  Each time the next attempt starts
+    a new child, reads the positions back, and the topics equal the commitlog's replay record for
+    record: nothing lost, nothing twice.  The sends happened in the children, not here."""
+    import os
+    import signal
+
+    from state.metadata import MetadataStore
+    from streaming.mirror_handler import MirrorHandler
+    from streaming.queries.mirror import FeedRange, step_end
+    from streaming.settings import kafka_settings
+    from tests.kafka_helpers import assert_mirror_equals_oracle
+    from tests.tiering_helpers import tier_in_batches
+
+    conf = kafka_conf(make_conf(tmp_path, str(tmp_path / "tier")), kafka_bootstrap, kafka_prefix,
+                      mirror_driver_bytes=1)
+    append(conf, kv_messages(1500, keys=150, seed=21, topics=2))
+    store = MetadataStore(str(tmp_path / "metadata"))
+    store.feed.open("mirror", None)
+    start = tier_in_batches(conf.commitlog.dir, conf.tier.location, store, 40_000, broker=conf.broker.name)[0]
+    monkeypatch.setenv("TIERLOG_FAULT", "kafka_sending:3")
+    monkeypatch.setenv("TIERLOG_FAULT_DIR", str(tmp_path))
+    monkeypatch.setenv("TIERLOG_DRIVER_PID", "")  # empty: a crash point kills its own process, the child
+    reports = []
+    handler = MirrorHandler(kafka_settings(conf), conf.tier.location, store, start, driver_bytes=1,
+                            process=True, on_batch=reports.append)
+    pids = set()
+    try:
+        while (end := step_end(store.feed, handler.start_at, 0, 1)) > handler.start_at:
+            handler.process(FeedRange(len(reports), handler.start_at, end), spark)
+            pids.add(handler._sender.pid)
+            if len(reports) == 3:
+                os.kill(handler._sender.pid, signal.SIGKILL)
+                handler._sender._proc.wait(10)  # dead before the next step: started again, not a retry
+    finally:
+        handler.close()
+        store.close()
+    assert len(reports) >= 4, [r.sent for r in reports]
+    assert all(r.on_driver for r in reports)
+    assert sum(r.attempts for r in reports) == len(reports) + 1, ([(r.sent, r.attempts) for r in reports], pids)
+    assert len(pids) == 3 and os.getpid() not in pids, pids
+    assert (tmp_path / "tierlog-fault-kafka_sending").stat().st_size >= 3
+    assert_mirror_equals_oracle(conf, TOPICS)

@@ -59,7 +59,7 @@ class MirrorQuery(Query):
         self.handler = MirrorHandler(
             ctx.kafka, ctx.conf.tier.location, store, at if applied is None else applied, tasks=ctx.conf.kafka.mirror_tasks,
             should_stop=ctx.should_stop, on_batch=self.report, topics=ctx.settings.filters["mirror"], copies=ctx.settings.copies,
-            driver_bytes=ctx.conf.kafka.mirror_driver_bytes,
+            driver_bytes=ctx.conf.kafka.mirror_driver_bytes, process=ctx.conf.kafka.mirror_process,
         )
         self.lock = self.handler.lock
         kafka = ctx.conf.kafka
