@@ -351,7 +351,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=30.0, help="seconds before the window (default 30)")
     parser.add_argument("--kafka", action="store_true", help="the mirror and changelog into an embedded tansu")
     parser.add_argument("--variant", default="the default",
-                        help="a configuration of ./dev bench quiet's (bench/bench_quiet.py), e.g. mirror-thread")
+                        help="a configuration of ./dev bench quiet's (bench/bench_quiet.py), e.g. mirror-process")
     parser.add_argument("--slices", type=int, default=1, help="also print the window cut in this many slices")
     args = parser.parse_args()
     broker = None

@@ -19,8 +19,8 @@ variants
                  = 0: the default before the driver sent a quiet broker's small batches itself)
   both-jit-tiers the defaults, but the JVM's JIT with both its tiers (spark.jit_c1_only = false: the
                  default before it)
-  mirror-thread  the defaults, but the driver's mirror steps sent from the driver's own thread
-                 (kafka.mirror_process = false: the default before the sender process)
+  mirror-process the defaults, but the driver's mirror steps sent from a process of their own
+                 (kafka.mirror_process = true)
 
 It prints each round's cores (CPU seconds over wall seconds) and the medians; with ``--series S``
 also the cores of each S-second slice of the window; and the window's longest tiering batch with
@@ -64,8 +64,8 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
         conf = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, mirror_driver_bytes=0))
     if name == "both-jit-tiers":
         conf = dataclasses.replace(conf, spark=dataclasses.replace(conf.spark, jit_c1_only=False))
-    if name == "mirror-thread":
-        conf = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, mirror_process=False))
+    if name == "mirror-process":
+        conf = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, mirror_process=True))
     return conf
 
 

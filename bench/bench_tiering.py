@@ -251,8 +251,8 @@ def _freshness(args, root: str, broker) -> dict:
         kafka, compaction = {**kafka, "mirror_min_batch_bytes": 0}, {"min_batch_bytes": 0}
     if broker and args.mirror_driver_bytes is not None:
         kafka["mirror_driver_bytes"] = args.mirror_driver_bytes
-    if broker and args.mirror_thread:
-        kafka["mirror_process"] = False
+    if broker and args.mirror_process:
+        kafka["mirror_process"] = True
     source = {"max_bytes_per_trigger": args.max_batch_bytes} if args.max_batch_bytes is not None else {}
     conf = make_conf(root, spark={"trigger_interval_s": args.trigger}, kafka=kafka, compaction=compaction,
                      source=source)
@@ -543,9 +543,8 @@ def main() -> None:
                         "1 KiB beside the service)")
     p.add_argument("--mirror-driver-bytes", type=int, default=None, metavar="BYTES",
                    help="kafka.mirror_driver_bytes: mirror batches up to this size are sent by the driver")
-    p.add_argument("--mirror-thread", action="store_true",
-                   help="kafka.mirror_process = false: the driver's mirror steps sent from the driver's own "
-                        "thread, the default before the sender process")
+    p.add_argument("--mirror-process", action="store_true",
+                   help="kafka.mirror_process = true: the driver's mirror steps sent from a process of their own")
     p.add_argument("--max-batch-bytes", type=int, default=None, metavar="BYTES",
                    help="source.max_bytes_per_trigger: a tiering batch past source.partition_bytes is staged "
                         "by Spark's tasks, one within it by the driver")

@@ -233,11 +233,13 @@ class KafkaConfig:
         "of staging objects (or one tier batch, if larger), the next step at once while more is committed: sooner "
         "in Kafka, and about 0.6 of the CPU a message of Spark's tasks, catching up included. A backfill goes to "
         "kafka.mirror_tasks Spark tasks. 0: every step from Spark's tasks.", size=True)
-    # A process of its own: the driver's staging and the mirror's sends, about 9 µs of Python a
-    # message each, no longer take turns on one interpreter lock (docs/benchmarks.md).
+    # Off by default: on 2 cores at 25,000 msgs/s the tier's p99 fell (1.1-1.7 s against 1.7-1.9)
+    # but Kafka's rose (2.8-4.1 s against 2.2-2.4), as the sender no longer took turns with the
+    # staging on the driver's one interpreter lock (docs/benchmarks.md).
     mirror_process: bool = setting(
-        True, "The driver's mirror steps (kafka.mirror_driver_bytes) are sent from a process of their own, "
-        "so they do not share the driver's Python with the tier's staging. false: from the driver's own thread.")
+        False, "Send the driver's mirror steps (kafka.mirror_driver_bytes) from a process of their own, so "
+        "they do not share the driver's Python with the tier's staging: for a host with cores to spare. "
+        "false: from a driver thread.")
     mirror_topic: str = setting("{topic}", "Kafka topic of the mirror; {topic} is the RocketMQ topic.")
     mirror_topic_map: str = setting("", "Explicit mirror topics, `orders=orders-mirror,...`; they win over mirror_topic.")
     changelog_topic: str = setting("{topic}.changelog", "Kafka topic of the changelog; {topic} is the RocketMQ topic.")

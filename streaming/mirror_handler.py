@@ -15,7 +15,8 @@ checkpoint); the driver sends every batch, Spark's executors only a backfill.  P
 1. take the batch's range (``[start, end)``, whole tier batches), less what the ``mirror`` sink's
    record says was sent, and the tier batches listed in it (``TierFeed.batches``).  The range
    is ``streaming.queries.mirror.step_end``'s, in the service and in ``bench/bench_kafka.py``;
-2. send it on the driver as one slot, without a Spark job (``kafka.mirror_driver_bytes`` above 0,
+2. send it from the driver as one slot, without a Spark job (with ``kafka.mirror_process``, from
+   a process of its own, ``streaming.mirror_process``; ``kafka.mirror_driver_bytes`` above 0,
    the default; a quiet broker's batch costs far less to send than a job does, a busy one's reaches
    Kafka sooner without waiting for a job behind compaction's, and a catch-up costs about 0.6 of
    the CPU a message); or, for a backfill or with ``kafka.mirror_driver_bytes`` 0, run one Spark

@@ -8,14 +8,17 @@
 Why a process: on the driver the mirror's sends (reading staging objects back, building records,
 librdkafka's ``produce``) were about 9 µs of Python a message, and the driver's staging of the
 tier's batches another 9, on the one interpreter lock the driver's threads share.  At 50,000
-msgs/s that is 0.9 s of every second, so one waited on the other (docs/benchmarks.md).  The child
-holds its own lock; what crosses the pipe is a task of a few kilobytes and an outcome.
+msgs/s that is 0.9 s of every second.  The child holds its own lock; what crosses the pipe is a
+task of a few kilobytes and an outcome.  Why not by default (``kafka.mirror_process``): on these
+2 cores at 25,000 msgs/s, already full, the tier's p99 fell but Kafka's rose, the sender no
+longer taking turns with the staging (docs/benchmarks.md); the CPU was the same.
 
 Contract: ``send(task)`` returns ``send_slot(task, 0)``'s outcome, computed in the child, or the
 outcome of a failed slot (``retriable``) when the child died mid-batch: the handler then reads the
 positions back from Kafka and sends the batch again, as after any failed slot, so nothing is sent
-twice.  A non-retriable ``TierlogError`` the child raised is raised here, with its message.  A
-child that cannot start is a ``TierlogError`` naming the command and its last output.  The child
+twice.  A non-retriable error the child raised is raised here as a ``TierlogError`` with its
+message and exit code.  A child that cannot start is a ``SenderGone`` naming the command; what it
+printed is in tierlog's log.  The child
 ends when its stdin closes (``close``, or the driver's death), after flushing its producer.
 """
 
@@ -99,11 +102,13 @@ class SenderProcess:
             logging.getLogger(name).log(level, "%s", message)
         if kind == "ok":
             return value
-        error_type, message, retriable, trace = value
-        log.debug("the mirror's sender process failed:\n%s", trace)
+        message, retriable, code, ours, trace = value
+        log.log(logging.DEBUG if ours else logging.ERROR, "the mirror's sender process failed:\n%s", trace)
         if retriable:
             return _failed(message)
-        raise TierlogError(message) if error_type != "SenderGone" else SenderGone(message)
+        error = TierlogError(message)
+        error.exit_code = code  # what `tierlog` exits with, as for the error the child met
+        raise error
 
     def close(self, timeout_s: float = 15.0) -> None:
         """End the child: it flushes and closes its producer first; killed after ``timeout_s``."""
@@ -200,7 +205,10 @@ def main() -> None:
                 reply = ("ok", send_slot(task, 0, backends[key]), records.take())
             except Exception as exc:  # noqa: BLE001 - handed to the driver, which decides
                 retriable = bool(getattr(exc, "retriable", False))
-                reply = ("error", (type(exc).__name__, str(exc), retriable, traceback.format_exc()), records.take())
+                ours = isinstance(exc, TierlogError)
+                message = str(exc) if ours else f"the mirror's sender process failed: {type(exc).__name__}: {exc}"
+                code = exc.exit_code if ours else 1
+                reply = ("error", (message, retriable, code, ours, traceback.format_exc()), records.take())
             _write(out, reply)
     finally:
         for kafka in settings:

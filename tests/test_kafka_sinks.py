@@ -268,3 +268,31 @@ def test_the_driver_sends_from_a_process_of_its_own_and_one_killed_mid_step_lose
     assert len(pids) == 3 and os.getpid() not in pids, pids
     assert (tmp_path / "tierlog-fault-kafka_sending").stat().st_size >= 3
     assert_mirror_equals_oracle(conf, TOPICS)
+
+
+def test_the_sender_process_raises_the_childs_error_and_ends_on_close(tmp_path):
+    """An error the child meets that trying again cannot cure (here a staging object missing from
+    the tier) is raised on the driver as a ``TierlogError`` with the child's message and exit
+    code, not taken for a dead child and retried for ever; ``close`` ends the child."""
+    import os
+
+    from connectors.errors import TierlogError
+    from connectors.tier.feed import FeedBatch
+    from streaming.mirror_handler import SendTask
+    from streaming.mirror_process import SenderProcess
+    from streaming.settings import kafka_settings
+
+    conf = kafka_conf(make_conf(tmp_path, str(tmp_path / "tier")), "127.0.0.1:9", "p")
+    os.makedirs(conf.tier.location)
+    listed = (FeedBatch(0, 100, (("staging/gone.parquet", 10, 0),)),)
+    task = SendTask(kafka_settings(conf), conf.tier.location, listed, 0, 100, 1, {}, {})
+    sender = SenderProcess()
+    try:
+        with pytest.raises(TierlogError) as caught:
+            sender.send(task)
+        assert "staging/gone.parquet" in str(caught.value) and caught.value.exit_code == 1, str(caught.value)
+        pid = sender.pid
+        assert pid and pid != os.getpid()
+    finally:
+        sender.close()
+    assert not os.path.exists(f"/proc/{pid}")
