@@ -24,11 +24,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.commitlog.arrow import dispatched_only, epoch_ms
+from connectors.commitlog.arrow import dispatched_only, epoch_ms_array
 from connectors.commitlog.topics import TopicFilter
-from connectors.kafka.records import queue_partitions, source_headers
+from connectors.kafka.records import QUEUE, QUEUE_OFFSET, STORE_TS, TOPIC, queue_partitions
 from connectors.kafka.settings import TopicRouter
-from connectors.kafka.sink import KafkaSink
+from connectors.kafka.sink import BROKER, POSITION, KafkaSink
 
 # The message row's columns the mirror needs; the rest are never decoded.
 MIRROR_COLUMNS = ("topic", "queue_id", "queue_offset", "phy_offset", "key", "body", "properties", "store_ts", "sysflag")
@@ -86,17 +86,27 @@ class MirrorSink(KafkaSink):
             keep = owned[index, partitions]
             if not keep.all():
                 batch, index, partitions = batch.filter(pa.array(keep)), index[keep], partitions[keep]
-        topic, queue_id, queue_offset, phy = (batch.column(c).to_pylist() for c in ("topic", "queue_id", "queue_offset",
-                                                                                     "phy_offset"))
+        phy = batch.column("phy_offset")
+        ts = epoch_ms_array(batch.column("store_ts"))
         pairs, starts, ends = property_pairs(batch.column("properties"))
-        ts, broker = epoch_ms(batch.column("store_ts")), self.settings.broker
+        # The source headers' values as bytes, a column at a time: Arrow's casts make the digits for
+        # every row at once, where ``b"%d" % n`` a row was four calls of Python's own.
+        topics_b = [t.encode() for t in topics.dictionary.to_pylist()]
+        heads = zip(_digits(phy), [topics_b[i] for i in index.tolist()], _digits(batch.column("queue_id")),
+                    _digits(batch.column("queue_offset")), _digits(ts))
+        broker = (BROKER, self.settings.broker.encode())
         # Built as they are sent: a list of a batch's headers, all alive at once, made Python's
         # garbage collector walk them over and over (4.5 against 2.6 µs a record of the sink's own time).
-        headers = (pairs[s:e] + source_headers(*row, broker)
-                   for s, e, row in zip(starts, ends, zip(phy, topic, queue_id, queue_offset, ts)))
+        headers = ([*pairs[s:e], (POSITION, p), broker, (TOPIC, t), (QUEUE, q), (QUEUE_OFFSET, o), (STORE_TS, m)]
+                   for s, e, (p, t, q, o, m) in zip(starts, ends, heads))
         self.send_rows(zip([routes[i] for i in index.tolist()], partitions.tolist(),
                            pc.cast(batch.column("key"), pa.binary()).to_pylist(), batch.column("body").to_pylist(),
-                           headers, phy, ts))
+                           headers, phy.to_pylist(), ts.to_pylist()))
+
+
+def _digits(column) -> list[bytes]:
+    """Each integer of ``column`` as its decimal digits, bytes (``b"%d" % n``)."""
+    return pc.cast(pc.cast(column, pa.string()), pa.binary()).to_pylist()
 
 
 def property_pairs(properties: pa.MapArray) -> tuple[list, list[int], list[int]]:
