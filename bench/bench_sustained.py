@@ -1,24 +1,30 @@
-"""The highest append rate the whole service keeps up with, against the producer's own maximum.
+"""The highest append rate the whole service keeps up with, against the load generator's own maximum.
 
     ./dev bench sustained [--bodies 1024,16384] [--rates 4,8,16,32] [--minutes 5] [--no-kafka]
                           [--producer kafka-python|librdkafka]
 
 For each body size:
 
-baseline   the embedded producer alone (``tierlog produce`` with no rate limit, the same
-           workload): its maximum append rate in MB/s, measured twice, before and after the probes.
+baseline   the load generator alone (``bench/loadgen.py``: records encoded beforehand, one
+           ``pwrite`` a tick, a process of its own; the same workload) with no rate to hold: its
+           maximum append rate in MB/s, measured twice, before and after the probes.
 probe R    a new service over a new root (``tierlog run`` as a process: tiering, compaction, and
            with Kafka the mirror and the changelog on an embedded tansu broker), first batch
-           committed, then ``tierlog produce --rate`` appends R MB/s for ``--minutes``.  Every 5 s
+           committed, then the generator appends R MB/s for ``--minutes``.  Every 5 s
            the benchmark samples each sink's lag in bytes: the commitlog's end minus the offset
            that sink has applied (the metadata store, read-only, as ``tierlog status`` reads it).
+
+Why the generator and not ``tierlog produce``: that encodes every message in Python, about 20 µs
+of a core each, on the same 2 cores as the service, so the rates asked for were not the rates
+appended, and the producer's CPU was the service's loss.  The generator costs under a tenth of a
+core (its own figure is in each probe's ``generator_cores``).
 
 A probe keeps up when the lag stops growing: the least-squares slope of the largest sink lag over
 the probe's second half is under 2% of the append rate (a lag that grows by 2% of the input each
 second would reach a GiB in about an hour at 16 MB/s; over 5 minutes that is the resolution this
 method has).  Rates are tried in ascending order and a body size stops at its first rate that
-does not keep up.  The result is the highest rate that kept up, over the producer's maximum.
-Sealing is at the product's defaults; 64 queues over 4 topics, 100,000 keys.
+does not keep up.  The result is the highest rate that kept up, over the generator's maximum.
+Sealing is at the product's defaults; 64 queues of one topic, 100,000 keys.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ import sys
 import tempfile
 import time
 
-from bench.bench_tiering import ServiceProcess
+from bench import loadgen
+from bench.bench_tiering import REPO, ServiceProcess
 from bench.common import report
 from connectors.commitlog.reader import CommitLogReader
 from state.metadata import MetadataStore
@@ -43,6 +50,7 @@ from streaming.plan import enabled_sinks, metadata_path
 
 SAMPLE_S = 5.0
 KEEPS_UP_SLOPE = 0.02  # of the append rate
+KEYS = 100_000
 
 
 def make_conf(root: str, bootstrap: str | None, producer: str = cfg.KafkaConfig.producer) -> cfg.Config:
@@ -65,12 +73,9 @@ class Root(ServiceProcess):
         super().__init__(root, conf=make_conf(root, bootstrap, producer))
 
     def producer(self, body: int, messages: int, rate_msgs: float = 0.0, seed: int = 0) -> subprocess.Popen:
-        args = ["produce", "--messages", str(messages), "--topics", "4", "--queues", "16", "--keys", "100000",
-                "--body-size", str(body), "--seed", str(seed), "--format", "json"]
-        if rate_msgs:
-            args += ["--rate", f"{rate_msgs:.1f}"]
-        return subprocess.Popen(self.command(*args), env=self.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                text=True)
+        """The load generator appending ``messages`` at ``rate_msgs`` a second (0: as fast as it can)."""
+        command = loadgen.command(self.conf.commitlog, rate_msgs or 1e12, messages, body, KEYS, seed)
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
 
     def close(self) -> None:
         self.kill()
@@ -81,7 +86,7 @@ class Root(ServiceProcess):
 
 
 def producer_max(body: int, mb: int = 512) -> float:
-    """The embedded producer's own append rate, MB/s, over ``mb`` of messages with nothing else running."""
+    """The load generator's own append rate, MB/s, over ``mb`` of messages with nothing else running."""
     root = Root(None)
     try:
         proc = root.producer(body, int(mb * 1e6 / (body + 200)))
@@ -145,7 +150,8 @@ def probe(body: int, rate_mb: float, minutes: float, bootstrap: str | None,
         achieved = produced["bytes"] / produced["seconds"] / 1e6
         half = [(t, lag) for t, lag, _ in samples if t >= samples[-1][0] / 2]
         growth = slope(half)  # bytes/s
-        return {"rate_mb_s": rate_mb, "achieved_mb_s": round(achieved, 2), "samples": len(samples),
+        return {"rate_mb_s": rate_mb, "achieved_mb_s": round(achieved, 2), "generator_cores": produced["cores"],
+                "samples": len(samples),
                 "lag_growth_mb_s": round(growth / 1e6, 3), "lag_growth_of_rate": round(growth / (achieved * 1e6), 4),
                 "max_lag_mb": round(max(lag for _, lag, _ in samples) / 1e6, 1),
                 "last_lag_mb": {s: round(v / 1e6, 1) for s, v in samples[-1][2].items()},

@@ -148,11 +148,14 @@ def _write(stream, obj) -> None:
 
 
 def _read(stream):
-    """The next object, or None at the end of the stream."""
+    """The next object, or None at the end of the stream (a frame cut short included)."""
     head = stream.read(_HEADER.size)
     if len(head) < _HEADER.size:
         return None
-    data = stream.read(_HEADER.unpack(head)[0])
+    size = _HEADER.unpack(head)[0]
+    data = stream.read(size)
+    if len(data) < size:  # the writer died in the middle of it
+        return None
     return pickle.loads(data)
 
 
