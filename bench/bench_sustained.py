@@ -1,7 +1,7 @@
 """The highest append rate the whole service keeps up with, against the load generator's own maximum.
 
     ./dev bench sustained [--bodies 1024,16384] [--rates 4,8,16,32] [--minutes 5] [--no-kafka]
-                          [--producer kafka-python|librdkafka]
+                          [--producer kafka-python|librdkafka] [--mirror-process]
 
 For each body size:
 
@@ -53,8 +53,10 @@ KEEPS_UP_SLOPE = 0.02  # of the append rate
 KEYS = 100_000
 
 
-def make_conf(root: str, bootstrap: str | None, producer: str = cfg.KafkaConfig.producer) -> cfg.Config:
-    kafka = cfg.KafkaConfig(bootstrap=bootstrap, partitions=4, producer=producer) if bootstrap else cfg.KafkaConfig()
+def make_conf(root: str, bootstrap: str | None, producer: str = cfg.KafkaConfig.producer,
+              mirror_process: bool = cfg.KafkaConfig.mirror_process) -> cfg.Config:
+    kafka = (cfg.KafkaConfig(bootstrap=bootstrap, partitions=4, producer=producer, mirror_process=mirror_process)
+             if bootstrap else cfg.KafkaConfig())
     return cfg.Config(
         commitlog=cfg.CommitlogConfig(dir=os.path.join(root, "commitlog"), file_size=256 << 20),
         tier=cfg.TierConfig(location=os.path.join(root, "tier")),
@@ -68,9 +70,10 @@ class Root(ServiceProcess):
     """One probe's service (``bench_tiering.ServiceProcess``) over a new directory, with this
     benchmark's config, and its producer in the background."""
 
-    def __init__(self, bootstrap: str | None, producer: str = cfg.KafkaConfig.producer):
+    def __init__(self, bootstrap: str | None, producer: str = cfg.KafkaConfig.producer,
+                 mirror_process: bool = cfg.KafkaConfig.mirror_process):
         root = tempfile.mkdtemp(prefix="tierlog-sustained-")
-        super().__init__(root, conf=make_conf(root, bootstrap, producer))
+        super().__init__(root, conf=make_conf(root, bootstrap, producer, mirror_process))
 
     def producer(self, body: int, messages: int, rate_msgs: float = 0.0, seed: int = 0) -> subprocess.Popen:
         """The load generator appending ``messages`` at ``rate_msgs`` a second (0: as fast as it can)."""
@@ -123,8 +126,8 @@ def slope(points: list[tuple[float, int]]) -> float:
 
 
 def probe(body: int, rate_mb: float, minutes: float, bootstrap: str | None,
-          producer: str = cfg.KafkaConfig.producer) -> dict:
-    root = Root(bootstrap, producer)
+          producer: str = cfg.KafkaConfig.producer, mirror_process: bool = cfg.KafkaConfig.mirror_process) -> dict:
+    root = Root(bootstrap, producer, mirror_process)
     try:
         root.start()
         # Warm-up: the first batches start Spark's Python workers and compile plans.
@@ -168,6 +171,8 @@ def main() -> None:
     ap.add_argument("--no-kafka", action="store_true", help="tiering and compaction only")
     ap.add_argument("--producer", default=cfg.KafkaConfig.producer, choices=PRODUCERS,
                     help="kafka.producer of the service (default: the product's)")
+    ap.add_argument("--mirror-process", action="store_true",
+                    help="kafka.mirror_process = true: the driver's mirror steps sent from a process of their own")
     args = ap.parse_args()
     bootstrap, broker = None, None
     if not args.no_kafka:
@@ -181,7 +186,7 @@ def main() -> None:
             before = producer_max(body)
             probes = []
             for rate in (float(r) for r in args.rates.split(",")):
-                probes.append(probe(body, rate, args.minutes, bootstrap, args.producer))
+                probes.append(probe(body, rate, args.minutes, bootstrap, args.producer, args.mirror_process))
                 print(json.dumps({"body": body, **probes[-1]}), file=sys.stderr)
                 if not probes[-1]["keeps_up"]:
                     break
@@ -196,6 +201,7 @@ def main() -> None:
             broker.stop()
     report({"benchmark": "sustained", "minutes_per_rate": args.minutes, "kafka": not args.no_kafka,
             "producer": args.producer if not args.no_kafka else None,
+            "mirror_process": args.mirror_process if not args.no_kafka else None,
             "keeps_up": f"lag growth over each probe's second half < {KEEPS_UP_SLOPE:.0%} of the append rate",
             "results": results})
 
