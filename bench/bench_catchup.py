@@ -1,6 +1,7 @@
 """Whole-service catch-up against the essential work on the same bytes, in the same run.
 
     ./dev bench catchup [--shape small|wide|both] [--rounds 3] [--tiering-only] [--messages SMALL,LARGE]
+                        [--spark-tasks-baseline]
 
 Each round runs, in alternating order, for a small and a large commitlog of the same shape:
 
@@ -10,7 +11,9 @@ floor    the essential work as a plain pipeline with no tierlog code, in a proce
          one thread: read the log's bytes in 4 MiB chunks, CRC-32 every byte, compress each chunk
          with zstd at level 3, write it, and fsync each file (``FLOOR``);
 copy     ``cp -r`` of the log's files followed by ``sync`` (after a ``sync`` outside the clock):
-         memory speed, printed for reference.
+         memory speed, printed for reference;
+spark    with ``--spark-tasks-baseline``: the service again with ``tier.stage_in_processes`` off, so
+         Spark's tasks stage the batches past ``source.partition_bytes``, as before that setting.
 
 Each figure is the marginal throughput, (bytes of the large log - bytes of the small) / (time of
 the large run - time of the small), so what every run pays once (Spark's start, the first batch's
@@ -66,16 +69,17 @@ def commitlog_bytes(directory: str) -> int:
         return reader.end_offset() - reader.first_offset()
 
 
-def run_service(root: str, log_dir: str, tiering_only: bool, max_batch_bytes: int | None = None) -> float:
+def run_service(root: str, log_dir: str, tiering_only: bool, max_batch_bytes: int | None = None,
+                in_processes: bool = True) -> float:
     """Seconds of one ``tierlog run --until-caught-up`` on a fresh tier, state and checkpoints;
     ``max_batch_bytes``: ``source.max_bytes_per_trigger`` (None: the product's default)."""
     work = tempfile.mkdtemp(dir=root, prefix="run-")
     conf = cfg.Config(
         commitlog=cfg.CommitlogConfig(dir=log_dir),
-        tier=cfg.TierConfig(location=os.path.join(work, "tier")),
         state=cfg.StateConfig(dir=os.path.join(work, "state")),
         checkpoint=cfg.CheckpointConfig(dir=os.path.join(work, "checkpoints")),
         compaction=cfg.CompactionConfig(enabled=not tiering_only),
+        tier=cfg.TierConfig(location=os.path.join(work, "tier"), stage_in_processes=in_processes),
         source=cfg.SourceConfig(**({} if max_batch_bytes is None else {"max_bytes_per_trigger": max_batch_bytes})),
         metrics=cfg.MetricsConfig(port=0),
     )
@@ -146,7 +150,7 @@ def floor(root: str, log_dir: str, size: int) -> float:
 
 
 def measure(shape_name: str, rounds: int, tiering_only: bool, messages: tuple[int, int] | None = None,
-            max_batch_bytes: int | None = None) -> dict:
+            max_batch_bytes: int | None = None, spark_baseline: bool = False) -> dict:
     shape = dict(SHAPES[shape_name], **({"messages": messages} if messages else {}))
     root = tempfile.mkdtemp(prefix=f"tierlog-catchup-{shape_name}-")
     logs = {}
@@ -155,10 +159,11 @@ def measure(shape_name: str, rounds: int, tiering_only: bool, messages: tuple[in
         write_log(logs[n], n, shape)
     sizes = {n: commitlog_bytes(d) for n, d in logs.items()}
     small, large = shape["messages"]
-    kinds = ("service", "floor", "copy")
+    kinds = ("service", "floor", "copy", *(("spark",) if spark_baseline else ()))
     times: dict[tuple[str, int], list[float]] = {(k, n): [] for k in kinds for n in (small, large)}
     steps = {"service": lambda n: run_service(root, logs[n], tiering_only, max_batch_bytes),
-             "floor": lambda n: floor(root, logs[n], sizes[n]), "copy": lambda n: copy(root, logs[n])}
+             "floor": lambda n: floor(root, logs[n], sizes[n]), "copy": lambda n: copy(root, logs[n]),
+             "spark": lambda n: run_service(root, logs[n], tiering_only, max_batch_bytes, in_processes=False)}
     for r in range(rounds):
         order = [(kind, n) for n in (small, large) for kind in kinds]
         for kind, n in (order if r % 2 == 0 else order[::-1]):
@@ -173,6 +178,12 @@ def measure(shape_name: str, rounds: int, tiering_only: bool, messages: tuple[in
 
     service, essential, baseline = marginal("service"), marginal("floor"), marginal("copy")
     ratios = [s / f for s, f in zip(service, essential)]
+    spark = {}
+    if spark_baseline:
+        tasks = marginal("spark")
+        spark = {"spark_tasks_marginal_MBps": [round(x, 1) for x in tasks],
+                 "ratio_to_spark_tasks_per_round": [round(s / t, 3) for s, t in zip(service, tasks)],
+                 "spark_tasks_ratio_to_floor_per_round": [round(t / f, 3) for t, f in zip(tasks, essential)]}
     return {
         "shape": shape_name, **{k: v for k, v in shape.items() if k != "messages"}, "messages": shape["messages"],
         "log_bytes": [sizes[small], sizes[large]], "rounds": rounds,
@@ -185,6 +196,7 @@ def measure(shape_name: str, rounds: int, tiering_only: bool, messages: tuple[in
         "target_ratio": 1.5 if tiering_only else 0.6,
         "copy_marginal_MBps": [round(x, 1) for x in baseline],
         "copy_ratio_median": round(statistics.median(s / c for s, c in zip(service, baseline)), 3),
+        **spark,
     }
 
 
@@ -197,6 +209,9 @@ def main() -> None:
     ap.add_argument("--max-batch-mb", type=int, default=None,
                     help="source.max_bytes_per_trigger in MiB (default: the product's); a batch within "
                          "source.partition_bytes is staged by the driver, a larger one by Spark's tasks")
+    ap.add_argument("--spark-tasks-baseline", action="store_true",
+                    help="also run the service with tier.stage_in_processes off (Spark's tasks stage catch-up "
+                         "batches), in the same rounds")
     args = ap.parse_args()
     messages = None
     if args.messages:
@@ -211,7 +226,8 @@ def main() -> None:
     report({"benchmark": "catchup",
             "max_batch_mb": args.max_batch_mb,
             "results": [measure(s, args.rounds, args.tiering_only, messages,
-                                None if args.max_batch_mb is None else args.max_batch_mb << 20) for s in shapes]})
+                                None if args.max_batch_mb is None else args.max_batch_mb << 20,
+                                args.spark_tasks_baseline) for s in shapes]})
 
 
 if __name__ == "__main__":

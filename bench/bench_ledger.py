@@ -101,6 +101,7 @@ PYTHON_PARTS = {
     "python-source": "Spark's Python workers: streaming sources (offsets, the hold; one process each)",
     "python-planner": "Spark's Python workers: planning (data source lookup, creation, read plans)",
     "mirror-sender": "the mirror's sender process (reads the staging objects back, builds and sends the records)",
+    "stage-pool": "tiering's staging processes (batches past source.partition_bytes: catching up)",
 }
 
 
@@ -126,6 +127,8 @@ def _role(pid: int, root: int) -> str:
         return "jvm"
     if "streaming.mirror_process" in cmd:
         return "mirror-sender"
+    if "from multiprocessing." in cmd:  # spawn_main and resource_tracker: only the stage pool spawns
+        return "stage-pool"
     if "python_streaming_source_runner" in cmd:
         return "python-source"
     if "pyspark.sql.worker." in cmd:  # lookup_data_sources, create_data_source, plan_data_source_read

@@ -153,8 +153,9 @@ class Batch:
 
     @cached_property
     def start(self) -> int | None:
-        if self.batch_id == 0:
-            return None
+        begun = self._checkpoint.batch_start(self.batch_id)
+        if begun is not None or self.batch_id == 0:
+            return begun
         try:
             return self._checkpoint.batch_end(self.batch_id - 1)
         except OffsetLogError:
@@ -194,15 +195,31 @@ class Checkpoint:
 
     def batch_end(self, batch_id: int) -> int:
         """The physical offset batch ``batch_id`` ends at, from the offset log Spark wrote before running it."""
+        return int(self._offset(batch_id, "ends")["phy_offset"])
+
+    def batch_start(self, batch_id: int) -> int | None:
+        """Where batch ``batch_id`` began, when its own entry says (the commitlog source's ``from``);
+        None for an entry without it (another source's, or one written before it was recorded)."""
+        try:
+            begun = self._offset(batch_id, "begins").get("from")
+        except OffsetLogError:
+            return None
+        return int(begun) if isinstance(begun, int) else None
+
+    def _offset(self, batch_id: int, what: str) -> dict:
+        """The source's offset in batch ``batch_id``'s entry of the offset log (its last line)."""
         name = f"offsets/{batch_id}"
         text = self.read(name)
         try:
             if text is None:
                 raise ValueError("no such file")
             lines = [line for line in text.splitlines() if line.strip()]
-            return int(json.loads(lines[-1])["phy_offset"])
+            offset = json.loads(lines[-1])
+            if not isinstance(offset, dict) or "phy_offset" not in offset:
+                raise ValueError(f"no phy_offset in {lines[-1][:200]!r}")
+            return offset
         except (ValueError, KeyError, IndexError) as exc:
-            raise OffsetLogError(f"cannot read where batch {batch_id} ends from {self.root}/{name}: {exc}") from None
+            raise OffsetLogError(f"cannot read where batch {batch_id} {what} from {self.root}/{name}: {exc}") from None
 
     def last_committed_end(self) -> int | None:
         """Where the last batch Spark committed ends; None before the first commit."""

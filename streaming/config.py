@@ -158,8 +158,13 @@ class TierConfig:
     stage_on_driver: bool = setting(
         True, "Stage a tiering micro-batch that fits in one Spark task (source.partition_bytes) on the driver, "
               "without a Spark job: a job's own cost is most of a small batch's time, so this is what makes a "
-              "message visible sooner. Larger batches (catching up) are staged by Spark's tasks in parallel. "
+              "message visible sooner. Larger batches (catching up) are staged in parallel (tier.stage_in_processes). "
               "On a cluster the driver then reads the commitlog too."
+    )
+    stage_in_processes: bool = setting(
+        True, "Stage a larger tiering micro-batch (catching up) in processes of the driver's own, one per core of a "
+              "local spark.master (local[N]), each a source.partition_bytes range, instead of Spark's tasks: faster, "
+              "as a local master's tasks run on this host anyway. Off, or on a cluster master: Spark's tasks."
     )
     local_copy_bytes: int = setting(
         512 << 20, "On an S3 tier, keep the staging objects just uploaded in state.dir as well, up to this many "

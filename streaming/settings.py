@@ -10,6 +10,7 @@ before Spark starts.  Nothing else parses a setting's text.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from connectors.commitlog.reader import ReaderOptions
@@ -38,6 +39,7 @@ class Settings:
     writer: WriterSettings  # the tier writer
     tables: TableSettings | None  # the Iceberg message tables; None: tables.enabled is off
     driver_stage_bytes: int  # tier.stage_on_driver: tiering batches up to this size are staged by the driver; 0: none
+    stage_processes: int  # tier.stage_in_processes, resolved: larger tiering batches are staged by this many; 0: Spark
     kafka: KafkaSettings | None  # the Kafka sinks'; None when kafka.bootstrap is empty (they are off)
     source: dict  # the commitlog source's options (strings, as Spark hands them over), from ``reader``
 
@@ -61,9 +63,23 @@ def derive(conf: cfg.Config) -> Settings:
                               copies=copies),
         tables=tables(conf),
         driver_stage_bytes=conf.source.partition_bytes if t.stage_on_driver else 0,
+        stage_processes=stage_processes(conf),
         kafka=kafka_settings(conf),
         source=source_options(conf, reader),
     )
+
+
+def stage_processes(conf: cfg.Config) -> int:
+    """``tier.stage_in_processes`` as a number: one per core of a local master (``local``: 1,
+    ``local[N]`` or ``local[N,F]``: N, ``local[*]``: every core); none when it is off or on a
+    cluster, whose executors are other hosts."""
+    if not conf.tier.stage_in_processes:
+        return 0
+    found = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", conf.spark.master.strip())
+    if found is None:
+        return 0
+    cores = found.group(1)
+    return 1 if cores is None else (os.cpu_count() or 1) if cores == "*" else max(1, int(cores))
 
 
 def local_copies(conf: cfg.Config) -> CopySettings | None:

@@ -2,9 +2,11 @@
 
     spark.readStream.format("commitlog").option("path", "data/commitlog").load()
 
-Offsets are ``{"phy_offset": N}``: the physical offset where the next batch
-starts (§8 of docs/commitlog-format.md).  A restarted query resumes strictly at the
-offset in its checkpoint, so no message is read twice or skipped.
+Offsets are ``{"phy_offset": N, "from": M}``: the physical offset where the next batch
+starts (§8 of docs/commitlog-format.md), and where the batch that ends there began, so a
+batch's range is in its own entry of the offset log (a first batch's too, whose start no
+earlier entry holds).  A restarted query resumes strictly at the offset in its checkpoint,
+so no message is read twice or skipped.
 
 Options (all optional except ``path``):
 
@@ -278,15 +280,16 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if not isinstance(limit, ReadAllAvailable):
             max_records = limit.max_rows if isinstance(limit, ReadMaxRows) else self.opts.max_records
             max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.opts.max_bytes
+        # Nothing to read returns ``start`` itself: Spark runs a batch whenever the offset differs.
         if self._target is not None and begin >= self._target:
-            return {"phy_offset": begin}
+            return start
         max_bytes = self._follow_cap(begin, max_bytes)
         result = self.reader.scan(begin, self._target, max_records=max_records, max_bytes=max_bytes,
                                   split_bytes=self.opts.partition_bytes)
-        if self._hold.held_back(begin, result.end, draining=self._target is not None):
-            return {"phy_offset": begin}
+        if result.end <= begin or self._hold.held_back(begin, result.end, draining=self._target is not None):
+            return start
         self._planned = (begin, result.end, result.splits)  # partitions() of this range needs no second walk
-        return {"phy_offset": result.end}
+        return {"phy_offset": result.end, "from": begin}
 
     def _follow_cap(self, begin: int, max_bytes: int | None) -> int | None:
         """``max_bytes`` held to ``followBytesPerTrigger`` while the stream follows the log's head.

@@ -8,7 +8,9 @@ Per micro-batch (``TieringHandler.process``):
    Spark, as in RocketMQ's dispatcher, which hands the uploader references, never bodies.
    A batch that fits in one task (``tier.stage_on_driver``) is staged by the driver instead,
    from the batch's offset range, with no Spark job: the job's own cost, about 0.3 s on 2 cores,
-   was most of a small batch's time, so of a message's time to become visible.
+   was most of a small batch's time, so of a message's time to become visible.  A larger one
+   (catching up), under a local Spark master, is cut the same way and staged by the driver's own
+   processes, one a core (``tier.stage_in_processes``; ``connectors.tier.stage_pool``).
 2. **commit**, then **maintain** (driver): ``connectors.tier.writer.TierWriter`` does both; this
    module adds only what needs Spark, the batch's timing and its report, and runs the maintenance
    beside the next batch's stage.
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 import pyarrow as pa
 
+from connectors.tier.stage_pool import StagePool
 from connectors.tier.staging import CommitLogGaps, StagedPart, StageSettings, stage, stage_range
 from connectors.tables.catalog import TableSettings
 from connectors.task_cpu import counted
@@ -47,6 +50,8 @@ class TieringSettings:
     writer: WriterSettings
     tables: TableSettings | None = None
     driver_stage_bytes: int = 0  # a batch of at most this many bytes is staged by the driver; 0: never
+    stage_processes: int = 0  # a larger batch is staged by this many processes of the driver's; 0: Spark's tasks
+    split_bytes: int = 32 << 20  # the ranges those processes are handed (source.partition_bytes)
 
 
 def open_tables(settings: TieringSettings):
@@ -92,7 +97,7 @@ class BatchReport:
     max_store_ts: int | None = None
     seconds: float = 0.0
     replay: bool = False
-    on_driver: bool = False  # staged by the driver (``tier.stage_on_driver``), not by a Spark job
+    staged_by: str = "spark"  # or "driver" (``tier.stage_on_driver``), or "processes" (``tier.stage_in_processes``)
     read_on_driver: int = 0  # records the driver read for it: Spark, which read none, counts 0 input rows
     phases: dict | None = None  # seconds per step: stage (Spark job + uploads), wait (for the last batch's
     # maintenance), dispatch, commit; and maintain, the last batch's maintenance (it ran beside this one)
@@ -118,6 +123,8 @@ class TieringHandler:
         self.lock = threading.RLock()  # held while a batch is processed; graceful stop waits on it
         self.writer_lock = threading.Lock()  # the writer is not thread-safe: a commit or a maintenance
         self.on_batch = on_batch
+        self.pool = StagePool(settings.stage, settings.stage_processes, settings.split_bytes) \
+            if settings.stage_processes else None
         self._maintenance = ThreadPoolExecutor(1, thread_name_prefix="tier-maintain", initializer=name_native)
         self._maintained: Future | None = None  # the last batch's maintenance: (seals, seconds)
 
@@ -140,8 +147,7 @@ class TieringHandler:
             rows = batch.df.mapInArrow(make_stager(self.settings.stage, floor), StagedPart.DDL).toArrow().to_pylist()
             parts = [StagedPart.from_row(r) for r in rows]
         else:
-            parts, report.read_on_driver = staged
-            report.on_driver = True
+            parts, report.read_on_driver, report.staged_by = staged
         clock.lap("stage")
         with self.writer_lock:
             clock.lap("wait")  # for a maintenance's planning or commit, if one holds the writer
@@ -159,19 +165,25 @@ class TieringHandler:
             self._maintained = self._maintenance.submit(self._maintain)
         return report
 
-    def _stage_on_driver(self, batch: Batch, floor: int) -> tuple[list[StagedPart], int] | None:
-        """The batch's one part (if it holds a record), staged here from its offset range, and the
-        records read, when the batch fits in ``driver_stage_bytes``; None when Spark's tasks should
-        stage it (too large, the setting off, or the range not known: a first batch, or an offset
-        log Spark purged)."""
-        limit = self.settings.driver_stage_bytes
-        if not limit or batch.start is None:
+    def _stage_on_driver(self, batch: Batch, floor: int) -> tuple[list[StagedPart], int, str] | None:
+        """The batch's parts staged from its offset range without a Spark job, the records read and
+        who staged them: the driver itself when the batch fits in ``driver_stage_bytes``, else the
+        stage pool's processes.  None when Spark's tasks should stage it (the settings off, or the
+        range not known: an offset log Spark purged, or a checkpoint from before the offset log
+        recorded batch starts)."""
+        if batch.start is None:
             return None
         start = max(batch.start, floor)  # below the floor: tiered already (a replay)
-        if batch.end - start > limit:
-            return None
-        part, records = stage_range(self.settings.stage, start, batch.end) if batch.end > start else (None, 0)
-        return ([part] if part is not None else []), records
+        if batch.end <= start:
+            return [], 0, "driver"
+        limit = self.settings.driver_stage_bytes
+        if limit and batch.end - start <= limit:
+            part, records = stage_range(self.settings.stage, start, batch.end)
+            return ([part] if part is not None else []), records, "driver"
+        if self.pool is not None:
+            parts, records = self.pool.stage(start, batch.end)
+            return parts, records, "processes"
+        return None
 
     def _maintain(self) -> tuple[int, float]:
         started, now_ms = time.monotonic(), int(time.time() * 1000)
@@ -222,6 +234,8 @@ class TieringHandler:
 
     def close(self) -> None:
         self._maintenance.shutdown(wait=True)
+        if self.pool is not None:
+            self.pool.close()
         self.writer.close()
 
 

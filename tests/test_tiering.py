@@ -77,25 +77,31 @@ def test_tier_holds_exactly_the_commitlog_and_seals_segments(spark, tmp_path, ti
         store.close()
 
 
-def test_batches_that_fit_one_task_are_staged_by_the_driver_and_the_rest_by_spark(spark, tmp_path, caplog):
-    """``tier.stage_on_driver``: a batch no larger than ``source.partition_bytes`` (and not the
-    first, whose start Spark's offset log does not hold) is staged by the driver from its offset
-    range; larger ones by Spark's tasks.  Files roll every 256 KiB, so driver-staged ranges start on
-    blank tails too.  The tier equals the writers' ledger either way."""
+def test_batches_are_staged_by_the_driver_its_processes_or_spark_and_the_tier_is_the_same(spark, tmp_path, caplog):
+    """``tier.stage_on_driver``: a batch no larger than ``source.partition_bytes`` is staged by the
+    driver from its offset range; a larger one by the driver's staging processes
+    (``tier.stage_in_processes``, the first batch too: its offset entry says where it began), or,
+    with them off, by Spark's tasks.  Files roll every 256 KiB, so ranges start on blank tails too.
+    The tier equals the writers' ledger whoever staged what."""
     conf = make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=120)
-    object.__setattr__(conf.source, "partition_bytes", 150_000)  # batches of 200,000 bytes need Spark
-    with caplog.at_level("INFO", logger="tierlog.service"):
-        produce(conf, 600)
-        run_until_caught_up(spark, conf)
-        produce(conf, 900, start=600)
-        object.__setattr__(conf.source, "max_bytes_per_trigger", 100_000)  # these fit: the driver's
-        run_until_caught_up(spark, conf)
-        produce(conf, 300, start=1500)
-        run_until_caught_up(spark, conf)
+    object.__setattr__(conf.source, "partition_bytes", 150_000)  # batches of 200,000 bytes need more than one
+    object.__setattr__(conf.source, "max_bytes_per_trigger", 700_000)
+    runs = []
+    for start, count, max_bytes, processes in ((0, 2400, None, True), (2400, 900, 100_000, True),
+                                               (3300, 2400, 700_000, False)):
+        produce(conf, count, start=start)
+        if max_bytes:
+            object.__setattr__(conf.source, "max_bytes_per_trigger", max_bytes)
+        object.__setattr__(conf.tier, "stage_in_processes", processes)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="tierlog.service"):
+            run_until_caught_up(spark, conf)
+        runs.append([json.loads(r.getMessage().split("batch ", 1)[1]).get("staged_by") for r in caplog.records
+                     if r.getMessage().startswith("batch {") and '"tiering"' in r.getMessage()])
     assert_tier_equals_commitlog(conf)
-    staged_by = [json.loads(r.getMessage().split("batch ", 1)[1]).get("staged_by") for r in caplog.records
-                 if r.getMessage().startswith("batch {") and '"tiering"' in r.getMessage()]
-    assert staged_by.count("driver") > 5 and "spark" in staged_by, staged_by
+    assert runs[0][0] == "processes" and "driver" in runs[0], runs
+    assert len(runs[1]) >= 4 and set(runs[1]) == {"driver"}, runs
+    assert runs[2][0] == "spark" and "processes" not in runs[2], runs
     assert TierReader(conf.tier.location).committed().segments, "sealing ran over driver-staged objects"
 
 

@@ -30,6 +30,9 @@ class CorruptRecordError(CommitLogError):
             "damaged range aside before restarting."
         )
 
+    def __reduce__(self):  # rebuilt from its fields where a staging process raised it
+        return type(self), (self.file, self.offset, self.reason, self.size)
+
 
 class LogLayoutError(CommitLogError):
     """The directory's mapped files are misnamed, missing or of unequal sizes."""

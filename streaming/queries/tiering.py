@@ -33,7 +33,8 @@ class TieringQuery(Query):
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         s = ctx.settings
-        self.handler = TieringHandler(TieringSettings(s.stage, s.writer, s.tables, s.driver_stage_bytes), ctx.metadata,
+        self.handler = TieringHandler(TieringSettings(s.stage, s.writer, s.tables, s.driver_stage_bytes,
+                                                      s.stage_processes, ctx.conf.source.partition_bytes), ctx.metadata,
                                       on_batch=self.report)
         self.lock = self.handler.lock
         self.batches = self.rows = self.bytes = 0
@@ -71,7 +72,7 @@ class TieringQuery(Query):
         }
         if report.phases:
             line["phases"] = report.phases
-            line["staged_by"] = "driver" if report.on_driver else "spark"
+            line["staged_by"] = report.staged_by
         if report.replay:
             line["replay"] = True
         log.info("batch %s", json.dumps(line))

@@ -1,0 +1,110 @@
+"""The tiering query's staging processes without Spark (``connectors.tier.stage_pool``): what they
+stage, read back from the objects, equals the writers' ledger; one that dies mid-batch is started
+again and the batch staged again; a corrupt record is raised as the stager raised it, naming the
+file and offset; ``close`` ends the processes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from connectors.commitlog.errors import CorruptRecordError
+from connectors.commitlog.reader import ReaderOptions
+from connectors.commitlog.workload import Workload
+from connectors.commitlog.writer import CommitLogWriter
+from connectors.faults import DRIVER_PID
+from connectors.tier import layout
+from connectors.tier.backend import open_backend
+from connectors.tier.stage_pool import StagePool
+from connectors.tier.staging import StageSettings
+from tests import ledger
+from tests.oracle import entered_a_queue, message_row, normalize_arrow_row
+
+FILE = 256 * 1024  # files roll every 256 KiB, so ranges end and start on blank tails too
+
+
+def make_log(root, messages: int = 3000):
+    log_dir = str(root / "commitlog")
+    with CommitLogWriter(log_dir, file_size=FILE, fsync="never") as writer:
+        ledger.append(writer, Workload(messages=messages, topics=2, queues=3, keys=40, body_size=300,
+                                       delete_ratio=0.1, seed=5).generate())
+    return log_dir, ledger.stored(log_dir)
+
+
+def staged_rows(location: str, parts) -> list[dict]:
+    backend = open_backend(location)
+    try:
+        rows = [normalize_arrow_row(r) for p in parts for r in layout.from_parquet(backend.read(p.name)).to_pylist()]
+    finally:
+        backend.close()
+    return sorted(rows, key=lambda r: r["phy_offset"])
+
+
+def expected_rows(written) -> list[dict]:
+    return [r for r in (message_row(m) for m in written) if entered_a_queue(r)]
+
+
+def test_the_processes_stage_a_batch_in_ranges_and_the_objects_hold_the_ledger(tmp_path):
+    log_dir, written = make_log(tmp_path)
+    location = str(tmp_path / "tier")
+    pool = StagePool(StageSettings(location=location, reader=ReaderOptions(log_dir)), 2, split_bytes=100_000)
+    try:
+        start, end = written[0].phy_offset, written[-1].phy_offset + written[-1].size
+        parts, records = pool.stage(start, end)
+    finally:
+        pool.close()
+    assert records == len(written)
+    assert len(parts) > 8, "the batch was cut into ranges, across files"
+    assert [p.first_phy for p in parts] == sorted(p.first_phy for p in parts)
+    assert all(a.end_phy <= b.first_phy for a, b in zip(parts, parts[1:]))
+    assert staged_rows(location, parts) == expected_rows(written)
+    assert pool.restarts == 0
+
+
+def test_a_process_that_dies_mid_batch_is_started_again_and_the_batch_staged_again(tmp_path, monkeypatch):
+    log_dir, written = make_log(tmp_path)
+    location = str(tmp_path / "tier")
+    # The third staged object kills the process that wrote it (the fault kills its own process when
+    # no driver is named); the processes inherit this environment.
+    monkeypatch.delenv(DRIVER_PID, raising=False)
+    monkeypatch.setenv("TIERLOG_FAULT", "staged:3")
+    monkeypatch.setenv("TIERLOG_FAULT_DIR", str(tmp_path))
+    pool = StagePool(StageSettings(location=location, reader=ReaderOptions(log_dir)), 2, split_bytes=100_000)
+    try:
+        start, end = written[0].phy_offset, written[-1].phy_offset + written[-1].size
+        parts, records = pool.stage(start, end)
+    finally:
+        pool.close()
+    assert os.path.getsize(tmp_path / "tierlog-fault-staged") >= 3, "the fault fired"
+    assert pool.restarts == 1
+    assert records == len(written)
+    assert staged_rows(location, parts) == expected_rows(written)
+
+
+def test_a_corrupt_record_is_raised_as_the_stager_raised_it_and_close_ends_the_processes(tmp_path):
+    log_dir, written = make_log(tmp_path)
+    victim = written[len(written) // 2]
+    name = os.path.join(log_dir, f"{victim.phy_offset // FILE * FILE:020d}")
+    with open(name, "r+b") as fh:
+        local = victim.phy_offset % FILE
+        fh.seek(local)
+        record = fh.read(victim.size)
+        at = local + record.index(victim.body) + len(victim.body) // 2
+        fh.seek(at)
+        fh.write(bytes([record[at - local] ^ 0xFF]))
+    pool = StagePool(StageSettings(location=str(tmp_path / "tier"), reader=ReaderOptions(log_dir)), 2,
+                     split_bytes=100_000)
+    try:
+        with pytest.raises(CorruptRecordError) as raised:
+            pool.stage(written[0].phy_offset, written[-1].phy_offset + written[-1].size)
+        assert raised.value.offset == victim.phy_offset and raised.value.file == name, raised.value
+        assert f"physical offset {victim.phy_offset}" in str(raised.value)
+        assert pool.restarts == 0, "bad input is not a dead process"
+        processes = list(pool._pool._processes.values())
+        assert processes and all(p.is_alive() for p in processes)
+    finally:
+        pool.close()
+    for p in processes:
+        p.join(timeout=10)
+    assert not any(p.is_alive() for p in processes)
