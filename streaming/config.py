@@ -119,8 +119,7 @@ class SourceConfig:
     max_bytes_per_trigger: int = setting(
         256 << 20, "At most this many commitlog bytes per micro-batch (0: no cap). While tiering follows the "
         "log's head (at most 4 x source.partition_bytes behind), a batch holds at most source.partition_bytes, "
-        "which the driver stages (tier.stage_on_driver), unless tier.stage_in_processes stages larger ones; this bound "
-        "is for catching up.", size=True
+        "which the driver stages (tier.stage_on_driver); this bound is for catching up.", size=True
     )
     partition_bytes: int = setting(32 << 20, "Split each micro-batch into Spark tasks of about this size.", size=True)
     starting_offset: str = setting(

@@ -102,10 +102,8 @@ def source_options(conf: cfg.Config, reader: ReaderOptions) -> dict:
         "broker": reader.broker,
         "maxRecordsPerTrigger": s.max_records_per_trigger or None,
         "maxBytesPerTrigger": s.max_bytes_per_trigger or None,
-        # Batches the driver stages while tiering follows the head (CommitLogStreamReader._follow_cap),
-        # when a larger one would go to Spark's tasks; the staging processes take it in parallel instead.
-        "followBytesPerTrigger": s.partition_bytes if conf.tier.stage_on_driver and not stage_processes(conf)
-        else None,
+        # Batches the driver stages while tiering follows the head (CommitLogStreamReader._follow_cap).
+        "followBytesPerTrigger": s.partition_bytes if conf.tier.stage_on_driver else None,
         "partitionBytes": s.partition_bytes,
         "startingOffset": s.starting_offset,
         "checkCrc": str(reader.check_crc).lower(),

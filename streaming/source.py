@@ -298,10 +298,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         Spark's tasks at more CPU a message. At 25,000 msgs/s of 1 KiB with everything on, a batch
         that ran long let the next grow past it, into Spark's tasks, and the tier fell further
         behind; held to 32 MiB, tier p99 2.60 / 2.68 s against 3.80 s. But a catch-up in 32 MiB
-        batches ran at half the rate of 256 MiB ones (docs/benchmarks.md), hence the 4x bound.
-        With the tiering query's staging processes (``tier.stage_in_processes``) the option is not
-        set: a larger batch is staged by them in parallel, and a catch-up's last 128 MiB in 32 MiB
-        batches on the driver alone had cost it 0.8 s of 3 (docs/benchmarks.md)."""
+        batches ran at half the rate of 256 MiB ones (docs/benchmarks.md), hence the 4x bound."""
         follow = self.opts.follow_bytes
         if not follow or max_bytes is None or max_bytes <= follow:  # no cap (ReadAllAvailable) stays none
             return max_bytes
