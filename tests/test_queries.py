@@ -63,15 +63,15 @@ def test_a_fourth_query_is_one_class_and_one_line_in_the_plan(spark, tmp_path, m
     assert ("tick",) in calls  # between batches, on the runner's thread
     batches = [c for c in calls if c[0] == "batch"]
     assert len(batches) > 3 and service.batches["counting"] == len(batches)  # the runner cut the log into batches
-    # Each batch is handed the range it covers: contiguous, from the first record to the log's end,
-    # and its rows are exactly the ledger's records in that range.
-    assert batches[0][2] is None and batches[-1][3] == end
+    # Each batch is handed the range it covers: contiguous, from the first record to the log's end
+    # (the first batch's start too, which its own entry of the offset log records), and its rows
+    # are exactly the ledger's records in that range.
+    offsets = [m.phy_offset for m in ledger]
+    assert batches[0][2] == offsets[0] and batches[-1][3] == end
     for before, after in zip(batches, batches[1:]):
         assert after[2] == before[3]
-    offsets = [m.phy_offset for m in ledger]
     for _, _, start, stop, rows in batches:
-        low = offsets[0] if start is None else start
-        assert rows == [o for o in offsets if low <= o < stop]
+        assert rows == [o for o in offsets if start <= o < stop]
     assert sorted(o for b in batches for o in b[4]) == offsets
     # Its checkpoint is its own, guarded like the others'.
     fingerprint = json.load(open(os.path.join(conf.checkpoint.dir, "counting", "tierlog-checkpoint.json")))

@@ -45,15 +45,21 @@ def expected_rows(written) -> list[dict]:
     return [r for r in (message_row(m) for m in written) if entered_a_queue(r)]
 
 
+def stage_all(tmp_path, log_dir: str, written) -> tuple[StagePool, list, int]:
+    """The whole log staged as one batch by two processes, in ranges of about 100 kB; the pool closed."""
+    pool = StagePool(StageSettings(location=str(tmp_path / "tier"), reader=ReaderOptions(log_dir)), 2,
+                     split_bytes=100_000)
+    try:
+        parts, records = pool.stage(written[0].phy_offset, written[-1].phy_offset + written[-1].size)
+    finally:
+        pool.close()
+    return pool, parts, records
+
+
 def test_the_processes_stage_a_batch_in_ranges_and_the_objects_hold_the_ledger(tmp_path):
     log_dir, written = make_log(tmp_path)
     location = str(tmp_path / "tier")
-    pool = StagePool(StageSettings(location=location, reader=ReaderOptions(log_dir)), 2, split_bytes=100_000)
-    try:
-        start, end = written[0].phy_offset, written[-1].phy_offset + written[-1].size
-        parts, records = pool.stage(start, end)
-    finally:
-        pool.close()
+    pool, parts, records = stage_all(tmp_path, log_dir, written)
     assert records == len(written)
     assert len(parts) > 8, "the batch was cut into ranges, across files"
     assert [p.first_phy for p in parts] == sorted(p.first_phy for p in parts)
@@ -70,12 +76,7 @@ def test_a_process_that_dies_mid_batch_is_started_again_and_the_batch_staged_aga
     monkeypatch.delenv(DRIVER_PID, raising=False)
     monkeypatch.setenv("TIERLOG_FAULT", "staged:3")
     monkeypatch.setenv("TIERLOG_FAULT_DIR", str(tmp_path))
-    pool = StagePool(StageSettings(location=location, reader=ReaderOptions(log_dir)), 2, split_bytes=100_000)
-    try:
-        start, end = written[0].phy_offset, written[-1].phy_offset + written[-1].size
-        parts, records = pool.stage(start, end)
-    finally:
-        pool.close()
+    pool, parts, records = stage_all(tmp_path, log_dir, written)
     assert os.path.getsize(tmp_path / "tierlog-fault-staged") >= 3, "the fault fired"
     assert pool.restarts == 1
     assert records == len(written)

@@ -27,11 +27,16 @@ def test_sigkill_inside_table_commits_then_restart_leaves_tables_equal_to_the_le
                            compaction={"snapshot_interval_s": 0.01}, tables={"enabled": True})
     conf = cfg.load(str(config), env={})
     produce(conf, 900)  # 150 messages a queue: every queue seals in the first run
-    killed = []
+    killed, written = [], 900
     for i, (point, nth) in enumerate(FAULTS):
         if run_killed_at(config, point, nth, tmp_path / f"fault-{i}"):
             killed.append(point)
-        produce(conf, 400, start=900 + 400 * i)
+        # Before the last fault, over two segments a queue: its run commits a second message table
+        # however far an earlier run got before its kill (a run killed late, its tiering ahead of
+        # compaction's table commit, had sealed everything, and the run after it had nothing to seal).
+        more = 1600 if i == len(FAULTS) - 2 else 400
+        produce(conf, more, start=written)
+        written += more
     final = tierlog("run", "--until-caught-up", "--config", str(config))
     assert final.returncode == 0, final.stderr[-3000:]
     assert len(killed) == len(FAULTS), f"killed only at {killed}"
