@@ -218,7 +218,7 @@ class Checkpoint:
             if not isinstance(offset, dict) or "phy_offset" not in offset:
                 raise ValueError(f"no phy_offset in {lines[-1][:200]!r}")
             return offset
-        except (ValueError, KeyError, IndexError) as exc:
+        except (ValueError, IndexError) as exc:
             raise OffsetLogError(f"cannot read where batch {batch_id} {what} from {self.root}/{name}: {exc}") from None
 
     def last_committed_end(self) -> int | None:
