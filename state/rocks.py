@@ -11,7 +11,8 @@ def exists(path: str) -> bool:
     return os.path.exists(os.path.join(path, "CURRENT"))
 
 
-def open_rdict(path: str, *, read_only: bool = False, raw_mode: bool = False, secondary: str | None = None) -> Rdict:
+def open_rdict(path: str, *, read_only: bool = False, raw_mode: bool = False, secondary: str | None = None,
+               blob_min_bytes: int = 0) -> Rdict:
     """Open the store at ``path``, creating it unless ``read_only``.
 
     Read-only opens do not take RocksDB's lock, so they work while a writer
@@ -20,10 +21,18 @@ def open_rdict(path: str, *, read_only: bool = False, raw_mode: bool = False, se
     brings it up to the writer without replaying the whole WAL again, as a
     new read-only open would.  Failures raise rocksdict's exception with
     RocksDB's message (a held lock says "lock").
+
+    ``blob_min_bytes`` (0: off) writes values of that size or more to RocksDB's blob files
+    (integrated BlobDB): the LSM tree then holds only a reference, so compaction rewrites keys,
+    not values.  Any open reads blob files, with or without it.
     """
     os.makedirs(path, exist_ok=True)
     opts = Options(raw_mode=raw_mode)
     opts.create_if_missing(True)
+    if blob_min_bytes:
+        opts.set_enable_blob_files(True)
+        opts.set_min_blob_size(blob_min_bytes)
+        opts.set_enable_blob_gc(True)  # live values move out of the oldest blob files, which are then deleted
     if secondary is not None:
         access = AccessType.secondary(secondary)
     else:
