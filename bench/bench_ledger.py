@@ -65,7 +65,8 @@ SCHEDULING = ("dag-scheduler", "dispatcher-", "spark-listener", "task-result", "
 
 # The driver's threads, named by connectors.threads.name_native.
 DRIVER_PARTS = (
-    ("kv-apply", "driver: KV view apply thread (resolve from the tier, changelog, KV view writes)"),
+    ("kv-apply", "driver: KV view apply thread (changelog, KV view writes)"),
+    ("kv-resolve", "driver: KV view resolve thread (the changed keys' messages, read from the tier)"),
     ("compaction", "driver: compaction's handler (collecting the changed keys)"),
     ("tiering", "driver: tiering's handler (driver staging, the tier's commit)"),
     ("tier-maintain", "driver: tier maintenance (seals, folds, retention, tables)"),

@@ -17,7 +17,8 @@ holds, so a batch applied again after a crash changes nothing twice.  ``catch_up
 at start between what the query committed and what the view applied, from the same messages (the
 tier keeps the batches the view has not applied), with the same latest-wins rule.
 
-Not thread-safe: one thread applies, sweeps and snapshots (the handler's apply thread).
+Not thread-safe but for ``resolve``: one thread applies, sweeps and snapshots (the handler's apply
+thread), while another may resolve the next batch.
 """
 
 from __future__ import annotations
@@ -160,10 +161,20 @@ class KVWriter:
             log.info("changelog: sent the tombstones of %d key(s) that expired while it was off", len(unsent))
         self.kv.mark_expiries_sent(unsent)
 
-    def apply(self, batch_id: int, changes: pa.Table, end: int, collect_s: float = 0.0) -> CompactionReport:
-        """Apply one batch's changed keys (``CHANGE_REF``) that ends at physical offset ``end``."""
+    def resolve(self, changes: pa.Table) -> pa.Table:
+        """The messages of a batch's changed keys (``resolve``).  It only reads, so it may run on
+        another thread while this writer applies the batch before (the compaction handler's
+        resolve thread)."""
+        return resolve(changes, self._messages)
+
+    def apply(self, batch_id: int, changes: pa.Table, end: int, collect_s: float = 0.0,
+              resolved: tuple[pa.Table, float] | None = None) -> CompactionReport:
+        """Apply one batch's changed keys (``CHANGE_REF``) that ends at physical offset ``end``;
+        ``resolved``: their messages (``resolve``) and the seconds that took, when already read."""
         t0 = time.monotonic()
-        table = resolve(changes, self._messages)
+        if resolved is None:
+            resolved = resolve(changes, self._messages), time.monotonic() - t0
+        table, resolve_s = resolved
         t1 = time.monotonic()
         if self.changelog is not None:  # before the view: a crash in between re-sends, never loses
             self.changelog.publish(table)
@@ -179,8 +190,9 @@ class KVWriter:
         t3 = time.monotonic()
         snapshot_rows = self._maybe_snapshot(end)
         return CompactionReport(
-            batch_id, changes.num_rows, applied, len(expired), end, collect_s + time.monotonic() - t0, snapshot_rows,
-            {"collect": round(collect_s, 3), "resolve": round(t1 - t0, 3), "changelog": round(t2 - t1, 3),
+            batch_id, changes.num_rows, applied, len(expired), end,
+            collect_s + resolve_s + time.monotonic() - t1, snapshot_rows,
+            {"collect": round(collect_s, 3), "resolve": round(resolve_s, 3), "changelog": round(t2 - t1, 3),
              "apply": round(t3 - t2, 3)},
         )
 

@@ -46,11 +46,18 @@ def compaction_stream(spark, options: dict):
 class CompactionHandler:
     """The foreachBatch of the compaction query.
 
-    The writer's share of a batch (reading the changed messages, writing the view, snapshots) runs
-    on one apply thread, overlapped with Spark's work on the next batch; at most one batch is in
-    flight there, and the next batch waits for it.  So Spark may commit a batch the view has not
-    applied yet: ``catch_up`` closes that gap at start (``KVWriter.catch_up``).  The apply thread
-    is the only user of the writer, TTL sweeps included.
+    The writer's share of a batch runs in two steps off Spark's thread, each on a thread of its
+    own: reading the changed keys' messages (``KVWriter.resolve``), then writing the changelog, the
+    view and snapshots (the apply thread).  So while batch N is applied, batch N+1's messages are
+    read and Spark works on batch N+2.  Batch N+2 waits until N is applied: at most two batches
+    are in flight, and they are applied in order.  A batch whose predecessor failed is not applied
+    (the error is raised instead).  So Spark may commit up to two batches the view has not applied
+    yet: ``catch_up`` closes that gap at start (``KVWriter.catch_up``).  The apply thread is the
+    only writer, TTL sweeps included.
+
+    Why two threads: catching up, a 268 MB batch of 2 KB values took about 1.5 s of Spark's job,
+    0.5-1 s to read its 110k messages back and 1.0-1.4 s to apply them (``docs/benchmarks.md``);
+    on one thread the last two were the longest step, and each batch waited for it.
     """
 
     def __init__(self, settings: CompactionSettings, kv: KVView, metadata=None,
@@ -64,7 +71,10 @@ class CompactionHandler:
         self.applied_end: int | None = None  # where the last batch this process applied ends
         self.lock = threading.RLock()  # held while a batch is handed over; a graceful stop waits on it
         self._apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-apply", initializer=name_native)
-        self._pending: Future | None = None
+        self._resolve_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-resolve",
+                                                  initializer=name_native)
+        self._pending: list[Future] = []  # the batches on the apply thread, oldest first
+        self._failed: BaseException | None = None  # what an apply raised: no later batch is applied
 
     def catch_up(self, committed: int | None) -> int:
         """Before the stream starts: what Spark committed but the view has not applied."""
@@ -75,16 +85,27 @@ class CompactionHandler:
         name_native("compaction")  # py4j's callback thread, for the cost ledger
         with self.lock:
             t0 = time.monotonic()
-            changes = batch.df.toArrow()  # runs this batch's Spark job while the apply thread works on the last one
+            changes = batch.df.toArrow()  # runs this batch's Spark job while the threads work on the last two
             collect_s = time.monotonic() - t0
             crash_point("collected")
-            self.flush()  # batches reach the view in order, one at a time
+            self._settle(keep=1)  # batches reach the view in order; at most two in flight
             start = batch.start if batch.start is not None else self.start_at
-            self._pending = self._apply_thread.submit(self._apply, batch.batch_id, changes, start, batch.end,
-                                                      collect_s)
+            resolving = self._resolve_thread.submit(self._resolve, changes)
+            self._pending.append(self._apply_thread.submit(self._apply, batch.batch_id, changes, resolving, start,
+                                                           batch.end, collect_s))
 
-    def _apply(self, batch_id: int, changes, start: int | None, end: int, collect_s: float) -> None:
-        report = self.writer.apply(batch_id, changes, end, collect_s)
+    def _resolve(self, changes):
+        t0 = time.monotonic()
+        return self.writer.resolve(changes), time.monotonic() - t0
+
+    def _apply(self, batch_id: int, changes, resolving: Future, start: int | None, end: int, collect_s: float) -> None:
+        if self._failed is not None:  # the batch before was not applied: neither is this one
+            raise self._failed
+        try:
+            report = self.writer.apply(batch_id, changes, end, collect_s, resolved=resolving.result())
+        except BaseException as exc:
+            self._failed = exc
+            raise
         self.applied_end = end
         if self.on_applied is not None and start is not None:
             # Up to this batch's start only: Spark runs this batch again if it stops before committing it.
@@ -92,11 +113,14 @@ class CompactionHandler:
         if self.on_batch:
             self.on_batch(report)
 
+    def _settle(self, keep: int) -> None:
+        """Wait until at most ``keep`` batches are on the apply thread; raise what one raised."""
+        while len(self._pending) > keep:
+            self._pending.pop(0).result()
+
     def flush(self) -> None:
-        """Wait for the batch on the apply thread; raise what it raised."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
+        """Wait for the batches on the apply thread; raise what they raised."""
+        self._settle(keep=0)
 
     def sweep(self) -> int:
         """Expire keys between batches (a quiet stream runs no batches); returns how many expired."""
@@ -111,4 +135,5 @@ class CompactionHandler:
             self.flush()
         finally:
             self._apply_thread.shutdown(wait=True)
+            self._resolve_thread.shutdown(wait=True)
             self.writer.close()

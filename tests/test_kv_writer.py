@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -107,3 +108,89 @@ def test_the_writer_survives_a_crash_in_a_batch_and_equals_the_ledger(tmp_path, 
                for t, e in kv.entries() if e is not None}
     assert got == latest_per_key(conf.commitlog.dir)
     assert len(got) > 100  # the workload is not trivially small
+
+
+class FailingMessages:
+    """The commitlog read as the writer reads it, noting the thread of each read and failing (an
+    injected fault) for the batch that holds ``fail_at``."""
+
+    def __init__(self, directory: str, fail_at: int | None = None):
+        from connectors.commitlog.reader import ReaderOptions
+
+        self.reader = ReaderOptions(directory).open(check_crc=False)
+        self.fail_at, self.threads = fail_at, set()
+
+    def records_at(self, phys, columns):
+        import threading
+
+        from connectors.errors import TierlogError
+
+        self.threads.add(threading.current_thread().name)
+        if self.fail_at is not None and self.fail_at in set(phys.tolist()):
+            raise TierlogError("injected: this batch's messages could not be read")
+        return self.reader.records_at(phys, columns)
+
+    def first_offset(self) -> int:
+        return self.reader.first_offset()
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def handler_batches(tmp_path, fail_batch: int | None = None):
+    """A commitlog, its batches from the ledger, and a compaction handler on a new view whose
+    messages fail for ``fail_batch``."""
+    import pyarrow as pa
+
+    from connectors.commitlog.reader import ReaderOptions
+    from state.kv_writer import CompactionSettings
+    from streaming.kv_handler import CompactionHandler
+
+    conf = make_conf(tmp_path, str(tmp_path / "tier"), compaction=cfg.CompactionConfig(enabled=True))
+    os.makedirs(conf.commitlog.dir)
+    append(conf, kv_messages(3000, keys=400, seed=11))
+    batches = batches_from_ledger(conf.commitlog.dir, BATCHES)
+    messages = FailingMessages(conf.commitlog.dir, None if fail_batch is None else batches[fail_batch]["phys"][0])
+    kv = KVView(str(tmp_path / "kv"))
+    reports, released = [], []
+    handler = CompactionHandler(CompactionSettings(ReaderOptions(conf.commitlog.dir), str(tmp_path / "tier"),
+                                                   snapshot_interval_s=0),
+                                kv, on_batch=reports.append, messages=messages, on_applied=released.append)
+    stand_ins = []  # what Spark hands the handler: a DataFrame of the changed keys, the batch's range
+    for i, b in enumerate(batches):
+        table = pa.table({"topic": b["topics"], "key": b["keys"], "phy_offset": pa.array(b["phys"], pa.int64())})
+        df = SimpleNamespace(toArrow=lambda table=table: table)
+        stand_ins.append(SimpleNamespace(df=df, batch_id=i, start=batches[i - 1]["end"] if i else 0, end=b["end"]))
+    return conf, batches, kv, handler, messages, stand_ins, reports, released
+
+
+def test_the_handler_reads_the_next_batch_beside_the_apply_and_applies_in_order(tmp_path):
+    conf, batches, kv, handler, messages, stand_ins, reports, released = handler_batches(tmp_path)
+    for batch in stand_ins:
+        handler.process(batch)
+    handler.close()
+    assert [r.batch_id for r in reports] == list(range(BATCHES))
+    assert released == [0] + [b["end"] for b in batches[:-1]]
+    assert messages.threads == {"kv-resolve_0"}  # every batch was read off Spark's and the apply thread
+    assert kv.applied_through() == batches[-1]["end"]
+    got = {(t, e.key): {"body": e.body, "phy_offset": e.phy_offset, "queue_id": e.queue_id,
+                        "queue_offset": e.queue_offset, "store_ts": e.store_ts, "deleted": False}
+           for t, e in kv.entries() if e is not None}
+    kv.close()
+    assert got == latest_per_key(conf.commitlog.dir)
+
+
+def test_no_batch_is_applied_past_one_that_failed(tmp_path):
+    """Batch 3's messages are read while batch 2 fails to be: batch 3 must not reach the view, or
+    the view would say it applied through batch 3 without batch 2's changes."""
+    from connectors.errors import TierlogError
+
+    _, batches, kv, handler, _, stand_ins, reports, _ = handler_batches(tmp_path, fail_batch=2)
+    with pytest.raises(TierlogError, match="injected"):
+        for batch in stand_ins:
+            handler.process(batch)
+    with pytest.raises(TierlogError, match="injected"):
+        handler.close()  # batch 3's apply raises the same error
+    assert [r.batch_id for r in reports] == [0, 1]
+    assert kv.applied_through() == batches[1]["end"]
+    kv.close()
