@@ -122,6 +122,13 @@ class CompactionHandler:
         """Wait for the batches on the apply thread; raise what they raised."""
         self._settle(keep=0)
 
+    def applied_all(self) -> bool:
+        """Whether every batch handed over has been applied (raises what one raised); never waits."""
+        if any(not pending.done() for pending in self._pending):
+            return False
+        self.flush()
+        return True
+
     def sweep(self) -> int:
         """Expire keys between batches (a quiet stream runs no batches); returns how many expired."""
         if not self.writer.settings.ttl:

@@ -88,11 +88,19 @@ class CompactionQuery(Query):
         self.handler.catch_up(committed_end)
 
     def caught_up(self) -> bool:
-        with self.lock:  # not in the middle of a batch
-            self.handler.flush()
+        # Never waits: holding the lock while the batches in flight were applied kept Spark's next
+        # batch out of ``process`` (it takes the lock), so a draining run applied its last batches
+        # one at a time, each after its Spark job, with no overlap.
+        if not self.lock.acquire(blocking=False):
+            return False  # a batch is being handed over
+        try:
+            if not self.handler.applied_all():
+                return False
             # This query's own batches, not the view's record: a new checkpoint reads the tier again.
             end = self.handler.applied_end
             return end is not None and end >= (self.ctx.metadata.source_end() or 0)
+        finally:
+            self.lock.release()
 
     def process(self, batch: Batch) -> None:
         self.handler.process(batch)
