@@ -176,7 +176,9 @@ class TierConfig:
 
 @dataclass(frozen=True)
 class StateConfig:
-    dir: str = setting("data/state", "Local directory of the RocksDB stores: the metadata store and the KV view.")
+    dir: str = setting("data/state", "Local directory of the RocksDB stores: the metadata store and the KV view "
+                       "(which keeps values of 1.5 KB and more in RocksDB's blob files: fewer rewrites, some more "
+                       "disk until their garbage collection).")
     rocksdb_memory_mb: int = setting(
         512, "Memory bound (MB) for all of Spark's RocksDB state stores in one executor: block cache and write buffers."
     )
