@@ -30,11 +30,10 @@ from __future__ import annotations
 import argparse
 import random
 import shutil
-import statistics
 import tempfile
 import time
 
-from bench.common import report
+from bench.common import percentiles, report
 from connectors.commitlog.format import Message
 from connectors.commitlog.writer import CommitLogWriter
 from connectors.tier.asof import AsOfReader
@@ -92,12 +91,6 @@ def build(root: str, messages: int, keys: int, every: int, location: str | None 
     finally:
         store.close()
     return location, BASE_MS + messages - 1
-
-
-def percentiles(seconds: list[float]) -> dict:
-    ms = sorted(s * 1000 for s in seconds)
-    return {"p50_ms": round(statistics.median(ms), 2), "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2),
-            "queries": len(ms)}
 
 
 def main() -> None:

@@ -52,6 +52,13 @@ def pin_to_one_core() -> int | None:
         return None
 
 
+def percentiles(seconds: list[float]) -> dict:
+    """The median and 99th percentile of ``seconds``, in ms, and how many there were."""
+    ms = sorted(s * 1000 for s in seconds)
+    return {"p50_ms": round(statistics.median(ms), 2), "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2),
+            "queries": len(ms)}
+
+
 def report(result: dict) -> None:
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
