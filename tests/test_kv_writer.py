@@ -16,10 +16,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from types import SimpleNamespace
 
 import pytest
 
+from connectors.errors import TierlogError
 from state.kv import KVView
 from tests import ledger
 from tests.cli_runner import ROOT
@@ -121,10 +123,6 @@ class FailingMessages:
         self.fail_at, self.threads = fail_at, set()
 
     def records_at(self, phys, columns):
-        import threading
-
-        from connectors.errors import TierlogError
-
         self.threads.add(threading.current_thread().name)
         if self.fail_at is not None and self.fail_at in set(phys.tolist()):
             raise TierlogError("injected: this batch's messages could not be read")
@@ -183,8 +181,6 @@ def test_the_handler_reads_the_next_batch_beside_the_apply_and_applies_in_order(
 def test_no_batch_is_applied_past_one_that_failed(tmp_path):
     """Batch 3's messages are read while batch 2 fails to be: batch 3 must not reach the view, or
     the view would say it applied through batch 3 without batch 2's changes."""
-    from connectors.errors import TierlogError
-
     _, batches, kv, handler, _, stand_ins, reports, _ = handler_batches(tmp_path, fail_batch=2)
     with pytest.raises(TierlogError, match="injected"):
         for batch in stand_ins:
