@@ -50,6 +50,20 @@ def test_open_input_reads_ranges_and_names_a_missing_object(tier_location):
         b.open_input("o/none.bin").read(1)
 
 
+def test_read_whole_gives_every_byte_and_names_a_missing_object(tier_location):
+    b = open_backend(tier_location)
+    data = bytes(range(256)) * 4096
+    b.put("o/data.bin", data)
+    whole = b.read_whole("o/data.bin")
+    assert whole.size() == len(data) and whole.read() == data
+    if not tier_location.startswith("s3://"):
+        b.delete("o/data.bin")  # a memory map: a file deleted while mapped stays readable through it
+        whole.seek(0)
+        assert whole.read() == data
+    with pytest.raises(ObjectNotFound, match="o/none.bin"):
+        b.read_whole("o/none.bin")
+
+
 @pytest.mark.parametrize("name", ["../evil", "/abs/path", "a/../../b", "a//b", "nul\x00x", "", "a/./b", "sp ace"])
 def test_hostile_names_are_refused(tier_location, name):
     b = open_backend(tier_location)

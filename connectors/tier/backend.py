@@ -154,6 +154,13 @@ class Backend(ABC):
 
         return io.BufferedReader(ObjectFile(self, name, size), buffer_size=256 << 10)
 
+    def read_whole(self, name: str):
+        """All of ``name`` as a pyarrow file, for a reader that wants most of it: one ``read`` (one
+        GET on S3).  A backend that can read it in place (a memory map) overrides this."""
+        import pyarrow as pa
+
+        return pa.BufferReader(self.read(name))
+
     def exists(self, name: str) -> bool:
         from connectors.tier.errors import ObjectNotFound
 

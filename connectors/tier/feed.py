@@ -83,7 +83,7 @@ def _tables(backend: Backend, batches: Iterable[FeedBatch], start: int, end: int
         for name, size, _first in batch.objects:
             # One GET for the whole object: the mirror needs nearly every byte of it (the bodies), and
             # a ranged read per column chunk of each queue's row group was hundreds of GETs on S3.
-            table = pq.read_table(pa.BufferReader(backend.read(name)), schema=MESSAGE_SCHEMA, columns=columns)
+            table = pq.read_table(backend.read_whole(name), schema=MESSAGE_SCHEMA, columns=columns)
             if ordered:
                 if batch.start < start or batch.end > end:
                     table = _within(table, start, end)

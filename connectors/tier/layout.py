@@ -288,8 +288,10 @@ def to_staging_parquet(table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
-def from_parquet(data: bytes, filters=None) -> pa.Table:
-    return pq.read_table(pa.BufferReader(data), schema=MESSAGE_SCHEMA, filters=filters)
+def from_parquet(data, filters=None) -> pa.Table:
+    """The messages of one tier object: its bytes, or a pyarrow file (``Backend.read_whole``)."""
+    source = pa.BufferReader(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    return pq.read_table(source, schema=MESSAGE_SCHEMA, filters=filters)
 
 
 def sort_rows(table: pa.Table) -> pa.Table:

@@ -101,6 +101,13 @@ class PosixBackend(Backend):
         except FileNotFoundError:
             raise ObjectNotFound(f"tier object {name!r} not found under {self.root}") from None
 
+    def read_whole(self, name: str):
+        """The memory map of ``open_input``: a whole-object read into memory cost the driver's
+        threads most of their CPU in the kernel (a fresh 33 MB buffer an object, faulted in, copied
+        from the page cache, freed); a 268 MB batch's eight objects took 0.2-0.9 s to read that way
+        against 0.08-0.10 s mapped (measured)."""
+        return self.open_input(name)
+
     def size(self, name: str) -> int:
         try:
             return os.stat(self._path(name)).st_size

@@ -249,7 +249,7 @@ class TierWriter:
             group.clear()
 
         for obj in plan.holding:
-            group.append(layout.from_parquet(self.backend.read(obj.name)))
+            group.append(layout.from_parquet(self.backend.read_whole(obj.name)))
             grouped += group[-1].nbytes
             if grouped >= SEAL_GATHER_BYTES:
                 gather()
