@@ -299,6 +299,10 @@ class SparkConfig:
     jit_c1_only: bool = setting(True, "The driver's JVM compiles with the JIT's first tier only "
                                       "(-XX:TieredStopAtLevel=1; under local[N], every Spark thread): about 0.13 cores "
                                       "less at 25,000 msgs/s. false: both tiers, as a stock JVM.")
+    transparent_huge_pages: bool = setting(
+        False, "Let the kernel back the service's large allocations (the driver, its JVM and Python workers) with "
+               "transparent huge pages. false: tierlog turns them off for its own processes (Linux's "
+               "PR_SET_THP_DISABLE): catching up, a third less system CPU here. true: as the kernel is set up.")
 
 
 @dataclass(frozen=True)

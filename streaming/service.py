@@ -123,7 +123,8 @@ class Service:
                 os.environ[STOP_FILE] = os.path.join(tempfile.gettempdir(), f"tierlog-stop-{os.getpid()}")
                 clear_stop()  # one an earlier process of this pid left, before any batch can retry
                 spark = owned = build_session("tierlog", conf.spark.master, plan.session_conf(conf),
-                                              c1_only=conf.spark.jit_c1_only)
+                                              c1_only=conf.spark.jit_c1_only,
+                                              huge_pages=conf.spark.transparent_huge_pages)
             streamed = [q for q in kinds if q.spark_stream]  # the others keep no checkpoint
             committed = {q.name: Checkpoint(plan.checkpoint_path(conf, q.name), spark).last_committed_end()
                          for q in streamed}

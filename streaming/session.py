@@ -82,6 +82,29 @@ def java_options(verbose: bool, c1_only: bool = True) -> str:
     return options if verbose else f"{options} -Dlog4j2.configurationFile=file:{QUIET_LOG4J}"
 
 
+PR_SET_THP_DISABLE = 41  # <linux/prctl.h>
+
+
+def no_huge_pages() -> bool:
+    """Turn the kernel's transparent huge pages off for this process and every process it starts
+    from now on (the JVM, Spark's Python workers, the stagers); False where that is not possible.
+
+    Why (``spark.transparent_huge_pages``): each batch the driver allocates hundreds of MB of Arrow
+    buffers afresh (a batch's bodies, read, taken, joined), and freshly faulted memory is what its
+    threads spent their kernel time on.  Catching up the 621 MB log, huge pages cost the whole
+    service 11.9-12.1 s of system CPU against 7.8-8.3 s without (the compaction handler's resolve
+    thread 2.6-2.9 s against 0.8 s); a fresh 2 MB page cost 2.6x as much per byte as 4 KiB pages
+    (docs/benchmarks.md).  Nothing else changes: the page size is the kernel's business."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def worker_python(master: str) -> str:
     """The Python that Spark starts for its Python processes: on a local master, a launcher that
     takes the installed pyspark's own ``pyspark.zip`` off their ``PYTHONPATH`` first.
@@ -165,15 +188,18 @@ except (BrokenPipeError, ConnectionResetError, EOFError):
 
 
 def build_session(app_name: str = "tierlog", master: str = "local[2]", extra: dict | None = None,
-                  c1_only: bool = True):
+                  c1_only: bool = True, huge_pages: bool = False):
     """Create (or reuse) the SparkSession with tierlog's settings and data sources registered;
-    ``c1_only``: the driver's JVM compiles with the JIT's first tier only (``spark.jit_c1_only``).
+    ``c1_only``: the driver's JVM compiles with the JIT's first tier only (``spark.jit_c1_only``);
+    ``huge_pages``: leave the kernel's transparent huge pages on (``spark.transparent_huge_pages``).
 
     Spark's start-up notes are hidden unless the ``tierlog`` logger is at DEBUG (``--log-level
     DEBUG``)."""
     import logging
 
     check_java()
+    if not huge_pages:
+        no_huge_pages()  # before the JVM starts, so it and the processes it starts inherit it
     # The driver's only: a cluster's executors keep Spark's own logging, in the worker's files.
     options = java_options(logging.getLogger("tierlog").isEnabledFor(logging.DEBUG), c1_only)
     extra = {"spark.driver.extraJavaOptions": options, **(extra or {})}

@@ -7,8 +7,13 @@ checkpoint, as after a deploy).
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import time
+
+import pytest
 
 from connectors.commitlog.format import Message
 from state.kv import Change, KVView
@@ -126,3 +131,21 @@ def test_the_state_stores_run_on_rocksdb_in_a_jvm_that_trims_its_c_heap_and_comp
     assert diagnostics.getVMOption("TrimNativeHeapInterval").getValue() == "30000"
     assert diagnostics.getVMOption("TieredStopAtLevel").getValue() == "1"
     assert C1_ONLY not in java_options(False, c1_only=False) and C1_ONLY in java_options(True)
+
+
+def _thp_enabled(pid) -> str | None:
+    with open(f"/proc/{pid}/status") as status:
+        return next((line.split()[1] for line in status if line.startswith("THP_enabled:")), None)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a Linux process flag")
+def test_the_session_and_the_jvm_it_starts_run_without_transparent_huge_pages(spark):
+    """``spark.transparent_huge_pages = false`` (the default): the driver turns them off before the
+    JVM starts, so the JVM inherits it; and so does a process started later, in a process of its own."""
+    assert _thp_enabled("self") == "0"
+    assert _thp_enabled(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()) == "0"
+    code = ("import subprocess; from streaming.session import no_huge_pages; assert no_huge_pages(); "
+            "print(subprocess.run(['cat', '/proc/self/status'], capture_output=True, text=True).stdout)")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert "THP_enabled:\t0" in child.stdout
