@@ -5,7 +5,7 @@ Its offsets are the commitlog source's own shape, ``{"phy_offset": N}``, and eve
 of a batch the tier committed, so a consumer's batch is whole tier batches: ``state.tier_feed`` lists
 them.  With ``columns`` the source yields those columns of the batches' messages, read back from
 their staging objects (``connectors.tier.feed``: decoded and CRC-checked once, by the stager), one
-partition per ``PARTITION_BYTES`` of staging objects (or per backfill); without, it yields no rows and the query's handler reads the
+partition per ``PARTITION_BYTES`` of staging objects (or per backfill, or a task's share of a large batch); without, it yields no rows and the query's handler reads the
 objects itself (the mirror's handler, per Kafka partition slot, in ``bench/bench_kafka.py``; the
 service runs the mirror without a Spark stream, ``streaming.follower``).  Spark gives the query its trigger, its
 offset log and its exactly-once bookkeeping, as for every query of ``tierlog run``.
@@ -23,6 +23,8 @@ Options:
 ``localCopies``      ``connectors.tier.copies.CopySettings`` as JSON: read the stagers' local
                      copies where they are (with ``columns``)
 ``topics``           a ``TopicFilter`` as JSON: only its topics' rows are yielded (with ``columns``)
+``tasks``            how many tasks Spark runs at once: a batch of more than that many
+                     ``PARTITION_BYTES`` is that many partitions (each backfill still one of its own)
 ``latestPerKey``     ``true``: of each partition, only each ``(topic, key)``'s last message that
                      entered a queue (``columns`` must be ``topic, key, phy_offset, sysflag``), so fewer rows reach
                      Spark's aggregation; the result of a ``max(phy_offset)`` per key is the same
@@ -119,29 +121,37 @@ class FeedPartition(InputPartition):
         self.batches, self.start, self.end = tuple(batches), start, end
 
 
-# Staging objects one task reads together, at most (one larger object is a task of its own).
+# Staging objects one task reads together, at most (one larger object is a task of its own),
+# unless a batch has more than ``tasks`` times this: then a task's share of it.
 # Why: a Python task costs PySpark tens of ms of CPU whatever it reads; at 100 msgs/s, with one
 # partition per object, the workers spent 0.068 cores around 0.008 of tierlog's code (the cost
 # ledger, docs/benchmarks.md), a compaction batch of 5 s being 5 tasks of one small object each.
-# 32 MiB is the commitlog source's partition size: a catch-up's objects, about that big, stay one
-# a task, in parallel.
+# Catching up, a 268 MB batch's eight objects of 33 MB were eight tasks of about 230 ms each, for
+# 25 ms of reading: as one task per core, its tasks took 1.07 s in all against 1.63-1.85 s.
 PARTITION_BYTES = 32 << 20
 
 
 def feed_partitions(batches: list[FeedBatch], start: int, end: int,
-                    max_bytes: int = PARTITION_BYTES) -> list[FeedPartition]:
+                    max_bytes: int = PARTITION_BYTES, tasks: int = 0) -> list[FeedPartition]:
     """The listed ``batches`` as partitions: each backfill alone, the staging objects in physical
-    order, grouped up to ``max_bytes``."""
-    out, group, size = [], [], 0
+    order, grouped up to ``max_bytes``; or, when they hold more than ``tasks`` times that (``tasks``:
+    how many Spark runs at once; 0: no such bound), cut into ``tasks`` runs of about equal bytes."""
+    total = sum(obj[1] for batch in batches for obj in batch.objects)
+    share = 0 < tasks and tasks * max_bytes < total
+    out, group, size, before, slot = [], [], 0, 0, 0
     for batch in batches:
         if batch.backfill:
             out.append(FeedPartition([batch], start, end))
         for obj in batch.objects:
-            if group and size + obj[1] > max_bytes:
+            mine = before * tasks // total if share else 0  # the task's share this object starts in
+            if group and (mine != slot if share else size + obj[1] > max_bytes):
                 out.append(FeedPartition(group, start, end))
                 group, size = [], 0
+            if not group:
+                slot = mine
             group.append(FeedBatch(batch.start, batch.end, (obj,)))
             size += obj[1]
+            before += obj[1]
     if group:
         out.append(FeedPartition(group, start, end))
     return out
@@ -157,6 +167,7 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.copies = CopySettings(**json.loads(opts["localcopies"])) if opts.get("localcopies") else None
         self.topics = TopicFilter.from_json(opts["topics"]) if opts.get("topics") else None
         self.latest_per_key = opts.get("latestperkey", "false").lower() == "true"
+        self.tasks = int(opts.get("tasks", 0) or 0)
         self.starting = int(opts.get("startingoffset", 0))
         self.max_bytes = int(opts.get("maxbytespertrigger", 0) or 0)
         self._hold = BatchHold(int(opts.get("minbytespertrigger", 0) or 0),
@@ -199,7 +210,7 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not self.columns:
             return []  # the handler reads the batches' staging objects itself (the mirror, per Kafka slot)
         begin, stop = int(start["phy_offset"]), int(end["phy_offset"])
-        return feed_partitions(self.listing.batches(begin, stop), begin, stop) if stop > begin else []
+        return feed_partitions(self.listing.batches(begin, stop), begin, stop, tasks=self.tasks) if stop > begin else []
 
     def read(self, partition):
         if not self.columns:

@@ -333,4 +333,14 @@ def test_the_tierfeed_partitions_group_staging_objects_and_read_every_message_on
                   for b in read_partition(run.location, run.writer.settings.broker, columns, None, p)
                   for r in b.to_pylist())
     assert read == [r["phy_offset"] for r in expected_rows(run)]
+    # As many tasks as Spark runs at once: objects of more than that many partitions are that many,
+    # in order; under that, the grouping above stays.
+    total = sum(o[1] for o in objects)
+    for tasks in (1, 2, 3):
+        shared = feed_partitions(batches, 0, end, max_bytes=max_bytes, tasks=tasks)
+        assert [o for p in shared for b in p.batches for o in b.objects] == objects
+        if total > tasks * max_bytes:
+            assert len(shared) == min(tasks, len(objects))
+        else:
+            assert [p.batches for p in shared] == [p.batches for p in parts]
     run.close()

@@ -71,6 +71,7 @@ class CompactionQuery(Query):
                             self.ctx.until_caught_up)
         return compaction_stream(spark, {"metadata": self.ctx.metadata.path, "startingOffset": self.start_at,
                                          "maxBytesPerTrigger": self.ctx.source_options.get("maxBytesPerTrigger"),
+                                         "tasks": spark.sparkContext.defaultParallelism,
                                          "location": conf.tier.location, "broker": conf.broker.name,
                                          "localCopies": copies and json.dumps(dataclasses.asdict(copies)),
                                          "topics": self.ctx.settings.filters["compaction"].to_json(), **hold})
