@@ -10,7 +10,8 @@ changed key per batch, a put (the latest body) or a delete.  Contract:
   older put replayed later cannot bring the key back.  ``get`` and ``scan``
   never return tombstones.
 * **Applying a batch is idempotent and atomic**: all of its changes, and the
-  physical offset the view has applied through, are one synced WriteBatch.
+  physical offset the view has applied through, are one WriteBatch, durable before
+  ``apply`` returns.
 * **Time to live** (optional, per topic): a key whose latest put is older
   than its topic's TTL (by store time, against the wall clock) is expired by
   ``expire``, which writes a tombstone at that put's physical offset and
@@ -56,13 +57,14 @@ _UNSENT = b"\x01unsent_expiries"  # present while a tombstone is marked _EXPIRED
 _TTL_INDEX = b"\x02"
 _EXPIRY = struct.Struct(">q")
 _DATA_START = b"\x03"
-# Why larger values live in RocksDB's blob files: a changed value is written once to the WAL and
-# once at flush either way, but in the LSM tree every compaction rewrote it again.  Measured on 2
-# cores (``bench/bench_kv_apply.py``: 8 batches of changed keys into a fresh view, process CPU with
-# RocksDB's own threads, 2 rounds alternating): 2 KB values 9.8 core-s against 12.8 in the LSM
-# tree (0.76), 16 KiB values 9.0 against 11.4 (0.79), 1 KiB values 8.6 against 8.8 (0.98, no
-# gain), hence the bound between.  Point reads stayed under 0.06 ms at the p99; a full scan, which
-# only a snapshot does, took 1.8 s against 0.8 s for 99k keys of 16 KiB.
+# Why larger values live in RocksDB's blob files: a changed value is written once at flush either
+# way (and, before ``_write`` dropped the WAL, once more to it), but in the LSM tree every
+# compaction rewrote it again.  Measured on 2 cores (``bench/bench_kv_apply.py``: 8 batches of
+# changed keys into a fresh view, process CPU with RocksDB's own threads, 2 rounds alternating,
+# both through the WAL): 2 KB values 9.8 core-s against 12.8 in the LSM tree (0.76), 16 KiB values
+# 9.0 against 11.4 (0.79), 1 KiB values 8.6 against 8.8 (0.98, no gain), hence the bound between.
+# Point reads stayed under 0.06 ms at the p99; a full scan, which only a snapshot does, took 1.8 s
+# against 0.8 s for 99k keys of 16 KiB.
 BLOB_MIN_BYTES = 1536
 
 
@@ -172,10 +174,11 @@ class KVView:
     ``ttl`` maps topics (``*`` for every other topic) to seconds; keys of
     topics without one never expire.  Changing it re-indexes the view once.
     ``blob_min_bytes``: values of that size or more are written to blob files (0: none are).
+    ``wal``: writes go through RocksDB's WAL, synced, instead of a flush after each (``_write``).
     """
 
     def __init__(self, path: str, *, read_only: bool = False, ttl: dict[str, float] | None = None,
-                 blob_min_bytes: int = BLOB_MIN_BYTES):
+                 blob_min_bytes: int = BLOB_MIN_BYTES, wal: bool = False):
         self.path = path
         self.read_only = read_only
         self.ttl = dict(ttl or {})
@@ -185,12 +188,29 @@ class KVView:
             self.db = rocks.open_rdict(path, read_only=read_only, raw_mode=True, blob_min_bytes=blob_min_bytes)
         except Exception as exc:  # rocksdict raises a plain Exception carrying RocksDB's message
             raise KVError(f"cannot open the KV view at {path}: {exc}") from None
-        self._sync = rocks.synced_writes()
+        self._wal = wal
+        self._options = rocks.synced_writes() if wal else rocks.unlogged_writes()
         if not read_only:
             self._reindex_if_ttl_changed()
 
     def close(self) -> None:
         self.db.close()
+
+    def _write(self, wb: WriteBatch) -> None:
+        """Write ``wb`` durably before returning: into the WAL, synced; or, by default, into the
+        memtable, which is then flushed (its SST and blob files synced).
+
+        Why no WAL: every value went to disk twice, once into the WAL and once more when its
+        memtable was flushed.  A flush after each write keeps the view's contract (a batch and the
+        offset applied through are durable at once, or not at all) and needs no replay: a crash
+        before the flush loses the whole batch, which the tier keeps until it is applied.  So
+        ``tierlog kv get`` reads every applied batch from the files, as before from the WAL.
+        Measured (``bench/bench_kv_apply.py``, 8 batches of 110k changed 2 KB values, 2 rounds):
+        9.8 / 11.5 core-s against 13.0 / 13.1 through the WAL, 0.82; the applies' wall clock about
+        the same, the flush now on the apply thread."""
+        self.db.write(wb, self._options)
+        if not self._wal:
+            self.db.flush(wait=True)
 
     def __enter__(self) -> "KVView":
         return self
@@ -201,7 +221,7 @@ class KVView:
     # ------------------------------------------------------------ writing
 
     def apply(self, changes: Iterable[Change], applied_through: int | None = None) -> int:
-        """Apply newer changes in one synced WriteBatch; returns how many took effect.
+        """Apply newer changes in one durable WriteBatch (``_write``); returns how many took effect.
 
         ``applied_through`` (a physical offset) is recorded in the same batch.
         """
@@ -243,7 +263,7 @@ class KVView:
             self._index_ttl(wb, keys, table.column("topic").take(picked).to_pylist(), store_ts, deleted)
         if applied_through is not None:
             wb.put(_APPLIED, struct.pack(">q", max(applied_through, floor if floor is not None else -1)))
-        self.db.write(wb, self._sync)
+        self._write(wb)
         return len(keys)
 
     def _newer_than_held(self, table: pa.Table, picked: np.ndarray, keys: list[bytes],
@@ -286,7 +306,7 @@ class KVView:
             if ttl is not None:
                 wb.put(_ttl_key(entry.store_ts + ttl, raw_key), b"")
         wb.put(_TTL_CONF, wanted)
-        self.db.write(wb, self._sync)
+        self._write(wb)
 
     def expire(self, now_ms: int, before_write: Callable[[list[Change]], None] | None = None) -> list[Change]:
         """Expire every key whose TTL has passed at ``now_ms``; returns the delete changes written.
@@ -321,7 +341,7 @@ class KVView:
         if out and before_write is not None:
             before_write(out)
         if len(wb):
-            self.db.write(wb, self._sync)
+            self._write(wb)
         return out
 
     # ------------------------------------------------------------ reading
@@ -334,7 +354,9 @@ class KVView:
     def put_meta(self, name: str, value: str) -> None:
         if self.read_only:
             raise KVError("the KV view was opened read-only")
-        self.db.put(b"\x01meta:" + name.encode(), value.encode(), self._sync)
+        wb = WriteBatch(raw_mode=True)
+        wb.put(b"\x01meta:" + name.encode(), value.encode())
+        self._write(wb)
 
     def estimated_keys(self) -> int:
         """RocksDB's estimate of the keys held (as Kafka Streams exports it): exact once compacted,
@@ -410,7 +432,7 @@ class KVView:
 
     def mark_expiries_sent(self, changes: list[Change]) -> None:
         """``changes`` (from ``unsent_expiries``) reached a changelog: those still unsent tombstones
-        at the same physical offset are marked sent, in one synced WriteBatch."""
+        at the same physical offset are marked sent, in one durable WriteBatch."""
         if self.read_only:
             raise KVError("the KV view was opened read-only")
         keys = [_dbkey(c.topic, c.key).encode() for c in changes]
@@ -420,7 +442,7 @@ class KVView:
             if held is not None and held[4] == _EXPIRED_UNSENT and held[0] == c.phy_offset:  # not put again since
                 wb.put(k, _value(c.phy_offset, c.queue_id, c.queue_offset, c.store_ts, True, None, _EXPIRED))
         wb.delete(_UNSENT)
-        self.db.write(wb, self._sync)
+        self._write(wb)
 
     def entries(self, times: dict[str, int] | None = None) -> Iterator[tuple[str, Entry | None]]:
         """Every key of every topic in (topic, key) order: ``(topic, entry)``, entry None for a tombstone.

@@ -8,7 +8,7 @@ batch ends at; a test, a benchmark or an offline tool can do the same.  Per batc
    or delete): ``resolve``, from the tier's committed batch in the service
    (``connectors.tier.feed.FeedMessages``), from the commitlog where no tier is (a test, a tool);
 2. send them to the changelog first, when Kafka is on (a crash in between sends again, never loses);
-3. apply them to the KV view in one synced WriteBatch with the batch's end offset;
+3. apply them to the KV view in one durable WriteBatch with the batch's end offset;
 4. expire keys whose time to live has passed, record the ``kv`` (and ``changelog``) sink's
    applied offset (it bounds the safepoint), and write a compacted snapshot when one is due.
 

@@ -56,3 +56,11 @@ def synced_writes() -> WriteOptions:
     options = WriteOptions()
     options.sync = True
     return options
+
+
+def unlogged_writes() -> WriteOptions:
+    """Write options for a store that flushes its memtable after each write instead (the KV view):
+    no WAL, so nothing is written twice."""
+    options = WriteOptions()
+    options.disable_wal = True
+    return options

@@ -75,6 +75,41 @@ def test_read_only_view_while_a_writer_has_it_open(tmp_path):
                 ro.apply([Change("t", "k", "put", 2)])
 
 
+KILLED_AFTER_APPLY = """
+import os, sys
+from state.kv import Change, KVView
+path, wal, batches = sys.argv[1], sys.argv[2] == "wal", int(sys.argv[3])
+kv = KVView(path, wal=wal)
+for b in range(batches):
+    kv.apply([Change("t", f"k{i % 50}", "put", b * 100 + i, body=os.urandom(2000 if i % 2 else 10))
+              for i in range(100)], applied_through=b * 100 + 100)
+    print(b * 100 + 100, flush=True)  # what the caller saw applied
+os._exit(0)  # killed: no close, no flush but the view's own
+"""
+
+
+@pytest.mark.parametrize("wal", [False, True])
+def test_a_batch_applied_is_on_disk_when_apply_returns(tmp_path, wal):
+    """The view's contract, with or without RocksDB's WAL: what ``apply`` returned from survives the
+    process dying right after, and another process's read-only open sees it while the writer runs."""
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "kv")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", KILLED_AFTER_APPLY, path, "wal" if wal else "flush", "5"],
+                          cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    assert done == ["100", "200", "300", "400", "500"]
+    with KVView(path, read_only=True) as kv:
+        assert kv.applied_through() == 500
+        assert {k: e.phy_offset for k, e in view_contents(kv, ["t"]).items()} == {
+            ("t", f"k{i}"): 400 + 50 + i for i in range(50)}
+    with KVView(path, wal=wal) as kv:  # the writer again, and a reader beside it, no flush asked
+        kv.apply([Change("t", "k0", "put", 600, body=b"new")], applied_through=601)
+        with KVView(path, read_only=True) as ro:
+            assert ro.get("t", "k0").body == b"new" and ro.applied_through() == 601
+
+
 @given(
     ops=st.lists(
         st.tuples(st.sampled_from(["t1", "t2"]), st.integers(0, 30), st.sampled_from(["put", "put", "delete"]),
