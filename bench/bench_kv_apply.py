@@ -31,8 +31,8 @@ import time
 
 from bench.common import percentiles, report
 
-# Each kind: (blob_min_bytes, WAL).  None: the view's default bound (state.kv.BLOB_MIN_BYTES).
-KINDS = {"the default": (None, False), "WAL": (None, True), "LSM tree": (0, True)}
+# Each kind: (blob_min_bytes, KVView's durable).  None: the view's default bound (state.kv.BLOB_MIN_BYTES).
+KINDS = {"the default": (None, "flush"), "WAL": (None, "wal"), "LSM tree": (0, "wal")}
 ONE = {"default": "the default", "wal": "WAL", "lsm": "LSM tree"}  # --one's names
 
 
@@ -41,7 +41,7 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def one_run(path: str, blob_min_bytes: int | None, wal: bool, body: int, keys: int, changes: int,
+def one_run(path: str, blob_min_bytes: int | None, durable: str, body: int, keys: int, changes: int,
             batches: int) -> dict:
     """One view written and read back in this process; the figures as a dict."""
     import numpy as np
@@ -65,7 +65,7 @@ def one_run(path: str, blob_min_bytes: int | None, wal: bool, body: int, keys: i
         phy += changes * (body + 100)
     blob = BLOB_MIN_BYTES if blob_min_bytes is None else blob_min_bytes
     cpu0, applying = _cpu_s(), 0.0
-    view = KVView(path, blob_min_bytes=blob, wal=wal)
+    view = KVView(path, blob_min_bytes=blob, durable=durable)
     for table in tables:
         t = time.perf_counter()
         view.apply_table(table, applied_through=int(table["phy_offset"][-1].as_py()) + 1)
@@ -83,7 +83,7 @@ def one_run(path: str, blob_min_bytes: int | None, wal: bool, body: int, keys: i
     scan_s = time.perf_counter() - t
     view.close()
     size = sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
-    return {"blob_min_bytes": blob, "wal": wal, "apply_s": round(applying, 3), "cpu_s": round(cpu, 3), "get": percentiles(reads),
+    return {"blob_min_bytes": blob, "durable": durable, "apply_s": round(applying, 3), "cpu_s": round(cpu, 3), "get": percentiles(reads),
             "scan_s": round(scan_s, 3), "keys": scanned, "disk_mb": round(size / 1e6, 1)}
 
 
@@ -97,10 +97,10 @@ def main() -> None:
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: one run in this process, JSON out
     args = ap.parse_args()
     if args.one is not None:
-        blob, wal = KINDS[ONE[args.one]]
+        blob, durable = KINDS[ONE[args.one]]
         path = tempfile.mkdtemp(prefix="tierlog-kv-apply-")
         try:
-            print(json.dumps(one_run(path, blob, wal, args.body, args.keys, args.changes, args.batches)))
+            print(json.dumps(one_run(path, blob, durable, args.body, args.keys, args.changes, args.batches)))
         finally:
             shutil.rmtree(path, ignore_errors=True)
         return

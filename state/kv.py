@@ -174,11 +174,13 @@ class KVView:
     ``ttl`` maps topics (``*`` for every other topic) to seconds; keys of
     topics without one never expire.  Changing it re-indexes the view once.
     ``blob_min_bytes``: values of that size or more are written to blob files (0: none are).
-    ``wal``: writes go through RocksDB's WAL, synced, instead of a flush after each (``_write``).
+    ``durable``: when a write is on disk (``_write``): ``"flush"`` (the default) before it returns,
+    by a memtable flush; ``"wal"`` before it returns, through RocksDB's WAL, synced; ``"close"`` once
+    the view is closed, for a view built from scratch that a crash throws away (``tierlog kv rebuild``).
     """
 
     def __init__(self, path: str, *, read_only: bool = False, ttl: dict[str, float] | None = None,
-                 blob_min_bytes: int = BLOB_MIN_BYTES, wal: bool = False):
+                 blob_min_bytes: int = BLOB_MIN_BYTES, durable: str = "flush"):
         self.path = path
         self.read_only = read_only
         self.ttl = dict(ttl or {})
@@ -188,17 +190,21 @@ class KVView:
             self.db = rocks.open_rdict(path, read_only=read_only, raw_mode=True, blob_min_bytes=blob_min_bytes)
         except Exception as exc:  # rocksdict raises a plain Exception carrying RocksDB's message
             raise KVError(f"cannot open the KV view at {path}: {exc}") from None
-        self._wal = wal
-        self._options = rocks.synced_writes() if wal else rocks.unlogged_writes()
+        if durable not in ("flush", "wal", "close"):
+            raise ValueError(f"durable: {durable!r} is none of flush, wal, close")
+        self._durable = durable
+        self._options = rocks.synced_writes() if durable == "wal" else rocks.unlogged_writes()
         if not read_only:
             self._reindex_if_ttl_changed()
 
     def close(self) -> None:
+        if self._durable == "close" and not self.read_only:
+            self.db.flush(wait=True)
         self.db.close()
 
     def _write(self, wb: WriteBatch) -> None:
-        """Write ``wb`` durably before returning: into the WAL, synced; or, by default, into the
-        memtable, which is then flushed (its SST and blob files synced).
+        """Write ``wb`` as ``durable`` says: by default into the memtable, which is then flushed (its
+        SST and blob files synced) before this returns.
 
         Why no WAL: every value went to disk twice, once into the WAL and once more when its
         memtable was flushed.  A flush after each write keeps the view's contract (a batch and the
@@ -207,9 +213,10 @@ class KVView:
         ``tierlog kv get`` reads every applied batch from the files, as before from the WAL.
         Measured (``bench/bench_kv_apply.py``, 8 batches of 110k changed 2 KB values, 2 rounds):
         9.8 / 11.5 core-s against 13.0 / 13.1 through the WAL, 0.82; the applies' wall clock about
-        the same, the flush now on the apply thread."""
+        the same, the flush now on the apply thread.  A rebuild (``"close"``) flushes only at the end:
+        a flush per queue it applies would be a file per queue."""
         self.db.write(wb, self._options)
-        if not self._wal:
+        if self._durable == "flush":
             self.db.flush(wait=True)
 
     def __enter__(self) -> "KVView":

@@ -73,7 +73,7 @@ def rebuild_view(
     building = kv_path.rstrip("/") + ".rebuild"
     shutil.rmtree(building, ignore_errors=True)
     report = RebuildReport()
-    with KVView(building, ttl=ttl) as kv:
+    with KVView(building, ttl=ttl, durable="close") as kv:  # a crash leaves only a .rebuild to throw away
         cursor = 0
         if source == "snapshot":
             cursor = _from_snapshots(kv, tier_location, broker, report, progress)

@@ -78,8 +78,8 @@ def test_read_only_view_while_a_writer_has_it_open(tmp_path):
 KILLED_AFTER_APPLY = """
 import os, sys
 from state.kv import Change, KVView
-path, wal, batches = sys.argv[1], sys.argv[2] == "wal", int(sys.argv[3])
-kv = KVView(path, wal=wal)
+path, durable, batches = sys.argv[1], sys.argv[2], int(sys.argv[3])
+kv = KVView(path, durable=durable)
 for b in range(batches):
     kv.apply([Change("t", f"k{i % 50}", "put", b * 100 + i, body=os.urandom(2000 if i % 2 else 10))
               for i in range(100)], applied_through=b * 100 + 100)
@@ -88,8 +88,8 @@ os._exit(0)  # killed: no close, no flush but the view's own
 """
 
 
-@pytest.mark.parametrize("wal", [False, True])
-def test_a_batch_applied_is_on_disk_when_apply_returns(tmp_path, wal):
+@pytest.mark.parametrize("durable", ["flush", "wal"])
+def test_a_batch_applied_is_on_disk_when_apply_returns(tmp_path, durable):
     """The view's contract, with or without RocksDB's WAL: what ``apply`` returned from survives the
     process dying right after, and another process's read-only open sees it while the writer runs."""
     import subprocess
@@ -97,17 +97,31 @@ def test_a_batch_applied_is_on_disk_when_apply_returns(tmp_path, wal):
 
     path = str(tmp_path / "kv")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", KILLED_AFTER_APPLY, path, "wal" if wal else "flush", "5"],
+    done = subprocess.run([sys.executable, "-c", KILLED_AFTER_APPLY, path, durable, "5"],
                           cwd=root, capture_output=True, text=True, check=True).stdout.split()
     assert done == ["100", "200", "300", "400", "500"]
     with KVView(path, read_only=True) as kv:
         assert kv.applied_through() == 500
         assert {k: e.phy_offset for k, e in view_contents(kv, ["t"]).items()} == {
             ("t", f"k{i}"): 400 + 50 + i for i in range(50)}
-    with KVView(path, wal=wal) as kv:  # the writer again, and a reader beside it, no flush asked
+    with KVView(path, durable=durable) as kv:  # the writer again, and a reader beside it, no flush asked
         kv.apply([Change("t", "k0", "put", 600, body=b"new")], applied_through=601)
         with KVView(path, read_only=True) as ro:
             assert ro.get("t", "k0").body == b"new" and ro.applied_through() == 601
+
+
+def test_a_view_built_from_scratch_is_written_once_at_close(tmp_path):
+    """``durable="close"`` (a rebuild): no file per write, every batch on disk once closed."""
+    path = str(tmp_path / "kv")
+    with KVView(path, durable="close") as kv:
+        for b in range(3):
+            kv.apply([Change("t", f"k{i}", "put", b * 10 + i, body=b"v" * 2000) for i in range(10)],
+                     applied_through=b * 10 + 10)
+        assert not [n for n in os.listdir(path) if n.endswith((".sst", ".blob"))]
+    with KVView(path, read_only=True) as kv:
+        assert kv.applied_through() == 30 and len(view_contents(kv, ["t"])) == 10
+    with pytest.raises(ValueError, match="none of flush, wal, close"):
+        KVView(str(tmp_path / "other"), durable="sometimes")
 
 
 @given(
