@@ -214,7 +214,8 @@ class KVView:
         Measured (``bench/bench_kv_apply.py``, 8 batches of 110k changed 2 KB values, 2 rounds):
         9.8 / 11.5 core-s against 13.0 / 13.1 through the WAL, 0.82; the applies' wall clock about
         the same, the flush now on the apply thread.  A rebuild (``"close"``) flushes only at the end:
-        a flush per queue it applies would be a file per queue."""
+        it applies a queue at a time, and 3,000 applies of 20 rows took 15.4 s with a flush each,
+        4.5 s through the WAL, 1.8 s flushed once at the close (measured)."""
         self.db.write(wb, self._options)
         if self._durable == "flush":
             self.db.flush(wait=True)
