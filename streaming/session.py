@@ -91,10 +91,10 @@ def no_huge_pages() -> bool:
 
     Why (``spark.transparent_huge_pages``): each batch the driver allocates hundreds of MB of Arrow
     buffers afresh (a batch's bodies, read, taken, joined), and freshly faulted memory is what its
-    threads spent their kernel time on.  Catching up the 621 MB log, huge pages cost the whole
-    service 11.9-12.1 s of system CPU against 7.8-8.3 s without (the compaction handler's resolve
-    thread 2.6-2.9 s against 0.8 s); a fresh 2 MB page cost 2.6x as much per byte as 4 KiB pages
-    (docs/benchmarks.md).  Nothing else changes: the page size is the kernel's business."""
+    threads spent their kernel time on.  Catching up the 621 MB log (3 rounds alternating), huge
+    pages cost the machine 12.9-15.9 s of system CPU against 9.7-10.2 s without (the compaction
+    handler's resolve thread 2.6-2.9 s against 0.8 s); a fresh 2 MB page cost 2.6x as much per byte
+    as 4 KiB pages (docs/benchmarks.md).  Nothing else changes: the page size is the kernel's business."""
     if not sys.platform.startswith("linux"):
         return False
     import ctypes

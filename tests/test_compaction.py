@@ -7,7 +7,6 @@ checkpoint, as after a deploy).
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from state.kv import Change, KVView
 from streaming import config as cfg
 from streaming.service import Service
 from streaming.plan import kv_path
+from tests.cli_runner import ROOT
 from tests.kv_helpers import append, assert_all_equal_oracle, kv_messages, spark_state, view_contents
 from tests.oracle import latest_per_key
 from tests.tiering_helpers import make_conf
@@ -147,5 +147,5 @@ def test_the_session_and_the_jvm_it_starts_run_without_transparent_huge_pages(sp
     code = ("import subprocess; from streaming.session import no_huge_pages; assert no_huge_pages(); "
             "print(subprocess.run(['cat', '/proc/self/status'], capture_output=True, text=True).stdout)")
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                           cwd=ROOT)
     assert "THP_enabled:\t0" in child.stdout

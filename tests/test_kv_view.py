@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from state.kv import Change, KVError, KVView
+from tests.cli_runner import ROOT
 
 
 def oracle(changes: list[Change]) -> dict:
@@ -96,9 +97,8 @@ def test_a_batch_applied_is_on_disk_when_apply_returns(tmp_path, durable):
     import sys
 
     path = str(tmp_path / "kv")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "-c", KILLED_AFTER_APPLY, path, durable, "5"],
-                          cwd=root, capture_output=True, text=True, check=True).stdout.split()
+                          cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     assert done == ["100", "200", "300", "400", "500"]
     with KVView(path, read_only=True) as kv:
         assert kv.applied_through() == 500
