@@ -122,11 +122,13 @@ def _field(head: np.ndarray, rel, dtype: str) -> np.ndarray:
     return cols.view(">" + dtype).reshape(-1).astype(dtype)
 
 
-def _slices(buffer: pa.Buffer, u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+def _slices(buffer: pa.Buffer, u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+            *, copy: bool = True) -> pa.Array:
     """A binary array of ``buffer[start:start+length]`` per record, copied once, in C++.
 
     Built as Arrow binary views (16 bytes each: length, then inline data up to
-    12 bytes, or a prefix plus the offset into ``buffer``) and cast to binary.
+    12 bytes, or a prefix plus the offset into ``buffer``) and cast to binary;
+    ``copy=False`` returns the views themselves, which keep ``buffer`` alive.
     """
     n = len(starts)
     views = np.zeros((n, 16), np.uint8)
@@ -139,7 +141,7 @@ def _slices(buffer: pa.Buffer, u8: np.ndarray, starts: np.ndarray, lengths: np.n
     views[long_rows, 4:8] = _gather(u8, starts[long_rows], 4)
     views[long_rows, 12:16] = starts[long_rows].astype("<i4").view(np.uint8).reshape(-1, 4)
     arr = pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(views), buffer])
-    return arr.cast(pa.binary())
+    return arr.cast(pa.binary()) if copy else arr
 
 
 def _to_string(arr: pa.Array) -> pa.Array:
@@ -213,6 +215,7 @@ def decode_batch(
     check_crc: bool = False,
     columns: Sequence[str] | None = None,
     broker: str = DEFAULT_BROKER,
+    body_views: bool = False,
 ) -> pa.RecordBatch:
     """Decode the records at ``starts`` (positions in ``data``) into one batch.
 
@@ -222,6 +225,10 @@ def decode_batch(
     ``columns`` (names of the message row, in any order) limits the output to
     those columns; the checks run whatever is selected.  ``broker`` is the name every row carries
     (the log itself does not hold it: see ``connectors.brokers``).
+
+    ``body_views``: the ``body`` column as Arrow binary views into ``data`` (``binary_view``), not
+    copied.  For a caller that reorders the rows before it writes them (the stager): the bodies are
+    then copied once, in their new order, where a gather behind the copy moved them twice.
     """
     n = len(starts)
     if n == 0:
@@ -266,9 +273,9 @@ def decode_batch(
         _check_body_crcs(memoryview(data), body_at, body_len, crc)
     note_decoded(base_offset + int(at[0]), base_offset + int(at[-1] + size[-1]), n, check_crc)
 
-    body = _slices(buffer, u8, body_at, body_len)
+    body = _slices(buffer, u8, body_at, body_len, copy=not body_views)
     if (sysflag & fmt.COMPRESSED_FLAG).any():
-        body = _inflated(body, sysflag)
+        body = _inflated(body.cast(pa.binary()), sysflag).cast(body.type)  # every batch of one type
         sysflag = sysflag & ~fmt.COMPRESSED_FLAG
     topic = _to_string(_slices(buffer, u8, topic_at, topic_len))
     props = _properties(_to_string(_slices(buffer, u8, props_at, props_len)))
@@ -308,6 +315,8 @@ def decode_batch(
         "broker": lambda: pa.repeat(pa.scalar(broker, pa.string()), n),
     }
     schema = MESSAGE_SCHEMA if columns is None else project_schema(columns)
+    if "body" in schema.names and body.type != schema.field("body").type:
+        schema = schema.set(schema.get_field_index("body"), schema.field("body").with_type(body.type))
     return pa.RecordBatch.from_arrays([builders[f.name]() for f in schema], schema=schema)
 
 
@@ -380,3 +389,45 @@ def epoch_ms_array(column) -> pa.Array:
 def epoch_ms(column) -> list[int]:
     """Store times as epoch milliseconds, from an Arrow timestamp or integer column."""
     return epoch_ms_array(column).to_pylist()
+
+
+class BodyViews:
+    """Bodies carried as their 16-byte Arrow views while rows are filtered and reordered, then
+    copied once, in their final order (``decode_batch(body_views=True)``'s batches).
+
+    Why: reordering binary bodies copies every body behind the gather, after the decode's own
+    copy, and pyarrow (26) has no take or filter for ``binary_view`` itself.  So the views travel
+    as a ``binary(16)`` column, which Arrow reorders as plain 16-byte values, while this object
+    keeps the bytes they point into (the mapped log): the stager's sort then moves 16 bytes a row
+    (``bench/bench_stage.py``'s phases)."""
+
+    TYPE = pa.binary(16)
+
+    def __init__(self):
+        self.buffers: list[pa.Buffer] = []
+
+    def hold(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` with its ``binary_view`` body as ``TYPE``, the bytes behind it kept here."""
+        i = batch.schema.get_field_index("body")
+        body = batch.column(i)
+        if body.null_count:
+            raise ValueError("a body is null: decode_batch never makes one")
+        _validity, views_buf, *data = body.buffers()
+        n = len(body)
+        views = np.frombuffer(views_buf, np.uint8)[body.offset * 16 : (body.offset + n) * 16].reshape(n, 16).copy()
+        if self.buffers:  # a view names its bytes by buffer index: renumbered past those held already
+            long_rows = views[:, 0:4].copy().view("<i4").reshape(-1) > 12
+            index = views[long_rows, 8:12].copy().view("<i4").reshape(-1) + len(self.buffers)
+            views[long_rows, 8:12] = index.astype("<i4").view(np.uint8).reshape(-1, 4)
+        self.buffers.extend(data)
+        held = pa.FixedSizeBinaryArray.from_buffers(self.TYPE, n, [None, pa.py_buffer(views)])
+        return batch.set_column(i, pa.field("body", self.TYPE), held)
+
+    def bodies(self, table: pa.Table) -> pa.Table:
+        """``table`` (from held batches, filtered and reordered) with its bodies as ``binary``: one copy."""
+        i = table.schema.get_field_index("body")
+        held = table.column(i).combine_chunks()
+        n = len(held)
+        views = held.buffers()[1][held.offset * 16 : (held.offset + n) * 16]
+        body = pa.Array.from_buffers(pa.binary_view(), n, [None, views, *self.buffers]).cast(pa.binary())
+        return table.set_column(i, MESSAGE_SCHEMA.field("body"), body)
