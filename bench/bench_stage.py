@@ -7,7 +7,9 @@ runs), against a copy of the same byte ranges into the same tier directory, in o
 Each round stages the whole log in ``--part-mb`` ranges (as the source's partitions cut it) and
 copies the same ranges (read, write, fsync: a staging object is durable before its batch commits),
 in alternating order.  A pass with the phases timed apart (decode with the body CRC, sort, Parquet encode,
-upload) says where a stager's time goes.  No Spark: this is the floor of what one task can do,
+upload) says where a stager's time goes; passes of the stager before ``BodyViews`` (bodies copied
+at decode, gathered again by the sort) alternate with them, and ``cpu_ratio_views`` is the CPU of
+decode, sort and encode against theirs, medians of the passes.  No Spark: this is the floor of what one task can do,
 and the tiering query's catch-up cannot beat its ratio.
 
 ``--driver`` stages each range as the driver stages a batch near the head (``stage_range``:
@@ -26,8 +28,10 @@ import statistics
 import tempfile
 import time
 
+import pyarrow as pa
 
 from bench.common import report
+from connectors.commitlog.arrow import dispatched_only
 from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.workload import Workload, append_in_chunks
@@ -67,22 +71,29 @@ def copy_ranges(directory: str, target: str, parts) -> None:
                 os.fsync(fh.fileno())  # as durable as a staging object must be before its commit
 
 
-def phases(directory: str, location: str, parts) -> dict:
-    """Seconds per phase of staging every part, timed apart."""
-    out = {"decode": 0.0, "sort": 0.0, "encode": 0.0, "put": 0.0}
+def phases(directory: str, location: str, parts, *, views: bool = True) -> dict:
+    """Seconds per phase of staging every part, timed apart, and the CPU of decode, sort and encode.
+
+    ``views=False`` is the stager before ``BodyViews`` (the baseline of ``cpu_ratio_views``): bodies
+    copied at decode, then gathered again by the sort."""
+    out = {"decode": 0.0, "sort": 0.0, "encode": 0.0, "put": 0.0, "cpu_decode_sort_encode": 0.0}
     backend = open_backend(location)
     with CommitLogReader(directory, check_crc=True) as reader:
         for first, end, _ in parts:
-            t0 = time.perf_counter()
-            table, views = read_rows(reader, first, end, "KEYS")
+            c0, t0 = time.process_time(), time.perf_counter()
+            if views:
+                table, held = read_rows(reader, first, end, "KEYS")
+            else:
+                table = dispatched_only(pa.Table.from_batches(list(reader.record_batches(first, end))))
             t1 = time.perf_counter()
             table = layout.sort_rows(table)
             t2 = time.perf_counter()
-            data = layout.to_staging_parquet(views.bodies(table))  # the bodies' one copy counts as encode
-            t3 = time.perf_counter()
+            data = layout.to_staging_parquet(held.bodies(table) if views else table)  # the bodies' copy: encode
+            t3, c3 = time.perf_counter(), time.process_time()
             backend.put(f"_phases/{first:020d}.parquet", data)
             t4 = time.perf_counter()
-            for k, a, b in (("decode", t0, t1), ("sort", t1, t2), ("encode", t2, t3), ("put", t3, t4)):
+            for k, a, b in (("decode", t0, t1), ("sort", t1, t2), ("encode", t2, t3), ("put", t3, t4),
+                            ("cpu_decode_sort_encode", c0, c3)):
                 out[k] += b - a
     return {k: round(v, 3) for k, v in out.items()}
 
@@ -124,7 +135,11 @@ def main() -> None:
             else:
                 copy_ranges(log_dir, os.path.join(root, "tier", "_copy"), parts)
                 copy_s.append(time.perf_counter() - started)
-    breakdown = phases(log_dir, settings.location, parts)
+    with_views, copied = [], []  # alternating, as the rounds above
+    for r in range(max(args.rounds, 2)):
+        for views in ((True, False) if r % 2 == 0 else (False, True)):
+            (with_views if views else copied).append(phases(log_dir, settings.location, parts, views=views))
+    cpu = [p["cpu_decode_sort_encode"] for p in with_views], [p["cpu_decode_sort_encode"] for p in copied]
     shutil.rmtree(root, ignore_errors=True)
     ratios = [c / s for s, c in zip(stage_s, copy_s)]
     report({
@@ -134,7 +149,9 @@ def main() -> None:
         "stage_MBps": [round(nbytes / s / 1e6, 1) for s in stage_s],
         "copy_MBps": [round(nbytes / s / 1e6, 1) for s in copy_s],
         "ratio_per_round": [round(x, 3) for x in ratios], "ratio_median": round(statistics.median(ratios), 3),
-        "phases_s": breakdown,
+        "phases_s": with_views[-1],
+        "cpu_decode_sort_encode_s": cpu[0], "bodies_copied_at_decode_s": cpu[1],
+        "cpu_ratio_views": round(statistics.median(cpu[0]) / statistics.median(cpu[1]), 3),
     })
 
 
