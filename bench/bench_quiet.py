@@ -21,6 +21,8 @@ variants
                  default before it)
   mirror-process the defaults, but the driver's mirror steps sent from a process of their own
                  (kafka.mirror_process = true)
+  huge-pages     the defaults, but the service's processes with transparent huge pages as the kernel
+                 is set up (spark.transparent_huge_pages = true: the default before it)
 
 It prints each round's cores (CPU seconds over wall seconds) and the medians; with ``--series S``
 also the cores of each S-second slice of the window; and the window's longest tiering batch with
@@ -66,6 +68,8 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
         conf = dataclasses.replace(conf, spark=dataclasses.replace(conf.spark, jit_c1_only=False))
     if name == "mirror-process":
         conf = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, mirror_process=True))
+    if name == "huge-pages":
+        conf = dataclasses.replace(conf, spark=dataclasses.replace(conf.spark, transparent_huge_pages=True))
     return conf
 
 
@@ -150,7 +154,7 @@ def main() -> None:
     if "every-trigger" in rounds and "batched" in rounds:
         result["ratio_batched_over_every_trigger"] = round(
             statistics.median(rounds["batched"]) / statistics.median(rounds["every-trigger"]), 3)
-    for other in ("spark-mirror", "both-jit-tiers"):
+    for other in ("spark-mirror", "both-jit-tiers", "huge-pages"):
         if "the default" in rounds and other in rounds:
             result[f"ratio_default_over_{other.replace('-', '_')}"] = round(
                 statistics.median(rounds["the default"]) / statistics.median(rounds[other]), 3)
