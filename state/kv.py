@@ -181,6 +181,8 @@ class KVView:
 
     def __init__(self, path: str, *, read_only: bool = False, ttl: dict[str, float] | None = None,
                  blob_min_bytes: int = BLOB_MIN_BYTES, durable: str = "flush"):
+        if durable not in ("flush", "wal", "close"):  # before anything is opened or made on disk
+            raise ValueError(f"durable: {durable!r} is none of flush, wal, close")
         self.path = path
         self.read_only = read_only
         self.ttl = dict(ttl or {})
@@ -190,8 +192,6 @@ class KVView:
             self.db = rocks.open_rdict(path, read_only=read_only, raw_mode=True, blob_min_bytes=blob_min_bytes)
         except Exception as exc:  # rocksdict raises a plain Exception carrying RocksDB's message
             raise KVError(f"cannot open the KV view at {path}: {exc}") from None
-        if durable not in ("flush", "wal", "close"):
-            raise ValueError(f"durable: {durable!r} is none of flush, wal, close")
         self._durable = durable
         self._options = rocks.synced_writes() if durable == "wal" else rocks.unlogged_writes()
         if not read_only:

@@ -234,7 +234,7 @@ class CommitLogReader:
             try:
                 self._maps.pop(path).close()
             except BufferError:
-                pass  # an Arrow or numpy view still points into it; freed with the last view
+                pass  # an Arrow or numpy view (a stager's bodies) still points into it; freed with the last view
 
     def __enter__(self) -> "CommitLogReader":
         return self
@@ -246,10 +246,7 @@ class CommitLogReader:
         mm = self._maps.get(f.path)
         if mm is None or len(mm) < f.length:
             if mm is not None:
-                try:
-                    mm.close()
-                except BufferError:
-                    pass  # a view still points into it (a stager's bodies); freed with the last view
+                self._unmap([f.path])  # grown: mapped again; a view into the old mapping keeps it
             with open(f.path, "rb") as fh:
                 mm = mmap.mmap(fh.fileno(), f.length, access=mmap.ACCESS_READ)
             self._maps[f.path] = mm
