@@ -52,6 +52,9 @@ COMPRESSION = "zstd"  # segments, key indexes and snapshots: what the tier keeps
 # the hot path: LZ4 encodes about 2.7x as fast as zstd here (bench/bench_stage.py's phases).
 STAGING_COMPRESSION = "lz4"
 DICTIONARY_COLUMNS = ["topic", "key", "tags", "born_host", "store_host", "op", "broker"]
+# Every column a staging object is pruned by keeps its statistics; the body and the properties map
+# are never filtered on, and the bodies' were the dearest to compute (``to_staging_parquet``).
+STAGING_STATISTICS = [f.name for f in MESSAGE_SCHEMA if f.name not in ("body", "properties")]
 
 # Kept as they are: ASCII letters, digits and ._+- (Hive's escapePathName keeps them too), and
 # every character above U+009F, so Spark, DuckDB and pyarrow read a UTF-8 topic back as it is.
@@ -270,7 +273,9 @@ def to_staging_parquet(table: pa.Table) -> bytes:
     """A staging object: rows sorted by (topic, queue, offset), every row group cut at a queue's
     boundary, so a reader of one queue decodes only that queue's rows (row groups are skipped by
     their statistics).  Runs shorter than ``STAGING_MIN_GROUP_ROWS`` share a group; longer than
-    ``ROW_GROUP_ROWS`` are split."""
+    ``ROW_GROUP_ROWS`` are split.  No statistics for the bodies: a staging object is read by topic,
+    queue, offset, key or store time, never by body, and min/max over every body cost about a tenth
+    of the encode (docs/benchmarks.md)."""
     import numpy as np
 
     table = table.cast(MESSAGE_SCHEMA)
@@ -278,7 +283,7 @@ def to_staging_parquet(table: pa.Table) -> bytes:
     queues = table["queue_id"].to_numpy()
     changes = np.nonzero((topics[1:] != topics[:-1]) | (queues[1:] != queues[:-1]))[0] + 1
     sink = io.BytesIO()
-    with pq.ParquetWriter(sink, MESSAGE_SCHEMA, compression=STAGING_COMPRESSION, write_statistics=True,
+    with pq.ParquetWriter(sink, MESSAGE_SCHEMA, compression=STAGING_COMPRESSION, write_statistics=STAGING_STATISTICS,
                           use_dictionary=DICTIONARY_COLUMNS) as writer:
         start = 0
         for end in [*changes.tolist(), table.num_rows]:
