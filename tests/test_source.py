@@ -205,7 +205,7 @@ def test_a_small_batch_waits_for_bytes_or_its_delay_and_a_drain_never_waits(log_
 def test_a_batch_near_the_head_holds_follow_bytes_and_a_catch_up_takes_max_bytes(log_dir):
     """followBytesPerTrigger: while at most 4 times it is past a batch's start, the batch holds at
     most that many bytes (the driver stages it); a larger backlog is a catch-up, up to
-    maxBytesPerTrigger; without a byte cap (ReadAllAvailable) nothing is held."""
+    maxBytesPerTrigger; without a byte cap (ReadAllAvailable), or in a drain, nothing is held."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
     from streaming.source import CommitLogStreamReader
@@ -231,3 +231,8 @@ def test_a_batch_near_the_head_holds_follow_bytes_and_a_catch_up_takes_max_bytes
         near = r.scan(first, max_bytes=near - first).end
     assert reader.latestOffset({"phy_offset": near}, ReadMaxBytes(backlog))["phy_offset"] - near <= small + 200
     assert reader.latestOffset(start, ReadAllAvailable())["phy_offset"] == head
+    # A drain (availableNow: --until-caught-up) follows no head: its last batch is not held either.
+    drain = CommitLogStreamReader(SourceOptions.parse(
+        {"path": log_dir, "maxBytesPerTrigger": str(backlog), "followBytesPerTrigger": str(small)}))
+    drain.prepareForTriggerAvailableNow()
+    assert drain.latestOffset({"phy_offset": near}, ReadMaxBytes(backlog))["phy_offset"] == head
