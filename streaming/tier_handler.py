@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 import pyarrow as pa
 
+from connectors.errors import TierlogError
 from connectors.tier.stage_pool import StagePool
 from connectors.tier.staging import CommitLogGaps, StagedPart, StageSettings, stage, stage_range
 from connectors.tables.catalog import TableSettings
@@ -127,6 +128,23 @@ class TieringHandler:
             if settings.stage_processes else None
         self._maintenance = ThreadPoolExecutor(1, thread_name_prefix="tier-maintain", initializer=name_native)
         self._maintained: Future | None = None  # the last batch's maintenance: (seals, seconds)
+
+    def warm_if_behind(self) -> None:
+        """Start the staging processes now when the log holds more past the tier's end than the
+        driver stages in one batch: the first batch is then theirs, and their start runs beside
+        Spark's planning of it instead of inside its stage."""
+        if self.pool is None:
+            return
+        floor = self.writer.source_end or 0
+        try:
+            with self.settings.stage.reader.open(check_crc=False) as reader:
+                first = reader.first_offset()
+                behind = reader.end_offset(floor if floor > first else None) - max(floor, first)
+        except TierlogError as exc:  # the run's own reads meet it again, and say so
+            log.debug("not warming the staging processes: %s", exc)
+            return
+        if behind > self.settings.driver_stage_bytes:
+            self.pool.warm()
 
     def process(self, batch: Batch) -> None:
         name_native("tiering")  # py4j's callback thread, for the cost ledger

@@ -109,3 +109,19 @@ def test_a_corrupt_record_is_raised_as_the_stager_raised_it_and_close_ends_the_p
     for p in processes:
         p.join(timeout=10)
     assert not any(p.is_alive() for p in processes)
+
+
+def test_warm_starts_every_process_before_a_batch_and_the_batch_stages_in_them(tmp_path):
+    log_dir, written = make_log(tmp_path)
+    location = str(tmp_path / "tier")
+    pool = StagePool(StageSettings(location=location, reader=ReaderOptions(log_dir)), 2, split_bytes=100_000)
+    try:
+        pool.warm()
+        started = set(pool._pool._processes)
+        assert len(started) == 2, "one process a task, started without waiting for a batch"
+        parts, records = pool.stage(written[0].phy_offset, written[-1].phy_offset + written[-1].size)
+        assert set(pool._pool._processes) == started and pool.restarts == 0
+    finally:
+        pool.close()
+    assert records == len(written)
+    assert staged_rows(location, parts) == expected_rows(written)

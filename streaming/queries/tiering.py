@@ -40,6 +40,9 @@ class TieringQuery(Query):
         self.batches = self.rows = self.bytes = 0
         self._log_reader: CommitLogReader | None = None  # kept open: it remembers the frontier
 
+    def start(self, committed_end: int | None) -> None:
+        self.handler.warm_if_behind()
+
     def stream(self, spark):
         return refs_stream(spark, self.ctx.source_options)
 
