@@ -129,17 +129,23 @@ class TieringHandler:
         self._maintenance = ThreadPoolExecutor(1, thread_name_prefix="tier-maintain", initializer=name_native)
         self._maintained: Future | None = None  # the last batch's maintenance: (seals, seconds)
 
-    def warm_if_behind(self) -> None:
-        """Start the staging processes now when the log holds more past the tier's end than the
-        driver stages in one batch: the first batch is then theirs, and their start runs beside
-        Spark's planning of it instead of inside its stage."""
-        if self.pool is None:
-            return
-        floor = self.writer.source_end or 0
+    def warm_if_behind(self, resume: int | None = None, starting_offset: str = "earliest") -> None:
+        """Start the staging processes now when the log holds more past where tiering resumes than
+        the driver stages in one batch: the first batch is then theirs, and their start runs beside
+        Spark's planning of it instead of inside its stage.  ``resume``: where the stream's
+        checkpoint ends (None: a new stream, which begins at ``starting_offset``, the
+        ``source.starting_offset``); never below the tier's end, whose rows are not staged again."""
+        if self.pool is None or (resume is None and starting_offset == "latest"):
+            return  # a new stream at the head follows it: it may never need them
+        try:
+            begin = resume if resume is not None else int(starting_offset)
+        except ValueError:  # earliest
+            begin = 0
+        begin = max(begin, self.writer.source_end or 0)
         try:
             with self.settings.stage.reader.open(check_crc=False) as reader:
-                first = reader.first_offset()
-                behind = reader.end_offset(floor if floor > first else None) - max(floor, first)
+                begin = max(begin, reader.first_offset())
+                behind = reader.end_offset() - begin
         except TierlogError as exc:  # the run's own reads meet it again, and say so
             log.debug("not warming the staging processes: %s", exc)
             return

@@ -334,3 +334,40 @@ def test_a_clean_stop_deletes_what_is_past_its_grace_and_a_failed_delete_does_no
     finally:
         handler.close()
         run.store.close()
+
+
+def test_the_staging_processes_start_with_the_query_only_when_it_starts_behind(tmp_path):
+    """``TieringHandler.warm_if_behind``: the processes start before any batch when more than the
+    driver stages in one batch lies past where tiering resumes (the checkpoint's end, else
+    ``source.starting_offset``, never below the tier's end); a stream that starts at the head, or
+    resumes there, never starts them."""
+    from streaming.tier_handler import TieringHandler, TieringSettings
+
+    run = Run(tmp_path, messages=240, seed=5, faults=Faults())
+    run.writer.close()
+    end = run.written[-1].phy_offset + run.written[-1].size
+    half = run.written[len(run.written) // 2].phy_offset
+    cases = [((None, "earliest"), True), ((None, "latest"), False), ((None, str(half)), True),
+             ((end, "earliest"), False), ((half, "earliest"), True)]
+    try:
+        for (resume, starting), warmed in cases:
+            handler = TieringHandler(TieringSettings(run.stage_settings, run.settings,
+                                                     driver_stage_bytes=(end - half) // 2, stage_processes=2),
+                                     run.store)
+            try:
+                handler.warm_if_behind(resume, starting)
+                assert (handler.pool._pool is not None) == warmed, (resume, starting)
+            finally:
+                handler.close()
+        # Below the tier's end nothing is staged again: a tier that holds the whole log starts none.
+        handler = TieringHandler(TieringSettings(run.stage_settings, run.settings,
+                                                 driver_stage_bytes=(end - half) // 2, stage_processes=2), run.store)
+        try:
+            handler.writer.commit(0, run.parts(0, len(run.written), 2, random.Random(5)), run.gaps.between)
+            assert handler.writer.source_end == end
+            handler.warm_if_behind(None, "earliest")
+            assert handler.pool._pool is None
+        finally:
+            handler.close()
+    finally:
+        run.store.close()

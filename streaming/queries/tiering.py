@@ -41,7 +41,7 @@ class TieringQuery(Query):
         self._log_reader: CommitLogReader | None = None  # kept open: it remembers the frontier
 
     def start(self, committed_end: int | None) -> None:
-        self.handler.warm_if_behind()
+        self.handler.warm_if_behind(committed_end, str(self.ctx.conf.source.starting_offset))
 
     def stream(self, spark):
         return refs_stream(spark, self.ctx.source_options)
