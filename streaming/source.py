@@ -203,6 +203,16 @@ def plan_partitions(reader: CommitLogReader, start: int, end: int, split_bytes: 
     return to_partitions(start, reader.scan(start, end, split_bytes=split_bytes).splits, end)
 
 
+def starting_offset(reader: CommitLogReader, start: str) -> int:
+    """Where a stream with a new checkpoint starts (``startingOffset``: earliest, latest or a
+    physical offset, as ``SourceOptions.parse`` checked it)."""
+    if start == "earliest":
+        return reader.first_offset()
+    if start == "latest":
+        return reader.end_offset()
+    return int(start)
+
+
 def to_partitions(start: int, splits: tuple[int, ...], end: int) -> list[CommitLogPartition]:
     cuts = [start, *splits, end]
     return [CommitLogPartition(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
@@ -252,14 +262,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return self._reader
 
     def initialOffset(self) -> dict:
-        start = self.opts.starting_offset
-        if start == "earliest":
-            offset = self.reader.first_offset()
-        elif start == "latest":
-            offset = self.reader.end_offset()
-        else:
-            offset = int(start)
-        return {"phy_offset": offset}
+        return {"phy_offset": starting_offset(self.reader, self.opts.starting_offset)}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_records:

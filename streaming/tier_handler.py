@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 import pyarrow as pa
 
-from connectors.errors import TierlogError
 from connectors.tier.stage_pool import StagePool
 from connectors.tier.staging import CommitLogGaps, StagedPart, StageSettings, stage, stage_range
 from connectors.tables.catalog import TableSettings
@@ -129,27 +128,12 @@ class TieringHandler:
         self._maintenance = ThreadPoolExecutor(1, thread_name_prefix="tier-maintain", initializer=name_native)
         self._maintained: Future | None = None  # the last batch's maintenance: (seals, seconds)
 
-    def warm_if_behind(self, resume: int | None = None, starting_offset: str = "earliest") -> None:
-        """Start the staging processes now when the log holds more past where tiering resumes than
+    def warm_if_behind(self, begin: int, end: int) -> None:
+        """Start the staging processes now when tiering resumes at ``begin`` with the log's end at
+        ``end`` and more lies between (above the tier's end, whose rows are not staged again) than
         the driver stages in one batch: the first batch is then theirs, and their start runs beside
-        Spark's planning of it instead of inside its stage.  ``resume``: where the stream's
-        checkpoint ends (None: a new stream, which begins at ``starting_offset``, the
-        ``source.starting_offset``); never below the tier's end, whose rows are not staged again."""
-        if self.pool is None or (resume is None and starting_offset == "latest"):
-            return  # a new stream at the head follows it: it may never need them
-        try:
-            begin = resume if resume is not None else int(starting_offset)
-        except ValueError:  # earliest
-            begin = 0
-        begin = max(begin, self.writer.source_end or 0)
-        try:
-            with self.settings.stage.reader.open(check_crc=False) as reader:
-                begin = max(begin, reader.first_offset())
-                behind = reader.end_offset() - begin
-        except TierlogError as exc:  # the run's own reads meet it again, and say so
-            log.debug("not warming the staging processes: %s", exc)
-            return
-        if behind > self.settings.driver_stage_bytes:
+        Spark's planning of it instead of inside its stage."""
+        if self.pool is not None and end - max(begin, self.writer.source_end or 0) > self.settings.driver_stage_bytes:
             self.pool.warm()
 
     def process(self, batch: Batch) -> None:

@@ -341,6 +341,7 @@ def test_the_staging_processes_start_with_the_query_only_when_it_starts_behind(t
     driver stages in one batch lies past where tiering resumes (the checkpoint's end, else
     ``source.starting_offset``, never below the tier's end); a stream that starts at the head, or
     resumes there, never starts them."""
+    from streaming.source import starting_offset
     from streaming.tier_handler import TieringHandler, TieringSettings
 
     run = Run(tmp_path, messages=240, seed=5, faults=Faults())
@@ -349,25 +350,31 @@ def test_the_staging_processes_start_with_the_query_only_when_it_starts_behind(t
     half = run.written[len(run.written) // 2].phy_offset
     cases = [((None, "earliest"), True), ((None, "latest"), False), ((None, str(half)), True),
              ((end, "earliest"), False), ((half, "earliest"), True)]
+
+    def resumes_at(resume, starting) -> int:  # as TieringQuery.start finds it
+        with ReaderOptions(run.log_dir).open(check_crc=False) as reader:
+            return resume if resume is not None else starting_offset(reader, starting)
+
+    def handler() -> TieringHandler:
+        return TieringHandler(TieringSettings(run.stage_settings, run.settings, driver_stage_bytes=(end - half) // 2,
+                                              stage_processes=2), run.store)
+
     try:
         for (resume, starting), warmed in cases:
-            handler = TieringHandler(TieringSettings(run.stage_settings, run.settings,
-                                                     driver_stage_bytes=(end - half) // 2, stage_processes=2),
-                                     run.store)
+            h = handler()
             try:
-                handler.warm_if_behind(resume, starting)
-                assert (handler.pool._pool is not None) == warmed, (resume, starting)
+                h.warm_if_behind(resumes_at(resume, starting), end)
+                assert (h.pool._pool is not None) == warmed, (resume, starting)
             finally:
-                handler.close()
+                h.close()
         # Below the tier's end nothing is staged again: a tier that holds the whole log starts none.
-        handler = TieringHandler(TieringSettings(run.stage_settings, run.settings,
-                                                 driver_stage_bytes=(end - half) // 2, stage_processes=2), run.store)
+        h = handler()
         try:
-            handler.writer.commit(0, run.parts(0, len(run.written), 2, random.Random(5)), run.gaps.between)
-            assert handler.writer.source_end == end
-            handler.warm_if_behind(None, "earliest")
-            assert handler.pool._pool is None
+            h.writer.commit(0, run.parts(0, len(run.written), 2, random.Random(5)), run.gaps.between)
+            assert h.writer.source_end == end
+            h.warm_if_behind(resumes_at(None, "earliest"), end)
+            assert h.pool._pool is None
         finally:
-            handler.close()
+            h.close()
     finally:
         run.store.close()

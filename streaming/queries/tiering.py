@@ -12,6 +12,7 @@ from connectors.sinks import TIER
 from connectors.errors import TierlogError
 from streaming import config as cfg
 from streaming.queries.base import Batch, Query, RunContext
+from streaming.source import starting_offset
 from streaming.tier_handler import BatchReport, TieringSettings, TieringHandler, refs_stream
 
 log = logging.getLogger("tierlog.service")
@@ -41,7 +42,18 @@ class TieringQuery(Query):
         self._log_reader: CommitLogReader | None = None  # kept open: it remembers the frontier
 
     def start(self, committed_end: int | None) -> None:
-        self.handler.warm_if_behind(committed_end, str(self.ctx.conf.source.starting_offset))
+        """Warm the staging processes when tiering resumes behind (``TieringHandler.warm_if_behind``):
+        from its checkpoint's end, else from ``source.starting_offset``."""
+        try:
+            reader = self._reader()
+            begin = committed_end if committed_end is not None else starting_offset(
+                reader, str(self.ctx.conf.source.starting_offset))
+            end = reader.end_offset()
+            begin = max(begin, reader.first_offset())
+        except TierlogError as exc:  # the run's own reads meet it again, and say so
+            log.debug("not warming the staging processes: %s", exc)
+            return
+        self.handler.warm_if_behind(begin, end)
 
     def stream(self, spark):
         return refs_stream(spark, self.ctx.source_options)
@@ -92,12 +104,16 @@ class TieringQuery(Query):
         if not report.replay:
             m.objects.labels("commit_record").inc()
 
-    def _frontier(self, hint: int | None) -> int:
-        """The commitlog's end, for the lag in the batch line; 0 when it cannot be read."""
-        conf = self.ctx.conf
+    def _reader(self) -> CommitLogReader:
+        """The query's own header reader, kept open: it remembers the frontier between walks."""
         if self._log_reader is None:
             self._log_reader = self.ctx.settings.reader.open(check_crc=False)
+        return self._log_reader
+
+    def _frontier(self, hint: int | None) -> int:
+        """The commitlog's end, for the lag in the batch line; 0 when it cannot be read."""
+        reader = self._reader()
         try:
-            return self._log_reader.end_offset(hint)
+            return reader.end_offset(hint)
         except TierlogError:
             return 0
