@@ -58,6 +58,36 @@ FEED_DDL = "phy_offset bigint"
 log = logging.getLogger("tierlog.feed")
 
 
+SCRATCH_PREFIX = "tierlog-feed-"  # then the owning process's pid, "-", and mkdtemp's own suffix
+
+
+def _scratch_dir(root: str | None = None) -> str:
+    """A new scratch directory for a secondary's own files, after removing those of processes that
+    have ended.  Why: Spark ends the Python process that runs a streaming source without waiting for
+    its ``stop()``, so the ``close`` below rarely ran: one test suite left over a thousand of them in
+    /tmp, and a service one a restart."""
+    root = root or tempfile.gettempdir()
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        entries = []
+    for entry in entries:
+        owner = entry.name[len(SCRATCH_PREFIX):].split("-", 1)[0] if entry.name.startswith(SCRATCH_PREFIX) else ""
+        if owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(entry.path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=root)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
 class _Listing:
     """The metadata store's feed, read as a RocksDB secondary instance that catches up with the
     running service on each call: a read-only open would replay the store's whole WAL every trigger."""
@@ -74,7 +104,7 @@ class _Listing:
         from state.rocks import open_rdict
 
         for attempt in range(attempts):
-            self.scratch = tempfile.mkdtemp(prefix="tierlog-feed-")
+            self.scratch = _scratch_dir()
             try:
                 self.db = open_rdict(self.path, secondary=self.scratch)
                 return

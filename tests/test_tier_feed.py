@@ -344,3 +344,29 @@ def test_the_tierfeed_partitions_group_staging_objects_and_read_every_message_on
         else:
             assert [p.batches for p in shared] == [p.batches for p in parts]
     run.close()
+
+
+def test_a_secondarys_scratch_directory_removes_those_of_processes_that_have_ended(tmp_path):
+    """Spark ends the process running a streaming source without waiting for its ``stop()``, so the
+    scratch directories of the feed's secondaries are removed by the next one opened, by owner pid."""
+    import subprocess
+    import sys
+
+    from streaming.feed_source import SCRATCH_PREFIX, _scratch_dir
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    living = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        names = {"ended": f"{SCRATCH_PREFIX}{int(ended.stdout)}-abc", "living": f"{SCRATCH_PREFIX}{living.pid}-def",
+                 "own": f"{SCRATCH_PREFIX}{os.getpid()}-ghi", "no owner": f"{SCRATCH_PREFIX}x1y2",
+                 "not ours": "other-123-abc"}
+        for name in names.values():
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "LOG").write_text("RocksDB's info log")
+        made = _scratch_dir(str(tmp_path))
+        left = {p.name for p in tmp_path.iterdir()}
+        assert left == {n for k, n in names.items() if k != "ended"} | {os.path.basename(made)}
+        assert os.path.basename(made).startswith(f"{SCRATCH_PREFIX}{os.getpid()}-")
+    finally:
+        living.kill()
+        living.wait()
