@@ -63,7 +63,7 @@ from pyspark.sql.streaming.datasource import (
 
 from connectors.commitlog.arrow import MESSAGE_DDL, project_ddl
 from streaming.hold import BatchHold
-from connectors.commitlog.reader import ON_CORRUPT, ON_MISSING, CommitLogReader, ReaderOptions
+from connectors.commitlog.reader import ON_CORRUPT, ON_MISSING, CommitLogReader, ReaderOptions, ScanResult
 from connectors.errors import ConfigError
 from connectors.task_cpu import counted
 
@@ -213,6 +213,40 @@ def starting_offset(reader: CommitLogReader, start: str) -> int:
     return int(start)
 
 
+def batch_scan(reader: CommitLogReader, opts: SourceOptions, begin: int, target: int | None,
+               max_records: int | None, max_bytes: int | None, draining: bool) -> ScanResult:
+    """The header walk of the batch that starts at ``begin``, as ``latestOffset`` cuts it: at most
+    ``max_records`` and ``max_bytes`` (``follow_cap``), never past ``target``, with its splits."""
+    max_bytes = follow_cap(reader, begin, max_bytes, None if draining else opts.follow_bytes)
+    return reader.scan(begin, target, max_records=max_records, max_bytes=max_bytes, split_bytes=opts.partition_bytes)
+
+
+def expected_batch(reader: CommitLogReader, opts: SourceOptions, begin: int, draining: bool) -> ScanResult:
+    """The batch a stream under its default read limit would run from ``begin`` with the log as it
+    is now: a later call of ``latestOffset`` cuts the same batch, or a shorter one when a drain's
+    end (fixed when it began) comes first, or, following the head, a longer one when the log has
+    grown.  Only its splits before the end are sure: a split depends on nothing past it."""
+    return batch_scan(reader, opts, begin, None, opts.max_records, opts.max_bytes, draining)
+
+
+def follow_cap(reader: CommitLogReader, begin: int, max_bytes: int | None, follow: int | None) -> int | None:
+    """``max_bytes`` held to ``follow`` (``followBytesPerTrigger``) while the stream follows the
+    log's head.
+
+    Why: tiering stages a batch within ``source.partition_bytes`` on the driver, a larger one in
+    Spark's tasks at more CPU a message. At 25,000 msgs/s of 1 KiB with everything on, a batch
+    that ran long let the next grow past it, into Spark's tasks, and the tier fell further
+    behind; held to 32 MiB, tier p99 2.60 / 2.68 s against 3.80 s. But a catch-up in 32 MiB
+    batches ran at half the rate of 256 MiB ones (docs/benchmarks.md), hence the 4x bound.
+
+    A drain (availableNow, ``--until-caught-up``) follows no head, so its caller passes no
+    ``follow``: it stops at an end fixed when it began, so its last batches are as large as its
+    first.  Held, its last 128 MiB went in four batches the driver staged on one core."""
+    if not follow or max_bytes is None or max_bytes <= follow:
+        return max_bytes  # no cap (ReadAllAvailable) stays none
+    return follow if reader.end_offset() - begin <= FOLLOW_BACKLOG * follow else max_bytes
+
+
 def to_partitions(start: int, splits: tuple[int, ...], end: int) -> list[CommitLogPartition]:
     cuts = [start, *splits, end]
     return [CommitLogPartition(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
@@ -286,31 +320,12 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         # Nothing to read returns ``start`` itself: Spark runs a batch whenever the offset differs.
         if self._target is not None and begin >= self._target:
             return start
-        max_bytes = self._follow_cap(begin, max_bytes)
-        result = self.reader.scan(begin, self._target, max_records=max_records, max_bytes=max_bytes,
-                                  split_bytes=self.opts.partition_bytes)
+        result = batch_scan(self.reader, self.opts, begin, self._target, max_records, max_bytes,
+                            draining=self._target is not None)
         if result.end <= begin or self._hold.held_back(begin, result.end, draining=self._target is not None):
             return start
         self._planned = (begin, result.end, result.splits)  # partitions() of this range needs no second walk
         return {"phy_offset": result.end, "from": begin}
-
-    def _follow_cap(self, begin: int, max_bytes: int | None) -> int | None:
-        """``max_bytes`` held to ``followBytesPerTrigger`` while the stream follows the log's head.
-
-        Why: tiering stages a batch within ``source.partition_bytes`` on the driver, a larger one in
-        Spark's tasks at more CPU a message. At 25,000 msgs/s of 1 KiB with everything on, a batch
-        that ran long let the next grow past it, into Spark's tasks, and the tier fell further
-        behind; held to 32 MiB, tier p99 2.60 / 2.68 s against 3.80 s. But a catch-up in 32 MiB
-        batches ran at half the rate of 256 MiB ones (docs/benchmarks.md), hence the 4x bound.
-
-        A drain (availableNow, ``--until-caught-up``) follows no head: it stops at an end fixed when
-        it began, so its last batches are as large as its first.  Held, its last 128 MiB went in
-        four batches the driver staged on one core."""
-        follow = self.opts.follow_bytes
-        if not follow or max_bytes is None or max_bytes <= follow or self._target is not None:
-            return max_bytes  # no cap (ReadAllAvailable) stays none
-        head = self.reader.end_offset()
-        return follow if head - begin <= FOLLOW_BACKLOG * follow else max_bytes
 
     def reportLatestOffset(self) -> dict:
         return {"phy_offset": self.reader.end_offset()}

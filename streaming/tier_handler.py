@@ -10,7 +10,10 @@ Per micro-batch (``TieringHandler.process``):
    from the batch's offset range, with no Spark job: the job's own cost, about 0.3 s on 2 cores,
    was most of a small batch's time, so of a message's time to become visible.  A larger one
    (catching up), under a local Spark master, is cut the same way and staged by the driver's own
-   processes, one a core (``tier.stage_in_processes``; ``connectors.tier.stage_pool``).
+   processes, one a core (``tier.stage_in_processes``; ``connectors.tier.stage_pool``), which
+   stage the batch expected next behind it (``expect``; the first one from the query's start), so
+   Spark's steps between batches no longer leave both cores waiting; a guess a batch does not
+   hold is deleted before that batch stages anything.
 2. **commit**, then **maintain** (driver): ``connectors.tier.writer.TierWriter`` does both; this
    module adds only what needs Spark, the batch's timing and its report, and runs the maintenance
    beside the next batch's stage.
@@ -26,7 +29,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -116,7 +119,8 @@ class TieringHandler:
     the last one done, and its seals and seconds are in that batch's report.
     """
 
-    def __init__(self, settings: TieringSettings, metadata, on_batch=None):
+    def __init__(self, settings: TieringSettings, metadata, on_batch=None,
+                 expect: Callable[[int], tuple[int, tuple[int, ...]]] | None = None):
         self.settings = settings
         self.writer = TierWriter(settings.writer, metadata, tables=open_tables(settings))
         self.gaps = CommitLogGaps(settings.stage.reader)
@@ -127,14 +131,42 @@ class TieringHandler:
             if settings.stage_processes else None
         self._maintenance = ThreadPoolExecutor(1, thread_name_prefix="tier-maintain", initializer=name_native)
         self._maintained: Future | None = None  # the last batch's maintenance: (seals, seconds)
+        self.expect = expect  # begin -> (end, splits) of the batch the stream is expected to run from there
+        self._expected: tuple[int, int, list] | None = None  # that batch's begin, end and ranges, as last asked
 
-    def warm_if_behind(self, begin: int, end: int) -> None:
-        """Start the staging processes now when tiering resumes at ``begin`` with the log's end at
-        ``end`` and more lies between (above the tier's end, whose rows are not staged again) than
-        the driver stages in one batch: the first batch is then theirs, and their start runs beside
-        Spark's planning of it instead of inside its stage."""
-        if self.pool is not None and end - max(begin, self.writer.source_end or 0) > self.settings.driver_stage_bytes:
+    def start_behind(self, begin: int, end: int) -> None:
+        """When tiering resumes at ``begin`` with the log's end at ``end`` and more lies between
+        (above the tier's end, whose rows are not staged again) than the driver stages in one batch,
+        start staging the first batch now (``expect``), else at least the staging processes: Spark
+        plans that batch meanwhile, about 2 s of a first batch's 4 s before it reaches
+        :meth:`process` (docs/benchmarks.md)."""
+        begin = max(begin, self.writer.source_end or 0)
+        if self.pool is None or end - begin <= self.settings.driver_stage_bytes:
+            return
+        ranges = self._ranges_expected(begin)
+        if ranges:
+            self.pool.stage_ahead(ranges)
+        else:
             self.pool.warm()
+
+    def _ranges_expected(self, begin: int) -> list[tuple[int, int]]:
+        """The ranges the staging processes would be handed for the batch expected from ``begin``;
+        none when there is no such guess or the driver would stage that batch itself.  Staged ahead,
+        a batch that turns out otherwise only costs the staging of the ranges it does not hold
+        (``StagePool.drop_ahead``)."""
+        if self.expect is None:
+            return []
+        try:
+            end, splits = self.expect(begin)
+        except Exception as exc:  # noqa: BLE001 - only a guess: the batch itself meets what failed here
+            log.debug("no batch expected from commitlog offset %d: %s", begin, exc)
+            return []
+        if end - begin <= self.settings.driver_stage_bytes:
+            return []
+        cuts = [begin, *splits, end]
+        ranges = [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+        self._expected = (begin, end, ranges)
+        return ranges
 
     def process(self, batch: Batch) -> None:
         name_native("tiering")  # py4j's callback thread, for the cost ledger
@@ -176,21 +208,26 @@ class TieringHandler:
     def _stage_on_driver(self, batch: Batch, floor: int) -> tuple[list[StagedPart], int, str] | None:
         """The batch's parts staged from its offset range without a Spark job, the records read and
         who staged them: the driver itself when the batch fits in ``driver_stage_bytes``, else the
-        stage pool's processes.  None when Spark's tasks should stage it (the settings off, or the
+        stage pool's processes, which take what they staged ahead for exactly its ranges.  None when Spark's tasks should stage it (the settings off, or the
         range not known: an offset log Spark purged, or a checkpoint from before the offset log
         recorded batch starts)."""
-        if batch.start is None:
+        expected, self._expected = self._expected, None
+        start = None if batch.start is None else max(batch.start, floor)  # below the floor: tiered already
+        limit = self.settings.driver_stage_bytes
+        if self.pool is not None and start is not None and batch.end - start > limit:
+            ranges = expected[2] if expected is not None and expected[:2] == (start, batch.end) else None
+            parts, records = self.pool.stage(start, batch.end, ahead=lambda: self._ranges_expected(batch.end),
+                                             ranges=ranges)
+            return parts, records, "processes"
+        if self.pool is not None:
+            self.pool.drop_ahead()  # before anything of this batch is staged: a guess may share a name
+        if start is None:
             return None
-        start = max(batch.start, floor)  # below the floor: tiered already (a replay)
         if batch.end <= start:
             return [], 0, "driver"
-        limit = self.settings.driver_stage_bytes
         if limit and batch.end - start <= limit:
             part, records = stage_range(self.settings.stage, start, batch.end)
             return ([part] if part is not None else []), records, "driver"
-        if self.pool is not None:
-            parts, records = self.pool.stage(start, batch.end)
-            return parts, records, "processes"
         return None
 
     def _maintain(self) -> tuple[int, float]:

@@ -125,3 +125,55 @@ def test_warm_starts_every_process_before_a_batch_and_the_batch_stages_in_them(t
         pool.close()
     assert records == len(written)
     assert staged_rows(location, parts) == expected_rows(written)
+
+
+def test_ranges_staged_ahead_are_taken_by_a_batch_that_holds_them_and_the_others_deleted_before_it_stages(tmp_path):
+    """A batch takes what was staged ahead for exactly its ranges; a guessed range it does not hold
+    is deleted before the batch stages, even one starting where the batch's last range starts (the
+    same object name): every object left is a part of a batch, and holds what the ledger wrote."""
+    import time
+
+    log_dir, written = make_log(tmp_path)
+    location = str(tmp_path / "tier")
+    begin, end = written[0].phy_offset, written[-1].phy_offset + written[-1].size
+    pool = StagePool(StageSettings(location=location, reader=ReaderOptions(log_dir)), 2, split_bytes=100_000)
+    try:
+        guessed = pool.ranges(begin, end)
+        assert len(guessed) > 4
+        pool.stage_ahead(guessed)  # the guess: the whole log in one batch
+        while not all(f.done() for f in pool._ahead.values()):
+            time.sleep(0.05)
+        assert len(objects(location)) == len(guessed), "the guess was staged"
+        # The batch Spark runs ends inside the guess's third range.
+        inside = next(m for m in written if guessed[2][0] < m.phy_offset)
+        first, _ = pool.stage(begin, inside.phy_offset)
+        assert (pool.ahead_used, pool.ahead_dropped) == (2, len(guessed) - 2)
+        assert objects(location) == {p.name for p in first}, "what no batch holds is deleted"
+        assert staged_rows(location, first) == [r for r in expected_rows(written) if r["phy_offset"] < inside.phy_offset]
+        second, records = pool.stage(inside.phy_offset, end)
+    finally:
+        pool.close()
+    assert objects(location) == {p.name for p in first + second}
+    assert staged_rows(location, first + second) == expected_rows(written)
+    assert records == sum(1 for m in written if m.phy_offset >= inside.phy_offset)
+
+
+def test_close_deletes_what_was_staged_ahead_for_a_batch_that_never_ran(tmp_path):
+    log_dir, written = make_log(tmp_path, messages=600)
+    location = str(tmp_path / "tier")
+    pool = StagePool(StageSettings(location=location, reader=ReaderOptions(log_dir)), 2, split_bytes=20_000)
+    try:
+        guessed = pool.ranges(written[0].phy_offset, written[-1].phy_offset + written[-1].size)
+        pool.stage_ahead(guessed)
+        next(iter(pool._ahead.values())).result()  # at least one staged its object
+    finally:
+        pool.close()
+    assert pool.ahead_dropped == len(guessed) and not objects(location)
+
+
+def objects(location: str) -> set[str]:
+    backend = open_backend(location)
+    try:
+        return {o.name for o in backend.list("") if "staging" in o.name}
+    finally:
+        backend.close()

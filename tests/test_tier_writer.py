@@ -337,7 +337,7 @@ def test_a_clean_stop_deletes_what_is_past_its_grace_and_a_failed_delete_does_no
 
 
 def test_the_staging_processes_start_with_the_query_only_when_it_starts_behind(tmp_path):
-    """``TieringHandler.warm_if_behind``: the processes start before any batch when more than the
+    """``TieringHandler.start_behind``: the processes start before any batch when more than the
     driver stages in one batch lies past where tiering resumes (the checkpoint's end, else
     ``source.starting_offset``, never below the tier's end); a stream that starts at the head, or
     resumes there, never starts them."""
@@ -363,7 +363,7 @@ def test_the_staging_processes_start_with_the_query_only_when_it_starts_behind(t
         for (resume, starting), warmed in cases:
             h = handler()
             try:
-                h.warm_if_behind(resumes_at(resume, starting), end)
+                h.start_behind(resumes_at(resume, starting), end)
                 assert (h.pool._pool is not None) == warmed, (resume, starting)
             finally:
                 h.close()
@@ -372,9 +372,60 @@ def test_the_staging_processes_start_with_the_query_only_when_it_starts_behind(t
         try:
             h.writer.commit(0, run.parts(0, len(run.written), 2, random.Random(5)), run.gaps.between)
             assert h.writer.source_end == end
-            h.warm_if_behind(resumes_at(None, "earliest"), end)
+            h.start_behind(resumes_at(None, "earliest"), end)
             assert h.pool._pool is None
         finally:
             h.close()
     finally:
         run.store.close()
+
+
+def test_batches_take_what_was_staged_ahead_and_a_wrong_guess_leaves_no_object_behind(tmp_path):
+    """``TieringHandler`` stages the first batch ahead from where the query starts, and each next
+    batch while one stages (``expect``: the batch the stream is expected to run).  The stream here
+    runs one batch as guessed, then one half as long, one the driver stages, then the rest: the
+    tier equals the ledger, and every staging object left is one the tier holds or will delete."""
+    from types import SimpleNamespace
+
+    from streaming.tier_handler import TieringHandler, TieringSettings
+
+    run = Run(tmp_path, messages=900, seed=9, faults=Faults())
+    run.writer.close()
+    first, end = run.written[0].phy_offset, run.written[-1].phy_offset + run.written[-1].size
+    guess, split = (end - first) // 3, (end - first) // 20
+
+    def expect(begin: int):
+        with ReaderOptions(run.log_dir).open(check_crc=False) as reader:
+            scan = reader.scan(begin, None, max_bytes=guess, split_bytes=split)
+        return scan.end, scan.splits
+
+    def boundary(at: int) -> int:  # the first record at or after ``at``
+        return next((m.phy_offset for m in run.written if m.phy_offset >= at), end)
+
+    b0 = expect(first)[0]
+    b1 = boundary(b0 + guess // 2)
+    b2 = boundary(b1 + split // 4)
+    assert first < b0 < b1 < b2 < end
+    h = TieringHandler(TieringSettings(run.stage_settings, run.settings, driver_stage_bytes=split // 2,
+                                       stage_processes=2, split_bytes=split), run.store, expect=expect)
+    try:
+        h.start_behind(first, end)
+        assert h.pool._ahead, "the first batch was staged ahead"
+        staged_by = []
+        h.on_batch = lambda report: staged_by.append(report.staged_by)
+        for i, (a, b) in enumerate([(first, b0), (b0, b1), (b1, b2), (b2, end)]):
+            h.process(SimpleNamespace(df=None, batch_id=i, start=a, end=b))
+        h.flush()
+        assert staged_by == ["processes", "processes", "driver", "processes"]
+        assert h.pool.ahead_used > 0 and h.pool.ahead_dropped > 0
+    finally:
+        h.close()
+    assert_tier_equals_ledger(run)
+    committed = TierReader(run.location).committed()
+    backend = open_backend(run.location)
+    try:
+        listed = {o.name for o in backend.list("") if "staging" in o.name}
+    finally:
+        backend.close()
+    assert not listed - set(committed.staging) - set(run.store.pending_deletes())
+    run.store.close()

@@ -16,6 +16,10 @@ Contract:
   started again and the batch staged again, once.  A second death is a :class:`StagePoolError`.
 - An error a stager raises (a corrupt record, a missing file) is raised here as it was raised
   there, so it names the file and offset.
+- Ranges staged ahead (:meth:`stage_ahead`, for a batch expected next) are used only by a batch
+  that holds exactly that range; any other is cancelled, or waited for and its object deleted,
+  before the batch's own ranges are handed out, so no object a batch stages is ever written or
+  deleted under it by a guess (a guessed range and a batch's may start at one offset, one name).
 - The processes ignore SIGINT and SIGTERM, which reach a terminal's whole process group: the
   caller stops gracefully and then calls :meth:`close`.  They end within a second of the caller's
   process, however it ended.
@@ -30,10 +34,12 @@ import pickle
 import signal
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Callable
 from concurrent.futures.process import BrokenProcessPool
 
 from connectors.errors import TierlogError
+from connectors.tier.backend import open_backend
 from connectors.tier.staging import StagedPart, StageSettings, stage_range
 
 log = logging.getLogger("tierlog.tier")
@@ -93,7 +99,9 @@ class StagePool:
         self._lock = threading.Lock()
         self._pool: ProcessPoolExecutor | None = None
         self._closed = False
+        self._ahead: dict[tuple[int, int], Future] = {}  # range -> its stage, started for a batch expected next
         self.restarts = 0
+        self.ahead_used = self.ahead_dropped = 0  # ranges staged ahead that a batch took, and that none did
 
     def _executor(self) -> ProcessPoolExecutor:
         with self._lock:
@@ -121,14 +129,61 @@ class StagePool:
             cuts = [start, *reader.scan(start, end, split_bytes=self.split_bytes).splits, end]
         return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
 
-    def stage(self, start: int, end: int) -> tuple[list[StagedPart], int]:
+    def stage_ahead(self, ranges: list[tuple[int, int]]) -> None:
+        """Start staging ``ranges`` now (starting the processes if need be), for a batch expected to
+        hold them, behind what is already handed out: :meth:`stage` of a batch that holds one of them
+        takes its result instead of staging it again."""
+        pool = self._executor()
+        for r in ranges:
+            if r not in self._ahead:
+                self._ahead[r] = pool.submit(_stage, self.settings, *r)
+
+    def drop_ahead(self, keep: list[tuple[int, int]] = ()) -> dict[tuple[int, int], Future]:
+        """The stages started ahead for ``keep``; every other one is cancelled, or waited for and the
+        object it wrote deleted (the staging is idempotent, so a range staged again is the same object).
+        Called before a batch hands out a range of its own, by whoever stages it."""
+        ahead, self._ahead = self._ahead, {}
+        kept = {r: ahead.pop(r) for r in keep if r in ahead}
+        names = []
+        for future in ahead.values():
+            if future.cancel():
+                continue
+            try:
+                part, _ = future.result()
+            except Exception as exc:  # noqa: BLE001 - a guess that failed: a batch that holds the range meets it again
+                log.debug("a range staged ahead failed and no batch took it: %s", exc)
+                continue
+            if part is not None and part.name:
+                names.append(part.name)
+        self.ahead_dropped += len(ahead)
+        if names:
+            backend = open_backend(self.settings.location, copies=self.settings.copies)
+            try:
+                for name in names:
+                    backend.delete(name)
+            finally:
+                backend.close()
+        return kept
+
+    def stage(self, start: int, end: int, ahead: Callable[[], list[tuple[int, int]]] | None = None,
+              ranges: list[tuple[int, int]] | None = None) -> tuple[list[StagedPart], int]:
         """Stage every record in ``[start, end)`` (a record boundary each): the parts, in order, and
-        the records the range holds."""
-        ranges = self.ranges(start, end)
+        the records the range holds.  ``ranges``: that range's cuts, when the caller has them;
+        ``ahead``: the ranges of the batch expected next, asked for once this one's are handed out
+        and staged behind them (see :meth:`stage_ahead`)."""
+        ranges = ranges or self.ranges(start, end)
+        taken = self.drop_ahead(keep=ranges)
         for attempt in (1, 2):
             pool = self._executor()
             try:
-                futures = [pool.submit(_stage, self.settings, a, b) for a, b in ranges]
+                futures = []
+                for r in ranges:
+                    future = taken.pop(r, None)
+                    self.ahead_used += future is not None
+                    futures.append(future or pool.submit(_stage, self.settings, *r))
+                if ahead is not None:
+                    expected, ahead = ahead, None
+                    self.stage_ahead(expected())
                 done = [f.result() for f in futures]
                 break
             except BrokenProcessPool as exc:
@@ -148,9 +203,17 @@ class StagePool:
         with self._lock:
             if self._pool is pool:
                 self._pool = None
+        self._ahead = {}  # the pool's: broken with it
         pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
+        """Stop the processes; what was staged ahead and never taken is deleted first."""
+        if self._pool is not None:
+            try:
+                self.drop_ahead()
+            except Exception as exc:  # noqa: BLE001 - garbage only: the stop stays clean
+                log.warning("objects staged ahead for a batch that never ran were not deleted (%s: %s)",
+                            type(exc).__name__, exc)
         with self._lock:
             pool, self._pool, self._closed = self._pool, None, True
         if pool is not None:

@@ -12,7 +12,7 @@ from connectors.sinks import TIER
 from connectors.errors import TierlogError
 from streaming import config as cfg
 from streaming.queries.base import Batch, Query, RunContext
-from streaming.source import starting_offset
+from streaming.source import SourceOptions, expected_batch, starting_offset
 from streaming.tier_handler import BatchReport, TieringSettings, TieringHandler, refs_stream
 
 log = logging.getLogger("tierlog.service")
@@ -36,13 +36,14 @@ class TieringQuery(Query):
         s = ctx.settings
         self.handler = TieringHandler(TieringSettings(s.stage, s.writer, s.tables, s.driver_stage_bytes,
                                                       s.stage_processes, ctx.conf.source.partition_bytes), ctx.metadata,
-                                      on_batch=self.report)
+                                      on_batch=self.report, expect=self._expect)
         self.lock = self.handler.lock
         self.batches = self.rows = self.bytes = 0
         self._log_reader: CommitLogReader | None = None  # kept open: it remembers the frontier
+        self._source_options: SourceOptions | None = None
 
     def start(self, committed_end: int | None) -> None:
-        """Warm the staging processes when tiering resumes behind (``TieringHandler.warm_if_behind``):
+        """Start staging the first batch when tiering resumes behind (``TieringHandler.start_behind``):
         from its checkpoint's end, else from ``source.starting_offset``."""
         try:
             reader = self._reader()
@@ -51,9 +52,17 @@ class TieringQuery(Query):
             end = reader.end_offset()
             begin = max(begin, reader.first_offset())
         except TierlogError as exc:  # the run's own reads meet it again, and say so
-            log.debug("not warming the staging processes: %s", exc)
+            log.debug("not staging ahead: %s", exc)
             return
-        self.handler.warm_if_behind(begin, end)
+        self.handler.start_behind(begin, end)
+
+    def _expect(self, begin: int) -> tuple[int, tuple[int, ...]]:
+        """The end and splits of the batch this query's stream is expected to run from ``begin``."""
+        if self._source_options is None:
+            self._source_options = SourceOptions.parse(
+                {k: str(v) for k, v in self.ctx.source_options.items() if v is not None})
+        batch = expected_batch(self._reader(), self._source_options, begin, draining=self.ctx.until_caught_up)
+        return batch.end, batch.splits
 
     def stream(self, spark):
         return refs_stream(spark, self.ctx.source_options)
