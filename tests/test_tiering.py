@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -86,7 +87,7 @@ def test_batches_are_staged_by_the_driver_its_processes_or_spark_and_the_tier_is
     conf = make_conf(tmp_path, str(tmp_path / "tier"), segment_messages=120)
     object.__setattr__(conf.source, "partition_bytes", 150_000)  # batches of 200,000 bytes need more than one
     object.__setattr__(conf.source, "max_bytes_per_trigger", 700_000)
-    runs = []
+    runs, stopped = [], []
     for start, count, max_bytes, processes in ((0, 2400, None, True), (2400, 900, 100_000, True),
                                                (3300, 2400, 700_000, False)):
         produce(conf, count, start=start)
@@ -98,8 +99,13 @@ def test_batches_are_staged_by_the_driver_its_processes_or_spark_and_the_tier_is
             run_until_caught_up(spark, conf)
         runs.append([json.loads(r.getMessage().split("batch ", 1)[1]).get("staged_by") for r in caplog.records
                      if r.getMessage().startswith("batch {") and '"tiering"' in r.getMessage()])
+        stopped.append(next(r.getMessage() for r in caplog.records if r.getMessage().startswith("stopped: ")))
     assert_tier_equals_commitlog(conf)
     assert runs[0][0] == "processes" and set(runs[0]) <= {"processes", "driver"}, runs
+    # Each batch the processes staged was staged ahead, as the source went on to cut it: the first
+    # from the query's start, each next behind the one before; a drain of a still log guesses no wrong range.
+    taken = re.search(r"staged ahead, (\d+) were taken and (\d+) dropped", stopped[0])
+    assert taken and int(taken[1]) >= runs[0].count("processes") and taken[2] == "0", stopped[0]
     assert len(runs[1]) >= 4 and set(runs[1]) == {"driver"}, runs
     assert runs[2][0] == "spark" and "processes" not in runs[2], runs
     assert TierReader(conf.tier.location).committed().segments, "sealing ran over driver-staged objects"

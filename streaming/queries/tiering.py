@@ -72,7 +72,10 @@ class TieringQuery(Query):
 
     def flush(self) -> None:
         self.handler.flush()  # a clean stop leaves a root that covers every commit
-        log.info("stopped: %d tiering batches, %d messages, %.1f MB", self.batches, self.rows, self.bytes / 1e6)
+        pool = self.handler.pool
+        ahead = "" if pool is None or not (pool.ahead_used or pool.ahead_dropped) else \
+            f"; of the ranges staged ahead, {pool.ahead_used} were taken and {pool.ahead_dropped} dropped"
+        log.info("stopped: %d tiering batches, %d messages, %.1f MB%s", self.batches, self.rows, self.bytes / 1e6, ahead)
 
     def close(self) -> None:
         self.handler.close()
