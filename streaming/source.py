@@ -63,7 +63,7 @@ from pyspark.sql.streaming.datasource import (
 
 from connectors.commitlog.arrow import MESSAGE_DDL, project_ddl
 from streaming.hold import BatchHold
-from connectors.commitlog.reader import ON_CORRUPT, ON_MISSING, CommitLogReader, ReaderOptions, ScanResult
+from connectors.commitlog.reader import ON_CORRUPT, ON_MISSING, CommitLogReader, ReaderOptions, ScanResult, cut
 from connectors.errors import ConfigError
 from connectors.task_cpu import counted
 
@@ -248,8 +248,7 @@ def follow_cap(reader: CommitLogReader, begin: int, max_bytes: int | None, follo
 
 
 def to_partitions(start: int, splits: tuple[int, ...], end: int) -> list[CommitLogPartition]:
-    cuts = [start, *splits, end]
-    return [CommitLogPartition(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+    return [CommitLogPartition(a, b) for a, b in cut(start, splits, end)]
 
 
 REFS_DDL = "phy_offset bigint, size int"

@@ -132,7 +132,6 @@ class TieringHandler:
         self._maintenance = ThreadPoolExecutor(1, thread_name_prefix="tier-maintain", initializer=name_native)
         self._maintained: Future | None = None  # the last batch's maintenance: (seals, seconds)
         self.expect = expect  # begin -> (end, splits) of the batch the stream is expected to run from there
-        self._expected: tuple[int, int, list] | None = None  # that batch's begin, end and ranges, as last asked
 
     def start_behind(self, begin: int, end: int) -> None:
         """When tiering resumes at ``begin`` with the log's end at ``end`` and more lies between
@@ -143,30 +142,25 @@ class TieringHandler:
         begin = max(begin, self.writer.source_end or 0)
         if self.pool is None or end - begin <= self.settings.driver_stage_bytes:
             return
-        ranges = self._ranges_expected(begin)
-        if ranges:
-            self.pool.stage_ahead(ranges)
+        expected = self._batch_expected(begin)
+        if expected is not None:
+            self.pool.stage_ahead(*expected)
         else:
             self.pool.warm()
 
-    def _ranges_expected(self, begin: int) -> list[tuple[int, int]]:
-        """The ranges the staging processes would be handed for the batch expected from ``begin``;
-        none when there is no such guess or the driver would stage that batch itself.  Staged ahead,
-        a batch that turns out otherwise only costs the staging of the ranges it does not hold
-        (``StagePool.drop_ahead``)."""
+    def _batch_expected(self, begin: int) -> tuple[int, int, tuple[int, ...]] | None:
+        """The batch expected from ``begin`` (its start, end and splits) when the staging processes
+        would stage it; None when there is no such guess or the driver would stage that batch
+        itself.  Staged ahead, a batch that turns out otherwise only costs the staging of the
+        ranges it does not hold (``StagePool.drop_ahead``)."""
         if self.expect is None:
-            return []
+            return None
         try:
             end, splits = self.expect(begin)
         except Exception as exc:  # noqa: BLE001 - only a guess: the batch itself meets what failed here
             log.debug("no batch expected from commitlog offset %d: %s", begin, exc)
-            return []
-        if end - begin <= self.settings.driver_stage_bytes:
-            return []
-        cuts = [begin, *splits, end]
-        ranges = [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
-        self._expected = (begin, end, ranges)
-        return ranges
+            return None
+        return (begin, end, splits) if end - begin > self.settings.driver_stage_bytes else None
 
     def process(self, batch: Batch) -> None:
         name_native("tiering")  # py4j's callback thread, for the cost ledger
@@ -211,13 +205,10 @@ class TieringHandler:
         stage pool's processes, which take what they staged ahead for exactly its ranges.  None when Spark's tasks should stage it (the settings off, or the
         range not known: an offset log Spark purged, or a checkpoint from before the offset log
         recorded batch starts)."""
-        expected, self._expected = self._expected, None
         start = None if batch.start is None else max(batch.start, floor)  # below the floor: tiered already
         limit = self.settings.driver_stage_bytes
         if self.pool is not None and start is not None and batch.end - start > limit:
-            ranges = expected[2] if expected is not None and expected[:2] == (start, batch.end) else None
-            parts, records = self.pool.stage(start, batch.end, ahead=lambda: self._ranges_expected(batch.end),
-                                             ranges=ranges)
+            parts, records = self.pool.stage(start, batch.end, ahead=lambda: self._batch_expected(batch.end))
             return parts, records, "processes"
         if self.pool is not None:
             self.pool.drop_ahead()  # before anything of this batch is staged: a guess may share a name

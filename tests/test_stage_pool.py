@@ -140,7 +140,7 @@ def test_ranges_staged_ahead_are_taken_by_a_batch_that_holds_them_and_the_others
     try:
         guessed = pool.ranges(begin, end)
         assert len(guessed) > 4
-        pool.stage_ahead(guessed)  # the guess: the whole log in one batch
+        pool.stage_ahead(begin, end, [a for a, _ in guessed[1:]])  # the guess: the whole log in one batch
         while not all(f.done() for f in pool._ahead.values()):
             time.sleep(0.05)
         assert len(objects(location)) == len(guessed), "the guess was staged"
@@ -163,8 +163,9 @@ def test_close_deletes_what_was_staged_ahead_for_a_batch_that_never_ran(tmp_path
     location = str(tmp_path / "tier")
     pool = StagePool(StageSettings(location=location, reader=ReaderOptions(log_dir)), 2, split_bytes=20_000)
     try:
-        guessed = pool.ranges(written[0].phy_offset, written[-1].phy_offset + written[-1].size)
-        pool.stage_ahead(guessed)
+        begin, end = written[0].phy_offset, written[-1].phy_offset + written[-1].size
+        guessed = pool.ranges(begin, end)
+        pool.stage_ahead(begin, end, [a for a, _ in guessed[1:]])
         next(iter(pool._ahead.values())).result()  # at least one staged its object
     finally:
         pool.close()

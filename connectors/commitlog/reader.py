@@ -172,6 +172,12 @@ class ScanResult:
     splits: tuple[int, ...] = ()
 
 
+def cut(start: int, splits: Sequence[int], end: int) -> list[tuple[int, int]]:
+    """``[start, end)`` cut at ``splits`` (a scan's), as ``(start, end)`` pieces, none empty."""
+    cuts = [start, *splits, end]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
 @dataclass(frozen=True)
 class ReaderOptions:
     """How one broker's commitlog is read: the one object every reader of it is built from (the

@@ -38,6 +38,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Callable
 from concurrent.futures.process import BrokenProcessPool
 
+from connectors.commitlog.reader import cut
 from connectors.errors import TierlogError
 from connectors.tier.backend import open_backend
 from connectors.tier.staging import StagedPart, StageSettings, stage_range
@@ -100,6 +101,7 @@ class StagePool:
         self._pool: ProcessPoolExecutor | None = None
         self._closed = False
         self._ahead: dict[tuple[int, int], Future] = {}  # range -> its stage, started for a batch expected next
+        self._guess: tuple[int, int] | None = None  # that batch's start and end; its ranges are _ahead's keys
         self.restarts = 0
         self.ahead_used = self.ahead_dropped = 0  # ranges staged ahead that a batch took, and that none did
 
@@ -126,23 +128,24 @@ class StagePool:
         """``[start, end)`` cut at record boundaries, every file boundary and about every
         ``split_bytes``, as the commitlog source cuts a batch into Spark's partitions."""
         with self.settings.reader.open(check_crc=False) as reader:
-            cuts = [start, *reader.scan(start, end, split_bytes=self.split_bytes).splits, end]
-        return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+            return cut(start, reader.scan(start, end, split_bytes=self.split_bytes).splits, end)
 
-    def stage_ahead(self, ranges: list[tuple[int, int]]) -> None:
-        """Start staging ``ranges`` now (starting the processes if need be), for a batch expected to
-        hold them, behind what is already handed out: :meth:`stage` of a batch that holds one of them
-        takes its result instead of staging it again."""
+    def stage_ahead(self, start: int, end: int, splits: tuple[int, ...]) -> None:
+        """Start staging the ranges of ``[start, end)``, cut at ``splits`` (a scan's, as
+        :meth:`ranges` cuts), now (starting the processes if need be), for a batch expected to be
+        that range, behind what is already handed out: :meth:`stage` of a batch that holds one of
+        them takes its result instead of staging it again."""
+        self.drop_ahead()  # one guess at a time
         pool = self._executor()
-        for r in ranges:
-            if r not in self._ahead:
-                self._ahead[r] = pool.submit(_stage, self.settings, *r)
+        for r in cut(start, splits, end):
+            self._ahead[r] = pool.submit(_stage, self.settings, *r)
+        self._guess = (start, end)
 
     def drop_ahead(self, keep: list[tuple[int, int]] = ()) -> dict[tuple[int, int], Future]:
         """The stages started ahead for ``keep``; every other one is cancelled, or waited for and the
         object it wrote deleted (the staging is idempotent, so a range staged again is the same object).
         Called before a batch hands out a range of its own, by whoever stages it."""
-        ahead, self._ahead = self._ahead, {}
+        ahead, self._ahead, self._guess = self._ahead, {}, None
         kept = {r: ahead.pop(r) for r in keep if r in ahead}
         names = []
         for future in ahead.values():
@@ -165,13 +168,13 @@ class StagePool:
                 backend.close()
         return kept
 
-    def stage(self, start: int, end: int, ahead: Callable[[], list[tuple[int, int]]] | None = None,
-              ranges: list[tuple[int, int]] | None = None) -> tuple[list[StagedPart], int]:
+    def stage(self, start: int, end: int,
+              ahead: Callable[[], tuple[int, int, tuple[int, ...]] | None] | None = None) -> tuple[list[StagedPart], int]:
         """Stage every record in ``[start, end)`` (a record boundary each): the parts, in order, and
-        the records the range holds.  ``ranges``: that range's cuts, when the caller has them;
-        ``ahead``: the ranges of the batch expected next, asked for once this one's are handed out
-        and staged behind them (see :meth:`stage_ahead`)."""
-        ranges = ranges or self.ranges(start, end)
+        the records the range holds.  ``ahead``: the batch expected next (start, end, splits, or
+        None), asked for once this one's ranges are handed out and staged behind them (see
+        :meth:`stage_ahead`)."""
+        ranges = list(self._ahead) if self._guess == (start, end) else self.ranges(start, end)  # guessed: walked
         taken = self.drop_ahead(keep=ranges)
         for attempt in (1, 2):
             pool = self._executor()
@@ -182,8 +185,9 @@ class StagePool:
                     self.ahead_used += future is not None
                     futures.append(future or pool.submit(_stage, self.settings, *r))
                 if ahead is not None:
-                    expected, ahead = ahead, None
-                    self.stage_ahead(expected())
+                    expected, ahead = ahead(), None
+                    if expected is not None:
+                        self.stage_ahead(*expected)
                 done = [f.result() for f in futures]
                 break
             except BrokenProcessPool as exc:
@@ -203,7 +207,7 @@ class StagePool:
         with self._lock:
             if self._pool is pool:
                 self._pool = None
-        self._ahead = {}  # the pool's: broken with it
+        self._ahead, self._guess = {}, None  # the pool's: broken with it
         pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
