@@ -35,7 +35,7 @@ class KafkaSettings:
     replication_factor: int = 1
     compression: str = "none"
     linger_ms: int = 5
-    batch_bytes: int = 256 << 10
+    batch_bytes: int = 1 << 20  # streaming.config's kafka.batch_bytes says why
     max_request_size: int = 1 << 20
     delivery_timeout_s: float = 120.0
     on_too_large: str = "fail"  # or "skip": log it and record it in the metadata store
