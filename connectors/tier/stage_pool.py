@@ -101,7 +101,6 @@ class StagePool:
         self._pool: ProcessPoolExecutor | None = None
         self._closed = False
         self._ahead: dict[tuple[int, int], Future] = {}  # range -> its stage, started for a batch expected next
-        self._guess: tuple[int, int] | None = None  # that batch's start and end; its ranges are _ahead's keys
         self.restarts = 0
         self.ahead_used = self.ahead_dropped = 0  # ranges staged ahead that a batch took, and that none did
 
@@ -139,13 +138,12 @@ class StagePool:
         pool = self._executor()
         for r in cut(start, splits, end):
             self._ahead[r] = pool.submit(_stage, self.settings, *r)
-        self._guess = (start, end)
 
     def drop_ahead(self, keep: list[tuple[int, int]] = ()) -> dict[tuple[int, int], Future]:
         """The stages started ahead for ``keep``; every other one is cancelled, or waited for and the
         object it wrote deleted (the staging is idempotent, so a range staged again is the same object).
         Called before a batch hands out a range of its own, by whoever stages it."""
-        ahead, self._ahead, self._guess = self._ahead, {}, None
+        ahead, self._ahead = self._ahead, {}
         kept = {r: ahead.pop(r) for r in keep if r in ahead}
         names = []
         for future in ahead.values():
@@ -174,7 +172,8 @@ class StagePool:
         the records the range holds.  ``ahead``: the batch expected next (start, end, splits, or
         None), asked for once this one's ranges are handed out and staged behind them (see
         :meth:`stage_ahead`)."""
-        ranges = list(self._ahead) if self._guess == (start, end) else self.ranges(start, end)  # guessed: walked
+        guessed = list(self._ahead)  # one guess's cut, in order: it starts at its first range, ends at its last
+        ranges = guessed if guessed and (guessed[0][0], guessed[-1][1]) == (start, end) else self.ranges(start, end)
         taken = self.drop_ahead(keep=ranges)
         for attempt in (1, 2):
             pool = self._executor()
@@ -207,7 +206,7 @@ class StagePool:
         with self._lock:
             if self._pool is pool:
                 self._pool = None
-        self._ahead, self._guess = {}, None  # the pool's: broken with it
+        self._ahead = {}  # the pool's: broken with it
         pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
