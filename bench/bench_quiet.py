@@ -24,8 +24,8 @@ variants
   huge-pages     the defaults, but the service's processes with transparent huge pages as the kernel
                  is set up (spark.transparent_huge_pages = true: the default before it)
   shuffle-partitions-N
-                 the defaults, but compaction's state in N partitions (spark.shuffle_partitions = N;
-                 the default, 0, is one per core: 2 on local[2]; 4 was the default before it)
+                 the defaults, but compaction's state in N partitions (spark.shuffle_partitions = N,
+                 for the new checkpoint each run makes; the default is 4)
   compaction-min-mib-N
                  the defaults, but compaction.min_batch_bytes = N MiB: fewer, larger compaction
                  batches at a sustained rate, the KV view that much staler
@@ -74,11 +74,11 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
         conf = dataclasses.replace(conf, spark=dataclasses.replace(conf.spark, jit_c1_only=False))
     if name == "mirror-process":
         conf = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, mirror_process=True))
+    if name.startswith("shuffle-partitions-"):
+        conf = dataclasses.replace(conf, spark=dataclasses.replace(conf.spark, shuffle_partitions=int(name.rsplit("-", 1)[1])))
     if name.startswith("compaction-min-mib-"):
         least = int(name.rsplit("-", 1)[1]) << 20
         conf = dataclasses.replace(conf, compaction=dataclasses.replace(conf.compaction, min_batch_bytes=least))
-    if name.startswith("shuffle-partitions-"):
-        conf = dataclasses.replace(conf, spark=dataclasses.replace(conf.spark, shuffle_partitions=int(name.rsplit("-", 1)[1])))
     if name == "huge-pages":
         conf = dataclasses.replace(conf, spark=dataclasses.replace(conf.spark, transparent_huge_pages=True))
     return conf

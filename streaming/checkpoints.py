@@ -88,20 +88,6 @@ LOCAL_FILE_MANAGER = {
 }
 
 
-def state_partitions(spark, path: str) -> str:
-    """``spark.shuffle_partitions = 0``: the partitions the stateful checkpoint at ``path`` was made
-    with (Spark would restore them itself, with a warning), else Spark's default parallelism: a local
-    master's cores (on a cluster master it can be read before the executors register, hence the
-    setting's advice to give a number there).
-
-    Why one per core, not a fixed 4: each partition is a RocksDB instance that Spark loads, commits
-    and maintains at every micro-batch, and a quiet broker's cost is that, per batch.  On 2 cores,
-    2 against 4: the whole service at 100 msgs/s 0.135 / 0.116 against 0.164 / 0.155 cores, at
-    25,000 msgs/s no dearer, catching up about 4% slower (docs/benchmarks.md).  An existing
-    checkpoint keeps its own: its state cannot be split again."""
-    return recorded_settings(spark, path).get("spark.shuffle_partitions") or str(spark.sparkContext.defaultParallelism)
-
-
 def recorded_settings(spark, path: str) -> dict[str, str]:
     """The settings a query's checkpoint was made with (empty for a new one)."""
     store = Checkpoint(path, spark)

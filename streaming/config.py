@@ -292,10 +292,7 @@ class KafkaConfig:
 @dataclass(frozen=True)
 class SparkConfig:
     master: str = setting("local[2]", "Spark master URL: local[N] or spark://host:port.")
-    shuffle_partitions: int = setting(
-        0, "The compaction state's partitions (spark.sql.shuffle.partitions); fixed once its checkpoint exists. "
-           "0: for a new checkpoint Spark's default parallelism (local[N]: N; on a cluster master, set a number), "
-           "for an existing one what it was made with.")
+    shuffle_partitions: int = setting(4, "spark.sql.shuffle.partitions; fixed once a stateful checkpoint exists.")
     trigger_interval_s: float = setting(1.0, "Seconds between micro-batches of `tierlog run`.")
     late_start_s: float = setting(
         300.0, "Seconds a query is started again, with backoff, while Spark's Python worker keeps connecting back "

@@ -89,9 +89,10 @@ def session_conf(conf: cfg.Config) -> dict:
     """The Spark settings of the run's session."""
     from streaming.checkpoints import LOCAL_FILE_MANAGER, is_local, s3a_settings
 
-    out = {"spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": str(conf.state.rocksdb_memory_mb)}
-    if conf.spark.shuffle_partitions:  # 0: set once the session is up (checkpoints.state_partitions)
-        out["spark.sql.shuffle.partitions"] = str(conf.spark.shuffle_partitions)
+    out = {
+        "spark.sql.shuffle.partitions": str(conf.spark.shuffle_partitions),
+        "spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": str(conf.state.rocksdb_memory_mb),
+    }
     if conf.spark.jars:
         out["spark.jars"] = conf.spark.jars
     if conf.checkpoint.dir.startswith("s3a://"):

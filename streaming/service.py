@@ -32,7 +32,7 @@ from state.kv import KVView
 from state.metadata import MetadataStore
 from streaming import config as cfg
 from streaming import plan
-from streaming.checkpoints import SHUFFLE_PARTITIONS, Checkpoint, check_or_record, foreach_batch, state_partitions
+from streaming.checkpoints import Checkpoint, check_or_record, foreach_batch
 from streaming.follower import Follower
 from streaming.metrics import Metrics
 from streaming.queries.base import Query, RunContext
@@ -126,10 +126,6 @@ class Service:
                                               c1_only=conf.spark.jit_c1_only,
                                               huge_pages=conf.spark.transparent_huge_pages)
             streamed = [q for q in kinds if q.spark_stream]  # the others keep no checkpoint
-            if owned is not None and not conf.spark.shuffle_partitions:  # a caller's session keeps its own
-                for q in streamed:
-                    if q.stateful:
-                        spark.conf.set(SHUFFLE_PARTITIONS, state_partitions(spark, plan.checkpoint_path(conf, q.name)))
             committed = {q.name: Checkpoint(plan.checkpoint_path(conf, q.name), spark).last_committed_end()
                          for q in streamed}
             moved_from = self._check_commitlog(spark, {q.name: committed[q.name] for q in kinds if q.reads_commitlog})

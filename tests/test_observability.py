@@ -128,7 +128,7 @@ def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafk
     for store in ("kv", "metadata"):
         assert 0 < value(s, "tierlog_state_memory_bytes", store=store) <= 160 << 20, store
     assert 0 < value(s, "tierlog_state_memory_bytes", store="spark") <= (
-        conf.state.rocksdb_memory_mb * (conf.spark.shuffle_partitions or 2)) << 20  # 0: one per core of local[2]
+        conf.state.rocksdb_memory_mb * conf.spark.shuffle_partitions) << 20
 
     # Status JSON says what the metadata store holds.
     by_kind: dict = {}

@@ -225,7 +225,6 @@ def test_demo_runs_the_main_job(tmp_path):
     conf = cfg.load(str(tmp_path / "demo" / "tierlog.toml"), env={})
     assert_tier_equals_commitlog(conf)
     assert view_contents(conf) == latest_per_key(conf.commitlog.dir)  # the compaction query ran too
-    assert fingerprint_partitions(conf) == "2"  # one state partition per core of local[2]
     assert "tierlog kv scan" in r.stdout
     def suggested(prefix: str) -> list[str]:
         [line] = [x for x in r.stdout.splitlines() if x.startswith(f"  tierlog {prefix} ")]
@@ -236,29 +235,3 @@ def test_demo_runs_the_main_job(tmp_path):
     kv_get = suggested("kv get")
     kv = tierlog(*kv_get, "--format", "json", cwd=tmp_path)  # the key it names has a value
     assert kv.returncode == 0 and json.loads(kv.stdout)["key"] == kv_get[3]
-
-
-def test_state_partitions_made_with_another_number_are_kept_when_the_setting_is_left_at_its_default(tmp_path):
-    """``spark.shuffle_partitions = 0``, the default since it was 4: a compaction checkpoint made
-    with 4 keeps 4 (its state cannot be split again), without a refusal or Spark's warning that it
-    changed the session's value; a new checkpoint gets one per core (``test_demo_runs_the_main_job``)."""
-    made = shared_config(tmp_path, spark={"shuffle_partitions": 4})
-    conf = cfg.load(str(made), env={})
-    produce(conf, 300)
-    assert tierlog("run", "--until-caught-up", "--config", str(made)).returncode == 0
-    assert fingerprint_partitions(conf) == "4"
-    default = shared_config(tmp_path)
-    produce(conf, 200, start=300)
-    r = tierlog("run", "--until-caught-up", "--config", str(default))
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "Updating the value of conf" not in r.stderr
-    assert fingerprint_partitions(conf) == "4"
-    offsets = Path(conf.checkpoint.dir) / "compaction" / "offsets"
-    newest = max((p for p in offsets.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-    assert json.loads(newest.read_text().splitlines()[1])["conf"]["spark.sql.shuffle.partitions"] == "4"
-    assert view_contents(conf) == latest_per_key(conf.commitlog.dir)
-
-
-def fingerprint_partitions(conf: cfg.Config) -> str:
-    text = (Path(conf.checkpoint.dir) / "compaction" / "tierlog-checkpoint.json").read_text()
-    return json.loads(text)["settings"]["spark.shuffle_partitions"]

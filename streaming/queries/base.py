@@ -72,7 +72,6 @@ class Query:
     output_mode: ClassVar[str] = "append"
     reads_commitlog: ClassVar[bool] = True
     spark_stream: ClassVar[bool] = True  # False: run by ``step``, without a Spark stream (see above)
-    stateful: ClassVar[bool] = False  # its checkpoint holds Spark state, in spark.shuffle_partitions partitions
 
     @classmethod
     def enabled(cls, conf: cfg.Config) -> bool:

@@ -30,7 +30,6 @@ class CompactionQuery(Query):
     name = "compaction"
     output_mode = "update"
     reads_commitlog = False
-    stateful = True
 
     @classmethod
     def enabled(cls, conf: cfg.Config) -> bool:
