@@ -253,6 +253,8 @@ def _freshness(args, root: str, broker) -> dict:
         kafka["mirror_driver_bytes"] = args.mirror_driver_bytes
     if broker and args.mirror_process:
         kafka["mirror_process"] = True
+    if broker and args.linger_ms is not None:
+        kafka["linger_ms"] = args.linger_ms
     source = {"max_bytes_per_trigger": args.max_batch_bytes} if args.max_batch_bytes is not None else {}
     conf = make_conf(root, spark={"trigger_interval_s": args.trigger}, kafka=kafka, compaction=compaction,
                      source=source)
@@ -336,6 +338,7 @@ def _freshness(args, root: str, broker) -> dict:
         "kafka": "mirror and changelog on an embedded tansu" if broker else "off",
         "mirror_driver_bytes": conf.kafka.mirror_driver_bytes if broker else None,
         "mirror_process": conf.kafka.mirror_process if broker else None,
+        "linger_ms": conf.kafka.linger_ms if broker else None,
         "max_bytes_per_trigger": conf.source.max_bytes_per_trigger,
         "tier_before": big or "new",
         "append_to_committed_ms": {"p50": round(q[49]), "p99": round(q[98]), "max": max(values)},
@@ -543,6 +546,8 @@ def main() -> None:
                         "1 KiB beside the service)")
     p.add_argument("--mirror-driver-bytes", type=int, default=None, metavar="BYTES",
                    help="kafka.mirror_driver_bytes: mirror batches up to this size are sent by the driver")
+    p.add_argument("--linger-ms", type=int, default=None, metavar="MS",
+                   help="kafka.linger_ms: how long the producers wait to fill a batch")
     p.add_argument("--mirror-process", action="store_true",
                    help="kafka.mirror_process = true: the driver's mirror steps sent from a process of their own")
     p.add_argument("--max-batch-bytes", type=int, default=None, metavar="BYTES",
