@@ -34,7 +34,7 @@ class KafkaSettings:
     partitions: int = 8
     replication_factor: int = 1
     compression: str = "none"
-    linger_ms: int = 5
+    linger_ms: int = 20  # streaming.config's kafka.linger_ms says why
     batch_bytes: int = 1 << 20  # streaming.config's kafka.batch_bytes says why
     max_request_size: int = 1 << 20
     delivery_timeout_s: float = 120.0
