@@ -1,7 +1,7 @@
 """Whole-service catch-up against the essential work on the same bytes, in the same run.
 
     ./dev bench catchup [--shape small|wide|both] [--rounds 3] [--tiering-only] [--messages SMALL,LARGE]
-                        [--spark-tasks-baseline]
+                        [--spark-tasks-baseline] [--ledger] [--set SECTION.KEY=VALUE ...]
 
 Each round runs, in alternating order, for a small and a large commitlog of the same shape:
 
@@ -27,6 +27,10 @@ The service's figure is also given over its own clock (``*_in_run_*``): from its
 queries started to its last, ``stopped``.  Everything the service does per byte lies between them;
 what lies outside, the JVM's and Spark's start and the exit, is the same for both logs, but it
 swung the wall-clock figure by ±2 s of a 4 s difference (a round's marginal 133 to 469 MB/s).
+
+With ``--ledger`` the service's runs are also sampled from ``/proc`` over their own clock and their
+CPU split into the cost ledger's parts (``bench/bench_ledger.py``): each log's core-seconds, and the
+marginal core-seconds per GB of each part, which is what bounds the catch-up.
 
 ``--messages`` takes other sizes for the two logs: a larger pair leaves less of the JVM's warm-up
 (its JIT compiler is still busy 40 s into a run, compiling less and less) in the marginal figure.
@@ -75,10 +79,14 @@ def commitlog_bytes(directory: str) -> int:
 
 
 def run_service(root: str, log_dir: str, tiering_only: bool, max_batch_bytes: int | None = None,
-                in_processes: bool = True) -> tuple[float, float | None]:
+                in_processes: bool = True, ledger: bool = False,
+                settings: dict[str, str] | None = None) -> tuple[float, float | None, dict | None]:
     """Seconds of one ``tierlog run --until-caught-up`` on a fresh tier, state and checkpoints, and
     of the part between its log lines ``(until caught up)`` and ``stopped`` (None without them);
-    ``max_batch_bytes``: ``source.max_bytes_per_trigger`` (None: the product's default)."""
+    ``max_batch_bytes``: ``source.max_bytes_per_trigger`` (None: the product's default); with
+    ``ledger``, also the CPU of its process tree by part over that part (``run_ledger``);
+    ``settings``: more settings, ``{"spark.jit_c1_only": "false"}``, given as the service's
+    ``TIERLOG_<SECTION>_<KEY>`` environment variables (it checks them as it checks its own)."""
     work = tempfile.mkdtemp(dir=root, prefix="run-")
     conf = cfg.Config(
         commitlog=cfg.CommitlogConfig(dir=log_dir),
@@ -93,14 +101,49 @@ def run_service(root: str, log_dir: str, tiering_only: bool, max_batch_bytes: in
     with open(path, "w") as fh:
         fh.write(cfg.to_toml(conf, with_docs=False))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
+    for name, value in (settings or {}).items():
+        section, key = name.split(".", 1)
+        env[f"{cfg.ENV_PREFIX}{section.upper()}_{key.upper()}"] = value
+    command = [sys.executable, "-m", "streaming.cli", "run", "--until-caught-up", "--config", path]
+    log_path = os.path.join(work, "service.log")
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "streaming.cli", "run", "--until-caught-up", "--config", path],
-                            env=env, capture_output=True, text=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        parts = run_ledger(proc, log_path) if ledger else None
+        code = proc.wait()
     seconds = time.perf_counter() - started
-    if result.returncode != 0:
-        raise SystemExit(f"tierlog run failed:\n{result.stderr[-3000:]}")
+    with open(log_path) as fh:
+        stderr = fh.read()
+    if code != 0:
+        raise SystemExit(f"tierlog run failed:\n{stderr[-3000:]}")
     shutil.rmtree(work, ignore_errors=True)
-    return seconds, in_run_seconds(result.stderr)
+    return seconds, in_run_seconds(stderr), parts
+
+
+LEDGER_SAMPLE_S = 0.25  # a catch-up's Spark tasks and Python workers live for a second or two
+
+
+def run_ledger(proc: subprocess.Popen, log_path: str) -> dict | None:
+    """Core-seconds of ``proc``'s process tree by part (``bench.bench_ledger``'s parts) from its log
+    line ``(until caught up)`` to its line ``stopped``, while every process is still alive; None if
+    it exited before both lines."""
+    from bench import bench_ledger as bl
+
+    sampler, before, t0 = bl.Sampler(proc.pid), None, 0.0
+    while proc.poll() is None:
+        time.sleep(LEDGER_SAMPLE_S)
+        snap = sampler.sample()
+        with open(log_path) as fh:
+            text = fh.read()
+        if before is None and "(until caught up)" in text:
+            before, t0 = snap, time.monotonic()
+        elif before is not None and "tierlog.service: stopped:" in text:
+            window = time.monotonic() - t0
+            got = bl.ledger(before, snap, window, 0, 0)
+            return {"window_s": round(window, 2), "total_core_s": round(got["total_cores"] * window, 2),
+                    "unattributed_share": got["unattributed"]["share"],
+                    "parts": {row["part"]: round(row["cores"] * window, 2) for row in got["parts"]}}
+    return None
 
 
 def in_run_seconds(log: str) -> float | None:
@@ -169,7 +212,8 @@ def floor(root: str, log_dir: str, size: int) -> float:
 
 
 def measure(shape_name: str, rounds: int, tiering_only: bool, messages: tuple[int, int] | None = None,
-            max_batch_bytes: int | None = None, spark_baseline: bool = False) -> dict:
+            max_batch_bytes: int | None = None, spark_baseline: bool = False, with_ledger: bool = False,
+            settings: dict[str, str] | None = None) -> dict:
     shape = dict(SHAPES[shape_name], **({"messages": messages} if messages else {}))
     root = tempfile.mkdtemp(prefix=f"tierlog-catchup-{shape_name}-")
     logs = {}
@@ -181,17 +225,21 @@ def measure(shape_name: str, rounds: int, tiering_only: bool, messages: tuple[in
     kinds = ("service", "floor", "copy", *(("spark",) if spark_baseline else ()))
     times: dict[tuple[str, int], list[float]] = {(k, n): [] for k in kinds for n in (small, large)}
     in_run: dict[tuple[str, int], list[float | None]] = {("service", n): [] for n in (small, large)}  # its own clock
-    steps = {"service": lambda n: run_service(root, logs[n], tiering_only, max_batch_bytes),
+    ledgers: dict[int, list[dict | None]] = {small: [], large: []}  # the service's, with_ledger
+    steps = {"service": lambda n: run_service(root, logs[n], tiering_only, max_batch_bytes, ledger=with_ledger,
+                                              settings=settings),
              "floor": lambda n: floor(root, logs[n], sizes[n]), "copy": lambda n: copy(root, logs[n]),
-             "spark": lambda n: run_service(root, logs[n], tiering_only, max_batch_bytes, in_processes=False)}
+             "spark": lambda n: run_service(root, logs[n], tiering_only, max_batch_bytes, in_processes=False,
+                                            settings=settings)}
     for r in range(rounds):
         order = [(kind, n) for n in (small, large) for kind in kinds]
         for kind, n in (order if r % 2 == 0 else order[::-1]):
             took = steps[kind](n)
             if kind in ("service", "spark"):
-                took, inside = took
+                took, inside, parts = took
                 if kind == "service":
                     in_run[(kind, n)].append(inside)
+                    ledgers[n].append(parts)
             times[(kind, n)].append(took)
             print(f"catchup {shape_name} round {r + 1}/{rounds}: {kind} {n} messages "
                   f"{times[(kind, n)][-1]:.1f} s", file=sys.stderr, flush=True)
@@ -231,7 +279,37 @@ def measure(shape_name: str, rounds: int, tiering_only: bool, messages: tuple[in
         "copy_ratio_median": round(statistics.median(s / c for s, c in zip(service, baseline)), 3),
         **inside,
         **spark,
+        **({"ledger": catchup_ledger(ledgers, small, large, extra)} if with_ledger else {}),
     }
+
+
+def catchup_ledger(ledgers: dict[int, list[dict | None]], small: int, large: int, extra: int) -> dict:
+    """The service's CPU by part over its own clock: each log's core-seconds (the mean of the
+    rounds, so the parts and the unattributed rest add up to the total), and the marginal cost,
+    (large - small) / the extra bytes, in core-seconds per GB, so what every run pays once cancels
+    out as in the throughput figure."""
+    if any(x is None for n in (small, large) for x in ledgers[n]):
+        return {"error": "a run exited before its log lines (until caught up) and stopped"}
+    names = sorted({p for n in (small, large) for x in ledgers[n] for p in x["parts"]})
+
+    def mean(n: int, part: str | None = None) -> float:
+        if part is None:
+            return statistics.fmean(x["total_core_s"] for x in ledgers[n])
+        if part == UNATTRIBUTED:
+            return statistics.fmean(x["total_core_s"] - sum(x["parts"].values()) for x in ledgers[n])
+        return statistics.fmean(x["parts"].get(part, 0.0) for x in ledgers[n])
+
+    gb = extra / 1e9
+    rows = sorted(({"part": p, f"core_s_{small}": round(mean(small, p), 2), f"core_s_{large}": round(mean(large, p), 2),
+                    "marginal_core_s_per_gb": round((mean(large, p) - mean(small, p)) / gb, 1)}
+                   for p in [*names, UNATTRIBUTED]), key=lambda row: -row["marginal_core_s_per_gb"])
+    return {"total_core_s": {n: [x["total_core_s"] for x in ledgers[n]] for n in (small, large)},
+            "total_marginal_core_s_per_gb": round((mean(large) - mean(small)) / gb, 1),
+            "unattributed_share": {n: [x["unattributed_share"] for x in ledgers[n]] for n in (small, large)},
+            "parts": rows}
+
+
+UNATTRIBUTED = "unattributed (the total less every part)"
 
 
 def main() -> None:
@@ -246,7 +324,18 @@ def main() -> None:
     ap.add_argument("--spark-tasks-baseline", action="store_true",
                     help="also run the service with tier.stage_in_processes off (Spark's tasks stage catch-up "
                          "batches), in the same rounds")
+    ap.add_argument("--ledger", action="store_true",
+                    help="also sample the service's CPU by part over its own clock (the cost ledger's parts): "
+                         "each log's core-seconds and the marginal core-seconds per GB")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="a setting for the service's runs (repeatable), say spark.jit_c1_only=false")
     args = ap.parse_args()
+    settings = {}
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        if not sep or "." not in name:
+            ap.error(f"--set {item!r}: give SECTION.KEY=VALUE, say spark.jit_c1_only=false")
+        settings[name] = value
     messages = None
     if args.messages:
         try:
@@ -258,10 +347,10 @@ def main() -> None:
         messages = (small, large)
     shapes = list(SHAPES) if args.shape == "both" else [args.shape]
     report({"benchmark": "catchup",
-            "max_batch_mb": args.max_batch_mb,
+            "max_batch_mb": args.max_batch_mb, "settings": settings,
             "results": [measure(s, args.rounds, args.tiering_only, messages,
                                 None if args.max_batch_mb is None else args.max_batch_mb << 20,
-                                args.spark_tasks_baseline) for s in shapes]})
+                                args.spark_tasks_baseline, args.ledger, settings) for s in shapes]})
 
 
 if __name__ == "__main__":
