@@ -24,13 +24,17 @@ small   64 queues, 100,000 keys, bodies of ~2,000 bytes; 60,000 and 300,000 mess
 wide    1,024 queues, 100,000 keys, 1 KiB bodies; 100,000 and 500,000 messages
 
 The service's figure is also given over its own clock (``*_in_run_*``): from its log line that the
-queries started to its last, ``stopped``.  Everything the service does per byte lies between them;
-what lies outside, the JVM's and Spark's start and the exit, is the same for both logs, but it
-swung the wall-clock figure by ±2 s of a 4 s difference (a round's marginal 133 to 469 MB/s).
+queries started to its last, ``stopped``.  What lies outside, the JVM's and Spark's start and the
+exit, is the same for both logs, but it swung the wall-clock figure by ±2 s of a 4 s difference (a
+round's marginal 133 to 469 MB/s).  Not everything per byte lies inside: the staging processes
+begin on the first batch when the tiering query starts, before that line (``--ledger`` showed about
+3 core-seconds of staging before it, all of a 124 MB log's).  The same early seconds drop out of
+both logs' runs, so the marginal figure is still fair while the line comes as late in both.
 
-With ``--ledger`` the service's runs are also sampled from ``/proc`` over their own clock and their
-CPU split into the cost ledger's parts (``bench/bench_ledger.py``): each log's core-seconds, and the
-marginal core-seconds per GB of each part, which is what bounds the catch-up.
+With ``--ledger`` the service's runs are also sampled from ``/proc``, from their start to their line
+``stopped``, and their CPU split into the cost ledger's parts (``bench/bench_ledger.py``): each
+log's core-seconds, and the marginal core-seconds per GB of each part, which is what bounds the
+catch-up.
 
 ``--messages`` takes other sizes for the two logs: a larger pair leaves less of the JVM's warm-up
 (its JIT compiler is still busy 40 s into a run, compiling less and less) in the marginal figure.
@@ -84,7 +88,7 @@ def run_service(root: str, log_dir: str, tiering_only: bool, max_batch_bytes: in
     """Seconds of one ``tierlog run --until-caught-up`` on a fresh tier, state and checkpoints, and
     of the part between its log lines ``(until caught up)`` and ``stopped`` (None without them);
     ``max_batch_bytes``: ``source.max_bytes_per_trigger`` (None: the product's default); with
-    ``ledger``, also the CPU of its process tree by part over that part (``run_ledger``);
+    ``ledger``, also the CPU of its process tree by part (``run_ledger``);
     ``settings``: more settings, ``{"spark.jit_c1_only": "false"}``, given as the service's
     ``TIERLOG_<SECTION>_<KEY>`` environment variables (it checks them as it checks its own)."""
     work = tempfile.mkdtemp(dir=root, prefix="run-")
@@ -124,25 +128,34 @@ LEDGER_SAMPLE_S = 0.25  # a catch-up's Spark tasks and Python workers live for a
 
 
 def run_ledger(proc: subprocess.Popen, log_path: str) -> dict | None:
-    """Core-seconds of ``proc``'s process tree by part (``bench.bench_ledger``'s parts) from its log
-    line ``(until caught up)`` to its line ``stopped``, while every process is still alive; None if
-    it exited before both lines."""
+    """Core-seconds of ``proc``'s process tree by part (``bench.bench_ledger``'s parts) from its
+    start to its log line ``stopped``, while every process is still alive, and of them what came
+    before its line ``(until caught up)``; None if it exited before both lines.
+
+    From its start, not from ``(until caught up)``: the service logs that line once every query
+    has started, and the staging processes begin on the first batch when the tiering query starts,
+    so a ledger from that line left out up to all of a small log's staging.  What every run pays
+    once (the JVM's start) cancels out in the marginal cost."""
     from bench import bench_ledger as bl
 
-    sampler, before, t0 = bl.Sampler(proc.pid), None, 0.0
+    sampler = bl.Sampler(proc.pid)
+    first, t0, line = sampler.sample(), time.monotonic(), None
     while proc.poll() is None:
         time.sleep(LEDGER_SAMPLE_S)
         snap = sampler.sample()
         with open(log_path) as fh:
             text = fh.read()
-        if before is None and "(until caught up)" in text:
-            before, t0 = snap, time.monotonic()
-        elif before is not None and "tierlog.service: stopped:" in text:
+        if line is None and "(until caught up)" in text:
+            line = snap
+        elif line is not None and "tierlog.service: stopped:" in text:
             window = time.monotonic() - t0
-            got = bl.ledger(before, snap, window, 0, 0)
+            got = bl.ledger(first, snap, window, 0, 0)
+            early = bl.ledger(first, line, window, 0, 0)  # the parts' cores over the same window
             return {"window_s": round(window, 2), "total_core_s": round(got["total_cores"] * window, 2),
                     "unattributed_share": got["unattributed"]["share"],
-                    "parts": {row["part"]: round(row["cores"] * window, 2) for row in got["parts"]}}
+                    "parts": {row["part"]: round(row["cores"] * window, 2) for row in got["parts"]},
+                    "before_queries_started": {row["part"]: round(row["cores"] * window, 2) for row in early["parts"]
+                                               if row["cores"] * window >= 0.05}}
     return None
 
 
@@ -284,12 +297,14 @@ def measure(shape_name: str, rounds: int, tiering_only: bool, messages: tuple[in
 
 
 def catchup_ledger(ledgers: dict[int, list[dict | None]], small: int, large: int, extra: int) -> dict:
-    """The service's CPU by part over its own clock: each log's core-seconds (the mean of the
-    rounds, so the parts and the unattributed rest add up to the total), and the marginal cost,
-    (large - small) / the extra bytes, in core-seconds per GB, so what every run pays once cancels
-    out as in the throughput figure."""
+    """The service's CPU by part (``run_ledger``): each log's core-seconds (the mean of the rounds,
+    so the parts and the unattributed rest add up to the total), and the marginal cost, (large -
+    small) / the extra bytes, in core-seconds per GB, so what every run pays once cancels out as in
+    the throughput figure; and each log's parts before its queries had all started (the means)."""
     if any(x is None for n in (small, large) for x in ledgers[n]):
         return {"error": "a run exited before its log lines (until caught up) and stopped"}
+    early = {n: {p: round(statistics.fmean(x["before_queries_started"].get(p, 0.0) for x in ledgers[n]), 2)
+                 for p in {p for x in ledgers[n] for p in x["before_queries_started"]}} for n in (small, large)}
     names = sorted({p for n in (small, large) for x in ledgers[n] for p in x["parts"]})
 
     def mean(n: int, part: str | None = None) -> float:
@@ -306,7 +321,7 @@ def catchup_ledger(ledgers: dict[int, list[dict | None]], small: int, large: int
     return {"total_core_s": {n: [x["total_core_s"] for x in ledgers[n]] for n in (small, large)},
             "total_marginal_core_s_per_gb": round((mean(large) - mean(small)) / gb, 1),
             "unattributed_share": {n: [x["unattributed_share"] for x in ledgers[n]] for n in (small, large)},
-            "parts": rows}
+            "parts": rows, "before_queries_started": early}
 
 
 UNATTRIBUTED = "unattributed (the total less every part)"
@@ -325,8 +340,8 @@ def main() -> None:
                     help="also run the service with tier.stage_in_processes off (Spark's tasks stage catch-up "
                          "batches), in the same rounds")
     ap.add_argument("--ledger", action="store_true",
-                    help="also sample the service's CPU by part over its own clock (the cost ledger's parts): "
-                         "each log's core-seconds and the marginal core-seconds per GB")
+                    help="also sample the service's CPU by part from its start to its line `stopped` (the cost "
+                         "ledger's parts): each log's core-seconds and the marginal core-seconds per GB")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="a setting for the service's runs (repeatable), say spark.jit_c1_only=false")
     args = ap.parse_args()
