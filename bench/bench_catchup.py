@@ -147,7 +147,7 @@ def run_ledger(proc: subprocess.Popen, log_path: str) -> dict | None:
             text = fh.read()
         if line is None and "(until caught up)" in text:
             line = snap
-        elif line is not None and "tierlog.service: stopped:" in text:
+        if line is not None and "tierlog.service: stopped:" in text:  # both lines in one sample too
             window = time.monotonic() - t0
             got = bl.ledger(first, snap, window, 0, 0)
             early = bl.ledger(first, line, window, 0, 0)  # the parts' cores over the same window
