@@ -58,6 +58,7 @@ import time
 from bench.common import report
 from connectors.commitlog.workload import Workload, append_in_chunks
 from connectors.commitlog.writer import CommitLogWriter
+from connectors.errors import ConfigError
 from streaming import config as cfg
 
 SHAPES = {
@@ -89,8 +90,8 @@ def run_service(root: str, log_dir: str, tiering_only: bool, max_batch_bytes: in
     of the part between its log lines ``(until caught up)`` and ``stopped`` (None without them);
     ``max_batch_bytes``: ``source.max_bytes_per_trigger`` (None: the product's default); with
     ``ledger``, also the CPU of its process tree by part (``run_ledger``);
-    ``settings``: more settings, ``{"spark.jit_c1_only": "false"}``, given as the service's
-    ``TIERLOG_<SECTION>_<KEY>`` environment variables (it checks them as it checks its own)."""
+    ``settings``: more settings, ``{"spark.jit_c1_only": "false"}``, put in its config file as
+    ``tierlog``'s own flags are applied (``streaming.config.load``'s overrides, which check them)."""
     work = tempfile.mkdtemp(dir=root, prefix="run-")
     conf = cfg.Config(
         commitlog=cfg.CommitlogConfig(dir=log_dir),
@@ -104,10 +105,14 @@ def run_service(root: str, log_dir: str, tiering_only: bool, max_batch_bytes: in
     path = os.path.join(work, "tierlog.toml")
     with open(path, "w") as fh:
         fh.write(cfg.to_toml(conf, with_docs=False))
+    if settings:  # as the command line's flags are: the config's own overrides check and convert them
+        try:
+            conf = cfg.load(path, env={}, overrides=settings)
+        except ConfigError as exc:
+            raise SystemExit(f"--set: {exc}") from None
+        with open(path, "w") as fh:
+            fh.write(cfg.to_toml(conf, with_docs=False))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
-    for name, value in (settings or {}).items():
-        section, key = name.split(".", 1)
-        env[f"{cfg.ENV_PREFIX}{section.upper()}_{key.upper()}"] = value
     command = [sys.executable, "-m", "streaming.cli", "run", "--until-caught-up", "--config", path]
     log_path = os.path.join(work, "service.log")
     started = time.perf_counter()
