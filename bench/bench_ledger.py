@@ -1,6 +1,7 @@
 """The cost ledger: where the whole service's CPU goes, by part, at a fixed append rate.
 
-    ./dev bench ledger [--rates 100,10000] [--body 1024] [--seconds 60] [--warmup 30] [--kafka] [--variant V] [--slices N]
+    ./dev bench ledger [--rates 100,10000] [--body 1024] [--seconds 60] [--warmup 30] [--kafka]
+                       [--broker tansu|apache-kafka] [--variant V] [--slices N]
 
 For each rate: a new root; ``tierlog run`` as a process (tiering and compaction; with ``--kafka``
 the mirror and the changelog into an embedded tansu, which is not counted); a separate process
@@ -21,6 +22,13 @@ between two samples).  What is not put in a part is printed as ``unattributed``,
 kinds it is in: a thread's time after its last sample, and the other processes' threads that lived
 under a second.
 
+With ``--broker apache-kafka`` the broker is a real Apache Kafka (the KRaft node the tests run, from
+the jars ``./dev`` fetched) instead of tansu.  Either way the broker's own cores in the window are
+printed beside the service's (not in its total), and every sink's lag: the commitlog's end minus
+what the sink has applied (the metadata store, read-only, as ``tierlog status`` reads it), at the
+window's start and end, and its growth per second.  A lag that grows while the cores are not full
+names a sink that something other than the CPU bounds.
+
 It prints, per rate, each part's cores, core-seconds per GB of commitlog appended in the window
 and µs per message appended (both counted in the commitlog itself), the total measured from the
 processes' own counters, the unattributed share, and the micro-batches each query ran in the
@@ -38,7 +46,7 @@ import tempfile
 import time
 from collections import defaultdict
 
-from bench.common import descendants, report
+from bench.common import BROKERS, descendants, kafka_broker, report, tree_cpu_s
 from bench.bench_quiet import service_under_load, variant_conf
 from bench.bench_tiering import batch_lines
 from connectors.task_cpu import TASK_CPU
@@ -307,7 +315,21 @@ def _batches(log_path: str, since: float, until: float) -> dict[str, int]:
     return dict(counts)
 
 
-def measure(rate: float, args, kafka: str | None) -> dict:
+def sink_lags(conf) -> dict[str, int]:
+    """Bytes of commitlog each sink has yet to apply: its end minus the sink's applied offset."""
+    from state.metadata import MetadataStore
+    from streaming.plan import enabled_sinks, metadata_path
+
+    end, _ = appended(conf.commitlog.dir)
+    store = MetadataStore(metadata_path(conf), read_only=True)
+    try:
+        applied = store.journal.sinks()
+    finally:
+        store.close()
+    return {sink: end - applied.get(sink, 0) for sink in enabled_sinks(conf)}
+
+
+def measure(rate: float, args, kafka: str | None, broker_pid: int | None = None) -> dict:
     conf_for = lambda root: variant_conf(root, args.variant, kafka)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="tierlog-ledger-tasks-") as tasks_dir, \
             service_under_load(conf_for, rate, args.body, prefix="tierlog-ledger-",
@@ -316,6 +338,7 @@ def measure(rate: float, args, kafka: str | None) -> dict:
         time.sleep(args.warmup)
         log_start, _ = appended(service.conf.commitlog.dir)
         kinds0 = task_cpu(cpu_file)
+        lags0, broker0 = sink_lags(service.conf), broker_pid and tree_cpu_s(broker_pid)
         sampler = Sampler(service.proc.pid)
         start_wall, before, t0 = time.time(), sampler.sample(), time.monotonic()
         slices, last, at = [], before, t0
@@ -329,6 +352,7 @@ def measure(rate: float, args, kafka: str | None) -> dict:
                                "parts": {r["part"]: r["cores"] for r in cut["parts"] if r["cores"] >= 0.005}})
             last, at = snap, now
         after, t1, end_wall = last, at, time.time()
+        lags1, broker1 = sink_lags(service.conf), broker_pid and tree_cpu_s(broker_pid)
         kinds = {k: v - kinds0.get(k, 0.0) for k, v in task_cpu(cpu_file).items()}
         log_end, messages = appended(service.conf.commitlog.dir, log_start)
         if service.proc.poll() is not None:
@@ -340,6 +364,11 @@ def measure(rate: float, args, kafka: str | None) -> dict:
         batches = _batches(service.log, start_wall, end_wall)
         total_batches = sum(batches.values())
         out["micro_batches"] = batches
+        out["sink_lag_mb"] = {sink: {"start": round(lags0.get(sink, 0) / 1e6, 1), "end": round(lag / 1e6, 1),
+                                     "growth_mb_s": round((lag - lags0.get(sink, 0)) / seconds / 1e6, 2)}
+                              for sink, lag in lags1.items()}
+        if broker_pid:
+            out["broker_cores"] = round((broker1 - broker0) / seconds, 3)
         out["cpu_ms_per_micro_batch"] = (round(out["total_cores"] * seconds / total_batches * 1000)
                                          if total_batches else None)
         if slices:
@@ -354,21 +383,18 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window (default 60)")
     parser.add_argument("--warmup", type=float, default=30.0, help="seconds before the window (default 30)")
     parser.add_argument("--kafka", action="store_true", help="the mirror and changelog into an embedded tansu")
+    parser.add_argument("--broker", choices=BROKERS,
+                        help="with Kafka: the broker (tansu, or the tests' Apache Kafka); implies --kafka")
     parser.add_argument("--variant", default="the default",
                         help="a configuration of ./dev bench quiet's (bench/bench_quiet.py), e.g. mirror-process")
     parser.add_argument("--slices", type=int, default=1, help="also print the window cut in this many slices")
     args = parser.parse_args()
-    broker = None
-    if args.kafka:
-        from connectors.kafka.embedded import EmbeddedBroker
-
-        broker = EmbeddedBroker(log_path=os.path.join(tempfile.gettempdir(), "tierlog-ledger-tansu.log")).start()
-    try:
-        runs = [measure(float(r), args, broker.bootstrap if broker else None) for r in args.rates.split(",")]
-    finally:
-        if broker is not None:
-            broker.stop()
-    report({"benchmark": "ledger", "variant": args.variant, "kafka": args.kafka, "runs": runs, "target_unattributed_share": 0.10})
+    args.kafka = args.kafka or args.broker is not None
+    broker = (args.broker or "tansu") if args.kafka else None
+    with kafka_broker(broker) as (bootstrap, broker_pid):
+        runs = [measure(float(r), args, bootstrap, broker_pid) for r in args.rates.split(",")]
+    report({"benchmark": "ledger", "variant": args.variant, "kafka": args.kafka, "broker": broker, "runs": runs,
+            "target_unattributed_share": 0.10})
 
 
 if __name__ == "__main__":

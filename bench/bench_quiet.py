@@ -29,6 +29,8 @@ variants
   compaction-min-mib-N
                  the defaults, but compaction.min_batch_bytes = N MiB: fewer, larger compaction
                  batches at a sustained rate, the KV view that much staler
+  mirror-only    the defaults, but compaction off (so, with Kafka, no changelog either): tiering
+                 and the mirror alone
 
 It prints each round's cores (CPU seconds over wall seconds) and the medians; with ``--series S``
 also the cores of each S-second slice of the window; and the window's longest tiering batch with
@@ -79,6 +81,8 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
     if name.startswith("compaction-min-mib-"):
         least = int(name.rsplit("-", 1)[1]) << 20
         conf = dataclasses.replace(conf, compaction=dataclasses.replace(conf.compaction, min_batch_bytes=least))
+    if name == "mirror-only":
+        conf = dataclasses.replace(conf, compaction=dataclasses.replace(conf.compaction, enabled=False))
     if name == "huge-pages":
         conf = dataclasses.replace(conf, spark=dataclasses.replace(conf.spark, transparent_huge_pages=True))
     return conf

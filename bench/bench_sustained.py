@@ -1,7 +1,7 @@
 """The highest append rate the whole service keeps up with, against the load generator's own maximum.
 
     ./dev bench sustained [--bodies 1024,16384] [--rates 4,8,16,32] [--minutes 5] [--no-kafka]
-                          [--producer kafka-python|librdkafka] [--mirror-process]
+                          [--producer kafka-python|librdkafka] [--mirror-process] [--broker tansu|apache-kafka]
 
 For each body size:
 
@@ -10,7 +10,8 @@ baseline   the load generator alone (``bench/loadgen.py``: records encoded befor
            maximum append rate in MB/s, measured twice, before and after the probes.
 probe R    a new service over a new root (``tierlog run`` as a process: tiering, compaction, and
            with Kafka the mirror and the changelog on an embedded tansu broker), first batch
-           committed, then the generator appends R MB/s for ``--minutes``.  Every 5 s
+           committed, then the generator appends R MB/s for ``--minutes`` (``--broker apache-kafka``:
+           a real Apache Kafka, the tests' KRaft node, instead of tansu).  Every 5 s
            the benchmark samples each sink's lag in bytes: the commitlog's end minus the offset
            that sink has applied (the metadata store, read-only, as ``tierlog status`` reads it).
 
@@ -41,7 +42,7 @@ import time
 
 from bench import loadgen
 from bench.bench_tiering import REPO, ServiceProcess
-from bench.common import report
+from bench.common import BROKERS, kafka_broker, report
 from connectors.commitlog.reader import CommitLogReader
 from state.metadata import MetadataStore
 from connectors.kafka.settings import PRODUCERS
@@ -173,15 +174,10 @@ def main() -> None:
                     help="kafka.producer of the service (default: the product's)")
     ap.add_argument("--mirror-process", action="store_true",
                     help="kafka.mirror_process = true: the driver's mirror steps sent from a process of their own")
+    ap.add_argument("--broker", default="tansu", choices=BROKERS, help="the Kafka-protocol broker (default tansu)")
     args = ap.parse_args()
-    bootstrap, broker = None, None
-    if not args.no_kafka:
-        from connectors.kafka.embedded import EmbeddedBroker
-
-        broker = EmbeddedBroker().start()
-        bootstrap = broker.bootstrap
     results = []
-    try:
+    with kafka_broker(None if args.no_kafka else args.broker) as (bootstrap, _pid):
         for body in (int(b) for b in args.bodies.split(",")):
             before = producer_max(body)
             probes = []
@@ -196,10 +192,8 @@ def main() -> None:
             results.append({"body": body, "producer_max_mb_s": [round(before, 1), round(after, 1)],
                             "sustained_mb_s": best, "of_producer_max": round(best / producer, 3) if best else None,
                             "probes": probes})
-    finally:
-        if broker is not None:
-            broker.stop()
     report({"benchmark": "sustained", "minutes_per_rate": args.minutes, "kafka": not args.no_kafka,
+            "broker": None if args.no_kafka else args.broker,
             "producer": args.producer if not args.no_kafka else None,
             "mirror_process": args.mirror_process if not args.no_kafka else None,
             "keeps_up": f"lag growth over each probe's second half < {KEEPS_UP_SLOPE:.0%} of the append rate",

@@ -1,7 +1,8 @@
 """Tiering benchmarks (issue 3), each printing JSON with its baseline measured in the same run.
 
     python -m bench.bench_tiering catchup   [--mb 1024] [--queues 1024] [--on-corrupt fail|quarantine|both]
-    python -m bench.bench_tiering freshness [--rate 10000] [--seconds 60] [--kafka] [--big-tier 60000]
+    python -m bench.bench_tiering freshness [--rate 10000] [--seconds 60] [--kafka] [--broker tansu|apache-kafka]
+                                            [--no-compaction] [--big-tier 60000]
     python -m bench.bench_tiering objects   [--queues 10000]
     python -m bench.bench_tiering restart   [--rounds 3] [--messages 50000]
 
@@ -23,8 +24,10 @@ freshness  bench/loadgen.py (pre-encoded records, a process of its own;
            Every message stored after the warm-up counts: the run waits until
            the tier has committed the whole log (--drain), then kills the
            service (a clean stop folds the commit records away); messages still
-           not committed are reported.  Compaction runs beside tiering; with
-           --kafka the mirror and the changelog too, on an embedded tansu.
+           not committed are reported.  Compaction runs beside tiering (not
+           with --no-compaction); with --kafka the mirror and the changelog
+           too, on an embedded tansu (--broker apache-kafka: a real Apache
+           Kafka, the tests' KRaft node).
            The consumers of the tier are timed the same way, per message:
            append -> in the KV view (the compaction batch that applied it,
            changelog sent first) and append -> in Kafka (the mirror batch
@@ -62,7 +65,7 @@ import tempfile
 import time
 
 from bench import loadgen
-from bench.common import report
+from bench.common import BROKERS, kafka_broker, report
 from connectors.commitlog.format import Message
 from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.workload import Workload, append_in_chunks
@@ -232,23 +235,16 @@ class ServiceProcess:
 
 def freshness(args) -> dict:
     root = tempfile.mkdtemp(prefix="tierlog-fresh-")
-    broker = None
-    if args.kafka:  # the mirror and the changelog run beside tiering, as the whole service does
-        from connectors.kafka.embedded import EmbeddedBroker
-
-        broker = EmbeddedBroker(log_path=os.path.join(root, "tansu.log")).start()
-    try:
-        return _freshness(args, root, broker)
-    finally:
-        if broker is not None:
-            broker.stop()
+    # With --kafka the mirror and the changelog run beside tiering, as the whole service does.
+    with kafka_broker(args.broker if args.kafka else None) as (bootstrap, _pid):
+        return _freshness(args, root, bootstrap)
 
 
-def _freshness(args, root: str, broker) -> dict:
-    kafka = {"bootstrap": broker.bootstrap, "partitions": 4} if broker else {}
-    compaction = {}
+def _freshness(args, root: str, broker: str | None) -> dict:
+    kafka = {"bootstrap": broker, "partitions": 4} if broker else {}
+    compaction = {"enabled": False} if args.no_compaction else {}
     if args.no_hold:  # compaction and the mirror at every trigger (the defaults before issue 53)
-        kafka, compaction = {**kafka, "mirror_min_batch_bytes": 0}, {"min_batch_bytes": 0}
+        kafka, compaction = {**kafka, "mirror_min_batch_bytes": 0}, {**compaction, "min_batch_bytes": 0}
     if broker and args.mirror_driver_bytes is not None:
         kafka["mirror_driver_bytes"] = args.mirror_driver_bytes
     if broker and args.mirror_process:
@@ -282,14 +278,14 @@ def _freshness(args, root: str, broker) -> dict:
     consumer = None
     if broker:  # append -> consumed from the mirror topic, by a consumer of its own (bench/topic_times.py)
         topics = "topic-0" if args.generator == "pre-encoded" else "topic-0,topic-1"
-        consumer = subprocess.Popen([sys.executable, "-m", "bench.topic_times", broker.bootstrap, topics,
+        consumer = subprocess.Popen([sys.executable, "-m", "bench.topic_times", broker, topics,
                                      os.path.join(root, "consumed.txt")], cwd=REPO, stdout=subprocess.PIPE, text=True)
     produced = append(int(args.rate * args.seconds), 0)
     # Every message counts: wait until the tier has committed the whole log (or give up after
     # --drain seconds, and count what it had not), then kill the service, so no clean stop folds the
     # commit records this reads (a fold deletes them).
     _wait_for_tier(service, conf, args.drain)
-    consumers = ["compaction"] + (["mirror"] if broker else [])
+    consumers = ([] if args.no_compaction else ["compaction"]) + (["mirror"] if broker else [])
     _wait_for_consumers(service, consumers, args.drain)
     service.kill()
     consumed = _consumed(consumer, os.path.join(root, "consumed.txt"), args.drain) if consumer else None
@@ -335,7 +331,7 @@ def _freshness(args, root: str, broker) -> dict:
         "generator": args.generator, "generator_cores": produced.get("cores"), "keys": args.keys,
         "messages": len(latencies), "measured": len(values), "steady_messages": steady,
         "not_committed_within_drain": uncommitted, "trigger_interval_s": args.trigger,
-        "kafka": "mirror and changelog on an embedded tansu" if broker else "off",
+        "kafka": f"the mirror{'' if args.no_compaction else ' and the changelog'} on {args.broker}" if broker else "off",
         "mirror_driver_bytes": conf.kafka.mirror_driver_bytes if broker else None,
         "mirror_process": conf.kafka.mirror_process if broker else None,
         "linger_ms": conf.kafka.linger_ms if broker else None,
@@ -538,6 +534,9 @@ def main() -> None:
     p.add_argument("--trigger", type=float, default=0.5, help="trigger interval in seconds")
     p.add_argument("--drain", type=float, default=120, help="seconds to wait for the tier to commit the whole log")
     p.add_argument("--kafka", action="store_true", help="the Kafka mirror and changelog too (an embedded tansu)")
+    p.add_argument("--broker", default="tansu", choices=BROKERS,
+                   help="with --kafka: the broker, tansu or a real Apache Kafka (the tests' KRaft node)")
+    p.add_argument("--no-compaction", action="store_true", help="compaction off (with --kafka: no changelog either)")
     p.add_argument("--body", type=int, default=1024, help="body size in bytes of the messages appended")
     p.add_argument("--keys", type=int, default=1000, help="distinct keys of the messages appended")
     p.add_argument("--generator", choices=["pre-encoded", "tierlog"], default="pre-encoded",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import statistics
 import sys
 import time
@@ -100,3 +102,30 @@ def tree_cpu_s(root: int, skip: int | None = None) -> float:
             continue  # exited meanwhile
         total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime: stat's fields 14-17
     return total / os.sysconf("SC_CLK_TCK")
+
+
+BROKERS = ("tansu", "apache-kafka")
+
+
+@contextlib.contextmanager
+def kafka_broker(kind: str | None):
+    """``(bootstrap, pid)`` of a Kafka-protocol broker on loopback for the block: ``tansu`` (embedded,
+    in memory), ``apache-kafka`` (the tests' KRaft node, from the jars ``./dev`` fetched), or None
+    for none (``(None, None)``).  The pid is the broker's process, for its CPU."""
+    if kind is None:
+        yield None, None
+    elif kind == "tansu":
+        from connectors.kafka.embedded import EmbeddedBroker
+
+        broker = EmbeddedBroker(log_path=os.path.join(tempfile.gettempdir(), "tierlog-bench-tansu.log")).start()
+        try:
+            yield broker.bootstrap, broker.process.pid
+        finally:
+            broker.stop()
+    else:
+        from pathlib import Path
+
+        from tests.kafka_broker import ApacheKafka
+
+        with tempfile.TemporaryDirectory(prefix="tierlog-bench-kafka-") as root, ApacheKafka(Path(root)) as broker:
+            yield broker.bootstrap, broker.jvm.process.pid
