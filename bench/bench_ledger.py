@@ -46,7 +46,7 @@ import tempfile
 import time
 from collections import defaultdict
 
-from bench.common import BROKERS, descendants, kafka_broker, report, tree_cpu_s
+from bench.common import BROKERS, chosen_broker, descendants, kafka_broker, report, tree_cpu_s
 from bench.bench_quiet import service_under_load, variant_conf
 from bench.bench_tiering import batch_lines
 from connectors.task_cpu import TASK_CPU
@@ -389,11 +389,10 @@ def main() -> None:
                         help="a configuration of ./dev bench quiet's (bench/bench_quiet.py), e.g. mirror-process")
     parser.add_argument("--slices", type=int, default=1, help="also print the window cut in this many slices")
     args = parser.parse_args()
-    args.kafka = args.kafka or args.broker is not None
-    broker = (args.broker or "tansu") if args.kafka else None
+    broker = chosen_broker(args.kafka, args.broker)
     with kafka_broker(broker) as (bootstrap, broker_pid):
         runs = [measure(float(r), args, bootstrap, broker_pid) for r in args.rates.split(",")]
-    report({"benchmark": "ledger", "variant": args.variant, "kafka": args.kafka, "broker": broker, "runs": runs,
+    report({"benchmark": "ledger", "variant": args.variant, "kafka": broker is not None, "broker": broker, "runs": runs,
             "target_unattributed_share": 0.10})
 
 

@@ -65,7 +65,7 @@ import tempfile
 import time
 
 from bench import loadgen
-from bench.common import BROKERS, kafka_broker, report
+from bench.common import BROKERS, chosen_broker, kafka_broker, report
 from connectors.commitlog.format import Message
 from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.workload import Workload, append_in_chunks
@@ -236,7 +236,8 @@ class ServiceProcess:
 def freshness(args) -> dict:
     root = tempfile.mkdtemp(prefix="tierlog-fresh-")
     # With --kafka the mirror and the changelog run beside tiering, as the whole service does.
-    with kafka_broker(args.broker if args.kafka else None) as (bootstrap, _pid):
+    args.broker = chosen_broker(args.kafka, args.broker)
+    with kafka_broker(args.broker) as (bootstrap, _pid):
         return _freshness(args, root, bootstrap)
 
 
@@ -331,7 +332,8 @@ def _freshness(args, root: str, broker: str | None) -> dict:
         "generator": args.generator, "generator_cores": produced.get("cores"), "keys": args.keys,
         "messages": len(latencies), "measured": len(values), "steady_messages": steady,
         "not_committed_within_drain": uncommitted, "trigger_interval_s": args.trigger,
-        "kafka": f"the mirror{'' if args.no_compaction else ' and the changelog'} on {args.broker}" if broker else "off",
+        "kafka": (f"the mirror{'' if args.no_compaction else ' and the changelog'} on {args.broker}"
+                  if broker else "off"),
         "mirror_driver_bytes": conf.kafka.mirror_driver_bytes if broker else None,
         "mirror_process": conf.kafka.mirror_process if broker else None,
         "linger_ms": conf.kafka.linger_ms if broker else None,
@@ -534,8 +536,9 @@ def main() -> None:
     p.add_argument("--trigger", type=float, default=0.5, help="trigger interval in seconds")
     p.add_argument("--drain", type=float, default=120, help="seconds to wait for the tier to commit the whole log")
     p.add_argument("--kafka", action="store_true", help="the Kafka mirror and changelog too (an embedded tansu)")
-    p.add_argument("--broker", default="tansu", choices=BROKERS,
-                   help="with --kafka: the broker, tansu or a real Apache Kafka (the tests' KRaft node)")
+    p.add_argument("--broker", choices=BROKERS,
+                   help="the Kafka broker: tansu (--kafka's) or a real Apache Kafka (the tests' KRaft node); "
+                        "implies --kafka")
     p.add_argument("--no-compaction", action="store_true", help="compaction off (with --kafka: no changelog either)")
     p.add_argument("--body", type=int, default=1024, help="body size in bytes of the messages appended")
     p.add_argument("--keys", type=int, default=1000, help="distinct keys of the messages appended")

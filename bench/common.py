@@ -107,6 +107,12 @@ def tree_cpu_s(root: int, skip: int | None = None) -> float:
 BROKERS = ("tansu", "apache-kafka")
 
 
+def chosen_broker(kafka: bool, broker: str | None) -> str | None:
+    """The broker a benchmark's ``--kafka`` and ``--broker`` ask for: ``--broker`` implies Kafka,
+    whose broker is tansu unless named; None for none."""
+    return broker or ("tansu" if kafka else None)
+
+
 @contextlib.contextmanager
 def kafka_broker(kind: str | None):
     """``(bootstrap, pid)`` of a Kafka-protocol broker on loopback for the block: ``tansu`` (embedded,
