@@ -48,6 +48,7 @@ from collections import defaultdict
 
 from bench.common import BROKERS, chosen_broker, descendants, kafka_broker, report, tree_cpu_s
 from bench.bench_quiet import service_under_load, variant_conf
+from bench.bench_sustained import sink_lags
 from bench.bench_tiering import batch_lines
 from connectors.task_cpu import TASK_CPU
 
@@ -315,20 +316,6 @@ def _batches(log_path: str, since: float, until: float) -> dict[str, int]:
     return dict(counts)
 
 
-def sink_lags(conf) -> dict[str, int]:
-    """Bytes of commitlog each sink has yet to apply: its end minus the sink's applied offset."""
-    from state.metadata import MetadataStore
-    from streaming.plan import enabled_sinks, metadata_path
-
-    end, _ = appended(conf.commitlog.dir)
-    store = MetadataStore(metadata_path(conf), read_only=True)
-    try:
-        applied = store.journal.sinks()
-    finally:
-        store.close()
-    return {sink: end - applied.get(sink, 0) for sink in enabled_sinks(conf)}
-
-
 def measure(rate: float, args, kafka: str | None, broker_pid: int | None = None) -> dict:
     conf_for = lambda root: variant_conf(root, args.variant, kafka)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="tierlog-ledger-tasks-") as tasks_dir, \
@@ -338,7 +325,7 @@ def measure(rate: float, args, kafka: str | None, broker_pid: int | None = None)
         time.sleep(args.warmup)
         log_start, _ = appended(service.conf.commitlog.dir)
         kinds0 = task_cpu(cpu_file)
-        lags0, broker0 = sink_lags(service.conf), broker_pid and tree_cpu_s(broker_pid)
+        lags0, broker0 = sink_lags(service.conf, log_start), broker_pid and tree_cpu_s(broker_pid)
         sampler = Sampler(service.proc.pid)
         start_wall, before, t0 = time.time(), sampler.sample(), time.monotonic()
         slices, last, at = [], before, t0
@@ -352,9 +339,10 @@ def measure(rate: float, args, kafka: str | None, broker_pid: int | None = None)
                                "parts": {r["part"]: r["cores"] for r in cut["parts"] if r["cores"] >= 0.005}})
             last, at = snap, now
         after, t1, end_wall = last, at, time.time()
-        lags1, broker1 = sink_lags(service.conf), broker_pid and tree_cpu_s(broker_pid)
+        broker1 = broker_pid and tree_cpu_s(broker_pid)
         kinds = {k: v - kinds0.get(k, 0.0) for k, v in task_cpu(cpu_file).items()}
         log_end, messages = appended(service.conf.commitlog.dir, log_start)
+        lags1 = sink_lags(service.conf, log_end)
         if service.proc.poll() is not None:
             raise RuntimeError(f"the service in {service.root} exited (see {service.log})")
         seconds = t1 - t0

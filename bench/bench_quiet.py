@@ -52,7 +52,7 @@ import time
 
 from bench.bench_tiering import REPO, ServiceProcess, batch_lines
 from bench import loadgen
-from bench.common import report, tree_cpu_s
+from bench.common import kafka_broker, report, tree_cpu_s
 from streaming import config as cfg
 
 
@@ -147,22 +147,14 @@ def main() -> None:
     parser.add_argument("--series", type=float, default=0.0,
                         help="also print the cores of each slice of this many seconds of the window")
     args = parser.parse_args()
-    broker = None
-    if args.kafka:
-        from connectors.kafka.embedded import EmbeddedBroker
-
-        broker = EmbeddedBroker(log_path=os.path.join(tempfile.gettempdir(), "tierlog-quiet-tansu.log")).start()
     names = args.variants.split(",")
     rounds: dict[str, list[float]] = {n: [] for n in names}
     runs = []
-    try:
+    with kafka_broker("tansu" if args.kafka else None) as (bootstrap, _pid):
         for r in range(args.rounds):
             for name in (names if r % 2 == 0 else list(reversed(names))):  # alternating order
-                runs.append(measure(name, args, broker.bootstrap if broker else None))
+                runs.append(measure(name, args, bootstrap))
                 rounds[name].append(runs[-1]["cores"])
-    finally:
-        if broker is not None:
-            broker.stop()
     result = {"benchmark": "quiet", "rate_msgs_s": args.rate, "body_bytes": 1024, "kafka": args.kafka,
               "window_s": args.seconds, "warmup_s": args.warmup,
               "cores": {n: {"rounds": v, "median": statistics.median(v)} for n, v in rounds.items()}, "runs": runs}

@@ -104,19 +104,24 @@ def producer_max(body: int, mb: int = 512) -> float:
 def lag_samples(root: Root, producer: subprocess.Popen, minutes: float) -> list[tuple[float, int, dict]]:
     """(seconds since start, largest sink lag in bytes, lag per sink) every ``SAMPLE_S`` while the producer runs."""
     samples, hint, started = [], None, time.monotonic()
-    sinks = enabled_sinks(root.conf)
     with CommitLogReader(root.conf.commitlog.dir) as reader:
         while producer.poll() is None and time.monotonic() - started < minutes * 60 + 30:
             time.sleep(SAMPLE_S)
             hint = end = reader.end_offset(hint)
-            store = MetadataStore(metadata_path(root.conf), read_only=True)
-            try:
-                applied = store.journal.sinks()
-            finally:
-                store.close()
-            lags = {s: end - applied.get(s, 0) for s in sinks}
+            lags = sink_lags(root.conf, end)
             samples.append((round(time.monotonic() - started, 1), max(lags.values()), lags))
     return samples
+
+
+def sink_lags(conf: cfg.Config, end: int) -> dict[str, int]:
+    """Bytes of commitlog each enabled sink has yet to apply: ``end`` (the commitlog's) minus the
+    sink's applied offset, from the metadata store read-only, as ``tierlog status`` reads it."""
+    store = MetadataStore(metadata_path(conf), read_only=True)
+    try:
+        applied = store.journal.sinks()
+    finally:
+        store.close()
+    return {sink: end - applied.get(sink, 0) for sink in enabled_sinks(conf)}
 
 
 def slope(points: list[tuple[float, int]]) -> float:
