@@ -150,9 +150,14 @@ def _latest_per_key(table: pa.Table) -> tuple[np.ndarray, list[bytes]]:
     return order.to_numpy()[first], sorted_keys.filter(pa.array(first)).to_pylist()
 
 
-def _values(table: pa.Table, picked: np.ndarray) -> tuple[pa.Array, np.ndarray, np.ndarray]:
-    """The stored values of rows ``picked`` (``_value`` for a whole batch), with their store
-    times (epoch ms) and whether each is a delete."""
+def _values(table: pa.Table, picked: np.ndarray) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+    """The stored values of rows ``picked`` (``_value`` for a whole batch), in that order, with
+    their store times (epoch ms) and whether each is a delete.
+
+    Why chunk by chunk: a batch's bodies are hundreds of MB, left by the reader in its row groups
+    (``records_as_stored``).  Taking them in key order joined every chunk into one buffer first,
+    then copied them again, in fresh memory each time.  Here each chunk's picked bodies are joined
+    to their heads once and made bytes, and only the references are put in key order."""
     deleted = table.column("deleted").take(picked).to_numpy(zero_copy_only=False).astype(bool)
     store_ts = epoch_ms_array(table.column("store_ts").take(picked)).to_numpy()
     heads = np.empty(len(picked), dtype=_HEAD_DTYPE)
@@ -160,12 +165,28 @@ def _values(table: pa.Table, picked: np.ndarray) -> tuple[pa.Array, np.ndarray, 
     heads["queue_id"] = table.column("queue_id").take(picked).to_numpy()
     heads["queue_offset"] = table.column("queue_offset").take(picked).to_numpy()
     heads["store_ts"], heads["tombstone"] = store_ts, deleted
-    head_array = pa.FixedSizeBinaryArray.from_buffers(pa.binary(_HEAD.size), len(picked),
-                                                      [None, pa.py_buffer(heads.tobytes())])
-    body = table.column("body").take(picked)
-    empty = pa.scalar(b"", body.type)
-    body = pc.if_else(pa.array(deleted), empty, pc.fill_null(body, empty))  # a tombstone has no body
-    return pc.binary_join_element_wise(head_array.cast(body.type), body, empty), store_ts, deleted
+    slot = np.full(table.num_rows, -1, np.int64)  # where each row's value goes; -1: not picked
+    slot[picked] = np.arange(len(picked))
+    values: list[bytes] = [b""] * len(picked)
+    start = 0
+    for body in table.column("body").chunks:
+        to = slot[start : start + len(body)]
+        start += len(body)
+        mine = to >= 0
+        if not mine.all():
+            body, to = body.filter(pa.array(mine)), to[mine]
+        if not len(to):
+            continue
+        head = pa.FixedSizeBinaryArray.from_buffers(pa.binary(_HEAD.size), len(to),
+                                                    [None, pa.py_buffer(heads[to].tobytes())])
+        empty = pa.scalar(b"", body.type)  # a null body is an empty one
+        joined = pc.binary_join_element_wise(head.cast(body.type), body, empty, null_handling="replace",
+                                             null_replacement=b"")
+        for i, value in zip(to.tolist(), joined.to_pylist()):
+            values[i] = value
+    for i in np.flatnonzero(deleted).tolist():
+        values[i] = heads[i].tobytes()  # a tombstone keeps no body
+    return values, store_ts, deleted
 
 
 class KVView:
@@ -265,7 +286,7 @@ class KVView:
         picked, keys = self._newer_than_held(table, picked, keys, floor)
         values, store_ts, deleted = _values(table, picked)
         wb = WriteBatch(raw_mode=True)
-        for k, v in zip(keys, values.to_pylist()):
+        for k, v in zip(keys, values):
             wb.put(k, v)
         if self.ttl:
             self._index_ttl(wb, keys, table.column("topic").take(picked).to_pylist(), store_ts, deleted)

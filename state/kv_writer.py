@@ -73,8 +73,10 @@ RECORD_COLUMNS = ("queue_id", "queue_offset", "store_ts", "op", "body")
 def resolve(changes: pa.Table, reader) -> pa.Table:
     """Changed keys (``CHANGE_REF``) with their latest message's fields: ``CHANGE_ROW``s, for
     ``KVView.apply_table`` and the changelog; ``reader``: a ``CommitLogReader`` or ``FeedMessages``."""
-    records = reader.records_at(changes["phy_offset"].to_numpy(), RECORD_COLUMNS)
-    table = changes.select(list(CHANGE_REF))
+    # The rows come in the order the reader stores them, and the changed keys are put in that
+    # order: the keys are a few bytes a row, the bodies hundreds of MB a batch (records_as_stored).
+    records, at = reader.records_as_stored(changes["phy_offset"].to_numpy(), RECORD_COLUMNS)
+    table = changes.select(list(CHANGE_REF)).take(pa.array(at))
     for name in ("queue_id", "queue_offset", "store_ts", "body"):
         table = table.append_column(name, records[name])
     return table.append_column("deleted", pc.equal(records["op"], "delete")).select(list(CHANGE_ROW))

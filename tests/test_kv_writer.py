@@ -122,11 +122,11 @@ class FailingMessages:
         self.reader = ReaderOptions(directory).open(check_crc=False)
         self.fail_at, self.threads = fail_at, set()
 
-    def records_at(self, phys, columns):
+    def records_as_stored(self, phys, columns):
         self.threads.add(threading.current_thread().name)
         if self.fail_at is not None and self.fail_at in set(phys.tolist()):
             raise TierlogError("injected: this batch's messages could not be read")
-        return self.reader.records_at(phys, columns)
+        return self.reader.records_as_stored(phys, columns)
 
     def first_offset(self) -> int:
         return self.reader.first_offset()

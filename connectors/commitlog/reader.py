@@ -674,11 +674,20 @@ class CommitLogReader:
         """
         import pyarrow as pa
 
+        records, at = self.records_as_stored(phy_offsets, columns)
+        return records.take(pa.array(np.argsort(at, kind="stable")))
+
+    def records_as_stored(self, phy_offsets: "np.ndarray",
+                          columns: "Sequence[str]") -> "tuple[pa.Table, np.ndarray]":
+        """``records_at``'s records in physical order, and for each, where its offset stands in
+        ``phy_offsets``: a caller that can take them in that order spares a copy of the bodies."""
+        import pyarrow as pa
+
         from connectors.commitlog.arrow import BatchDecodeError, decode_batch, project_schema
 
         phys = np.asarray(phy_offsets, np.int64)
         if len(phys) == 0:
-            return project_schema(columns).empty_table()
+            return project_schema(columns).empty_table(), np.empty(0, np.int64)
         files = self.files()
         order = np.argsort(phys, kind="stable")
         sorted_phys = phys[order]
@@ -697,8 +706,7 @@ class CommitLogReader:
                 parts.append(decode_batch(self._map(f), at - f.base, f.base, columns=columns, broker=self.broker))
             except BatchDecodeError as exc:
                 raise self._fail(f, int(at[exc.index] - f.base), exc.reason) from None
-        in_sorted_order = pa.Table.from_batches(parts)
-        return in_sorted_order.take(pa.array(np.argsort(order, kind="stable")))
+        return pa.Table.from_batches(parts), order
 
     def read_bytes(self, start: int, length: int) -> bytes | None:
         """The ``length`` bytes at physical offset ``start`` (a record's: they never span two
