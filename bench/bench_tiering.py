@@ -241,16 +241,16 @@ def freshness(args) -> dict:
         return _freshness(args, root, bootstrap)
 
 
-def _freshness(args, root: str, broker: str | None) -> dict:
-    kafka = {"bootstrap": broker, "partitions": 4} if broker else {}
+def _freshness(args, root: str, bootstrap: str | None) -> dict:
+    kafka = {"bootstrap": bootstrap, "partitions": 4} if bootstrap else {}
     compaction = {"enabled": False} if args.no_compaction else {}
     if args.no_hold:  # compaction and the mirror at every trigger (the defaults before issue 53)
         kafka, compaction = {**kafka, "mirror_min_batch_bytes": 0}, {**compaction, "min_batch_bytes": 0}
-    if broker and args.mirror_driver_bytes is not None:
+    if bootstrap and args.mirror_driver_bytes is not None:
         kafka["mirror_driver_bytes"] = args.mirror_driver_bytes
-    if broker and args.mirror_process:
+    if bootstrap and args.mirror_process:
         kafka["mirror_process"] = True
-    if broker and args.linger_ms is not None:
+    if bootstrap and args.linger_ms is not None:
         kafka["linger_ms"] = args.linger_ms
     source = {"max_bytes_per_trigger": args.max_batch_bytes} if args.max_batch_bytes is not None else {}
     conf = make_conf(root, spark={"trigger_interval_s": args.trigger}, kafka=kafka, compaction=compaction,
@@ -277,16 +277,16 @@ def _freshness(args, root: str, broker: str | None) -> dict:
     time.sleep(args.warmup)
     steady_from_ms = int(time.time() * 1000)
     consumer = None
-    if broker:  # append -> consumed from the mirror topic, by a consumer of its own (bench/topic_times.py)
+    if bootstrap:  # append -> consumed from the mirror topic, by a consumer of its own (bench/topic_times.py)
         topics = "topic-0" if args.generator == "pre-encoded" else "topic-0,topic-1"
-        consumer = subprocess.Popen([sys.executable, "-m", "bench.topic_times", broker, topics,
+        consumer = subprocess.Popen([sys.executable, "-m", "bench.topic_times", bootstrap, topics,
                                      os.path.join(root, "consumed.txt")], cwd=REPO, stdout=subprocess.PIPE, text=True)
     produced = append(int(args.rate * args.seconds), 0)
     # Every message counts: wait until the tier has committed the whole log (or give up after
     # --drain seconds, and count what it had not), then kill the service, so no clean stop folds the
     # commit records this reads (a fold deletes them).
     _wait_for_tier(service, conf, args.drain)
-    consumers = ([] if args.no_compaction else ["compaction"]) + (["mirror"] if broker else [])
+    consumers = ([] if args.no_compaction else ["compaction"]) + (["mirror"] if bootstrap else [])
     _wait_for_consumers(service, consumers, args.drain)
     service.kill()
     consumed = _consumed(consumer, os.path.join(root, "consumed.txt"), args.drain) if consumer else None
@@ -333,10 +333,10 @@ def _freshness(args, root: str, broker: str | None) -> dict:
         "messages": len(latencies), "measured": len(values), "steady_messages": steady,
         "not_committed_within_drain": uncommitted, "trigger_interval_s": args.trigger,
         "kafka": (f"the mirror{'' if args.no_compaction else ' and the changelog'} on {args.broker}"
-                  if broker else "off"),
-        "mirror_driver_bytes": conf.kafka.mirror_driver_bytes if broker else None,
-        "mirror_process": conf.kafka.mirror_process if broker else None,
-        "linger_ms": conf.kafka.linger_ms if broker else None,
+                  if bootstrap else "off"),
+        "mirror_driver_bytes": conf.kafka.mirror_driver_bytes if bootstrap else None,
+        "mirror_process": conf.kafka.mirror_process if bootstrap else None,
+        "linger_ms": conf.kafka.linger_ms if bootstrap else None,
         "max_bytes_per_trigger": conf.source.max_bytes_per_trigger,
         "tier_before": big or "new",
         "append_to_committed_ms": {"p50": round(q[49]), "p99": round(q[98]), "max": max(values)},
