@@ -26,8 +26,9 @@ Options:
 ``tasks``            how many tasks Spark runs at once: a batch of more than that many
                      ``PARTITION_BYTES`` is that many partitions (each backfill still one of its own)
 ``latestPerKey``     ``true``: of each partition, only each ``(topic, key)``'s last message that
-                     entered a queue (``columns`` must be ``topic, key, phy_offset, sysflag``), so fewer rows reach
-                     Spark's aggregation; the result of a ``max(phy_offset)`` per key is the same
+                     entered a queue (``columns`` must hold ``topic, key, phy_offset``; ``sysflag``, 0
+                     if asked for), so fewer rows reach Spark's aggregation; the result of a
+                     ``max(phy_offset)`` per key is the same
 
 Under ``availableNow`` a batch ends at most at the tier's end when the query started.  ``tierlog
 run --until-caught-up`` does not use it (the tier is still growing then): it runs the query on its
@@ -264,13 +265,14 @@ def read_partition(location: str, broker: str | None, columns: tuple[str, ...], 
     from connectors.tier.backend import open_backend
     from connectors.tier.feed import read_batches
 
+    read = (*columns, "sysflag") if latest and "sysflag" not in columns else columns  # keyed_mask's
     backend = open_backend(location, create=False, copies=copies)
     try:
         batches, rows = [], 0
-        for batch in read_batches(backend, partition.batches, partition.start, partition.end, columns, broker):
+        for batch in read_batches(backend, partition.batches, partition.start, partition.end, read, broker):
             if topics is not None and not topics.everything and batch.num_rows:
                 batch = batch.filter(topics.mask(batch.column("topic")))
-            batch = batch.select(list(columns))
+            batch = batch.select(list(read))
             if not latest:
                 yield batch
                 continue
@@ -289,8 +291,9 @@ LATEST_CHUNK_ROWS = 1_000_000  # rows reduced at a time under latestPerKey (Spar
 
 
 def last_per_key(batches, columns: tuple[str, ...]) -> "pa.Table":
-    """Each ``(topic, key)``'s message with the highest physical offset, of the keyed messages
-    that entered a queue; ``sysflag`` 0 (a plain message: every row here entered a queue)."""
+    """``columns`` of each ``(topic, key)``'s message with the highest physical offset, of the keyed
+    messages that entered a queue (``batches`` hold ``sysflag`` too); ``sysflag``, if asked for, 0
+    (a plain message: every row here entered a queue)."""
     import numpy as np
     import pyarrow as pa
 
@@ -303,8 +306,9 @@ def last_per_key(batches, columns: tuple[str, ...]) -> "pa.Table":
     table = pa.Table.from_batches(batches)
     table = table.filter(keyed_mask(table))
     last = table.group_by(["topic", "key"], use_threads=False).aggregate([("phy_offset", "max")])
-    out = {"topic": last["topic"], "key": last["key"], "phy_offset": last["phy_offset_max"],
-           "sysflag": pa.array(np.zeros(last.num_rows, np.int32))}
+    out = {"topic": last["topic"], "key": last["key"], "phy_offset": last["phy_offset_max"]}
+    if "sysflag" in columns:
+        out["sysflag"] = pa.array(np.zeros(last.num_rows, np.int32))
     return pa.table([out[c] for c in columns], schema=schema)
 
 

@@ -1,7 +1,7 @@
 """The compaction query's foreachBatch: Spark finds the changed keys, ``KVWriter`` applies them.
 
     spark.readStream.format("tierfeed")  (the tier's committed batches; only the columns it needs)
-      -> latest_per_key (Spark's RocksDB state store; streaming/latest_per_key.py)
+      -> max_per_key (Spark's RocksDB state store; streaming/latest_per_key.py)
       -> foreachBatch(CompactionHandler.process)
 
 Per micro-batch the handler collects the changed keys (small references, one row per key) to the
@@ -25,7 +25,7 @@ from state.kv import KVView
 from state.kv_writer import CompactionReport, CompactionSettings, KVWriter
 from connectors.threads import name_native
 from streaming.checkpoints import Batch
-from streaming.latest_per_key import SOURCE_COLUMNS, latest_per_key
+from streaming.latest_per_key import REDUCED_COLUMNS, max_per_key
 
 log = logging.getLogger("tierlog.compaction")
 
@@ -36,11 +36,11 @@ def compaction_stream(spark, options: dict):
     messages = (
         spark.readStream.format("tierfeed")
         .options(**{k: str(v) for k, v in options.items() if v is not None})
-        .option("columns", ",".join(SOURCE_COLUMNS))
+        .option("columns", ",".join(REDUCED_COLUMNS))
         .option("latestPerKey", "true")  # fewer rows reach the aggregation; max(phy_offset) is the same
         .load()
     )
-    return latest_per_key(messages)
+    return max_per_key(messages)  # the source yields keyed messages that entered a queue only
 
 
 class CompactionHandler:

@@ -23,7 +23,13 @@ Why this shape:
 * **Fewer rows reach it.**  The ``tierfeed`` source reduces each partition
   (one staging object) to each key's last message in Arrow first
   (``latestPerKey``): the same ``max``, with a key's repeats within an object
-  never crossing into the JVM.
+  never crossing into the JVM.  Those rows are keyed messages that entered a
+  queue already, so they cross without ``sysflag`` and Spark filters nothing
+  (``max_per_key``).  That alone made no difference the benchmark of Spark's
+  stateful step resolved (``bench/bench_state_step.py``); there the string
+  key's two columns cost more: one column of both took 0.81-0.83 of the
+  tasks' CPU, but that is another state, which no checkpoint made before
+  could keep.
 * **The state holds references, not bodies** (as RocketMQ's ConsumeQueue
   does).  Each changed message's body is read once, from the tier's
   committed batch to the KV view, on the driver; the tier keeps the batch
@@ -37,8 +43,11 @@ from pyspark.sql import functions as F
 
 from connectors.commitlog import format as fmt
 
-# What the compaction query reads from the commitlog source (its ``columns`` option).
+# What ``latest_per_key`` reads from a source of unfiltered messages (its ``columns`` option).
 SOURCE_COLUMNS = ("topic", "key", "phy_offset", "sysflag")
+# What ``max_per_key`` reads: the ``tierfeed`` source's rows under ``latestPerKey``, every one a
+# keyed message that entered a queue.
+REDUCED_COLUMNS = ("topic", "key", "phy_offset")
 
 
 def dispatched() -> Column:
@@ -59,7 +68,13 @@ def keyed_messages(messages: DataFrame) -> DataFrame:
 
 def latest_per_key(messages: DataFrame) -> DataFrame:
     """The physical offset of the latest message per ``(topic, key)``; run it with ``outputMode("update")``."""
-    return keyed_messages(messages).groupBy("topic", "key").agg(F.max("phy_offset").alias("phy_offset"))
+    return max_per_key(keyed_messages(messages))
+
+
+def max_per_key(keyed: DataFrame) -> DataFrame:
+    """``latest_per_key`` of rows that are keyed messages that entered a queue already
+    (``REDUCED_COLUMNS``); the same state, so either runs on the other's checkpoint."""
+    return keyed.groupBy("topic", "key").agg(F.max("phy_offset").alias("phy_offset"))
 
 
 def read_state(spark, checkpoint: str):

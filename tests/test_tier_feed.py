@@ -370,3 +370,32 @@ def test_a_secondarys_scratch_directory_removes_those_of_processes_that_have_end
     finally:
         living.kill()
         living.wait()
+
+
+def test_the_tierfeed_reduced_to_each_keys_last_message_equals_the_oracle_with_only_the_asked_columns(tmp_path):
+    """Under ``latestPerKey`` a partition yields each key's last keyed message and only the columns
+    asked for: the compaction query asks for no ``sysflag`` (every row entered a queue), so Spark
+    filters nothing; the largest offset per key over the partitions is the oracle's."""
+    from streaming.feed_source import feed_partitions, read_partition
+
+    run, _ = drive(tmp_path, 5, feed=True)
+    end = run.writer.source_end
+    parts = feed_partitions(run.store.feed.batches(0, end), 0, end, max_bytes=20_000)
+    assert len(parts) > 1
+    keyed = [r for r in expected_rows(run) if r["key"] is not None]
+    oracle: dict = {}
+    for r in keyed:
+        oracle[(r["topic"], r["key"])] = max(r["phy_offset"], oracle.get((r["topic"], r["key"]), -1))
+    assert len(oracle) < len(keyed)  # keys repeat
+    for columns in (("topic", "key", "phy_offset"), ("topic", "key", "phy_offset", "sysflag")):
+        got: dict = {}
+        for p in parts:
+            seen = set()
+            for b in read_partition(run.location, run.writer.settings.broker, columns, None, p, latest=True):
+                assert tuple(b.schema.names) == columns
+                for r in b.to_pylist():
+                    assert (r["topic"], r["key"]) not in seen and r.get("sysflag", 0) == 0
+                    seen.add((r["topic"], r["key"]))
+                    got[(r["topic"], r["key"])] = max(r["phy_offset"], got.get((r["topic"], r["key"]), -1))
+        assert got == oracle
+    run.close()
