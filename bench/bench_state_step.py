@@ -1,5 +1,7 @@
-"""Spark's stateful step of the compaction query alone: the JVM's CPU for the rows it is handed, in
-the shapes they could cross in, against the shape of the code before, in the same session.
+"""Spark's stateful step of the compaction query alone, by the shape of the rows it is handed.
+
+The JVM's CPU for the rows in each shape they could cross in, against the shape of the code before,
+in the same session.
 
     python -m bench.bench_state_step [--files 6] [--rows 80000] [--keys 100000] [--rounds 3]
                                      [--shapes reduced,filtered,joined]
@@ -126,8 +128,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=6, help="micro-batches, one Parquet file each")
     parser.add_argument("--rows", type=int, default=80_000, help="draws of a key per file, before its reduction")
-    parser.add_argument("--keys", type=int, default=100_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--keys", type=int, default=100_000, help="distinct keys the draws are made from")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each shape, the order reversed every other round")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
     args = parser.parse_args()
     shapes = [s for s in args.shapes.split(",") if s]
