@@ -73,7 +73,8 @@ def latest_per_key(messages: DataFrame) -> DataFrame:
 
 def max_per_key(keyed: DataFrame) -> DataFrame:
     """``latest_per_key`` of rows that are keyed messages that entered a queue already
-    (``REDUCED_COLUMNS``); the same state, so either runs on the other's checkpoint."""
+    (``REDUCED_COLUMNS``); the same state as ``latest_per_key``'s, so it runs on a checkpoint
+    that one made (the compaction query's before it used this)."""
     return keyed.groupBy("topic", "key").agg(F.max("phy_offset").alias("phy_offset"))
 
 
