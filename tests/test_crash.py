@@ -17,7 +17,7 @@ from connectors.tier.reader import TierReader
 from state.metadata import MetadataStore
 from streaming import config as cfg
 from streaming.plan import metadata_path
-from tests.cli_runner import tierlog
+from tests.cli_runner import crashed_in, tierlog
 from tests.cli_runner import write_config as shared_config
 from tests.tiering_helpers import assert_tier_equals_commitlog, produce
 
@@ -36,8 +36,12 @@ def write_config(tmp_path: Path) -> Path:
 
 
 def run_service(config: Path, fault: str | None, fault_dir: Path) -> subprocess.CompletedProcess:
+    """A run in ``fault_dir`` (``tests.cli_runner.crashed_in``); one that was not killed left no JVM crash."""
     env = {"TIERLOG_FAULT": fault, "TIERLOG_FAULT_DIR": str(fault_dir)} if fault else None
-    return tierlog("run", "--until-caught-up", "--config", str(config), env=env)
+    result = tierlog("run", "--until-caught-up", "--config", str(config), env=env, cwd=fault_dir)
+    if result.returncode != -signal.SIGKILL:
+        assert not crashed_in(fault_dir), crashed_in(fault_dir)
+    return result
 
 
 def committed_offsets(conf) -> dict:
