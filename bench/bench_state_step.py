@@ -75,19 +75,23 @@ def write_files(root: str, files: int, rows: int, keys: int) -> int:
 
 
 def jvm_cpu_s(pid: int) -> dict:
-    """CPU seconds of the JVM's executor task threads and of all its threads, from /proc."""
-    hz, out = os.sysconf("SC_CLK_TCK"), {"tasks": 0.0, "jvm": 0.0}
+    """CPU seconds of the JVM's executor task threads and of all its threads, from /proc, the
+    threads sorted as the cost ledger sorts them (``bench.bench_ledger``)."""
+    from bench.bench_ledger import TICK, _part, _stat
+
+    tasks, out = _part("jvm", "Executor task"), {"tasks": 0.0, "jvm": 0.0}
     for tid in os.listdir(f"/proc/{pid}/task"):
+        ticks = _stat(f"/proc/{pid}/task/{tid}/stat")
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as fh:
                 comm = fh.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
         except OSError:
             continue  # ended meanwhile: its time is in neither figure, the same for every shape
-        cpu = (int(fields[11]) + int(fields[12])) / hz
+        if ticks is None:
+            continue
+        cpu = (ticks[0] + ticks[1]) / TICK
         out["jvm"] += cpu
-        if comm.startswith("Executor task"):
+        if _part("jvm", comm) == tasks:
             out["tasks"] += cpu
     return out
 
