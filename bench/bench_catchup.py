@@ -31,10 +31,10 @@ begin on the first batch when the tiering query starts, before that line (``--le
 3 core-seconds of staging before it, all of a 124 MB log's).  The same early seconds drop out of
 both logs' runs, so the marginal figure is still fair while the line comes as late in both.
 
-With ``--ledger`` the service's runs are also sampled from ``/proc``, from their start to their line
-``stopped``, and their CPU split into the cost ledger's parts (``bench/bench_ledger.py``): each
-log's core-seconds, and the marginal core-seconds per GB of each part, which is what bounds the
-catch-up.
+With ``--ledger`` the service's runs are also sampled from ``/proc`` over the whole life of their
+process tree, the total taken from the kernel's account of every process once reaped, and their CPU
+split into the cost ledger's parts (``bench/bench_ledger.py``): each log's core-seconds, and the
+marginal core-seconds per GB of each part, which is what bounds the catch-up.
 
 ``--messages`` takes other sizes for the two logs: a larger pair leaves less of the JVM's warm-up
 (its JIT compiler is still busy 40 s into a run, compiling less and less) in the marginal figure.
@@ -115,12 +115,17 @@ def run_service(root: str, log_dir: str, tiering_only: bool, max_batch_bytes: in
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
     command = [sys.executable, "-m", "streaming.cli", "run", "--until-caught-up", "--config", path]
     log_path = os.path.join(work, "service.log")
+    if ledger:
+        from bench.bench_ledger import become_subreaper
+
+        become_subreaper()
+    children_before = children_cpu_s()
     started = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
-        parts = run_ledger(proc, log_path) if ledger else None
+        parts, exited = run_ledger(proc, log_path, children_before) if ledger else (None, None)
         code = proc.wait()
-    seconds = time.perf_counter() - started
+    seconds = (exited or time.perf_counter()) - started
     with open(log_path) as fh:
         stderr = fh.read()
     if code != 0:
@@ -130,38 +135,62 @@ def run_service(root: str, log_dir: str, tiering_only: bool, max_batch_bytes: in
 
 
 LEDGER_SAMPLE_S = 0.25  # a catch-up's Spark tasks and Python workers live for a second or two
+LEDGER_REAP_S = 60.0  # how long what the driver left may take to exit before the ledger gives up on it
 
 
-def run_ledger(proc: subprocess.Popen, log_path: str) -> dict | None:
-    """Core-seconds of ``proc``'s process tree by part (``bench.bench_ledger``'s parts) from its
-    start to its log line ``stopped``, while every process is still alive, and of them what came
-    before its line ``(until caught up)``; None if it exited before both lines.
+def run_ledger(proc: subprocess.Popen, log_path: str, children_before: float) -> tuple[dict | None, float]:
+    """When ``proc`` exited (``time.perf_counter``), and the core-seconds of its process tree by part
+    (``bench.bench_ledger``'s parts) over the tree's whole life, with those that came before its log
+    line ``(until caught up)``; None if it exited before that line.  The caller made this process
+    the tree's subreaper (``bench_ledger.become_subreaper``) before starting ``proc``, and passes
+    its children's CPU seconds then (``children_cpu_s``).
 
-    From its start, not from ``(until caught up)``: the service logs that line once every query
-    has started, and the staging processes begin on the first batch when the tiering query starts,
-    so a ledger from that line left out up to all of a small log's staging.  What every run pays
-    once (the JVM's start) cancels out in the marginal cost."""
+    The total is the kernel's account of every process of the tree once reaped: ``proc`` by its
+    wait, what its driver leaves as it exits (the JVM, its Python workers) by ``sample_and_reap``;
+    and, to their last sample, the task workers PySpark's daemon forks, which the kernel reaps with
+    no account (``Sampler.unreported_s``).  A window that ended at the line ``stopped`` left parts
+    summing to up to 16% more than its total: the streaming queries had stopped by then, and their
+    processes, counted to their last sample, had exited unreaped.  What is left unattributed is
+    threads' time after their last sample (0.25 s at most) and processes shorter than a sample.
+    Whole runs, not from ``(until caught up)``: the staging processes begin before that line.  What
+    every run pays once (the JVM's start and exit) cancels out in the marginal cost."""
     from bench import bench_ledger as bl
 
     sampler = bl.Sampler(proc.pid)
-    first, t0, line = sampler.sample(), time.monotonic(), None
-    while proc.poll() is None:
-        time.sleep(LEDGER_SAMPLE_S)
+    t0, line, snap = time.monotonic(), None, sampler.sample()
+    while True:
+        try:
+            proc.wait(LEDGER_SAMPLE_S)  # returns as the driver exits: the run's clock stops there
+            break
+        except subprocess.TimeoutExpired:
+            pass
         snap = sampler.sample()
-        with open(log_path) as fh:
-            text = fh.read()
-        if line is None and "(until caught up)" in text:
-            line = snap
-        if line is not None and "tierlog.service: stopped:" in text:  # both lines in one sample too
-            window = time.monotonic() - t0
-            got = bl.ledger(first, snap, window, 0, 0)
-            early = bl.ledger(first, line, window, 0, 0)  # the parts' cores over the same window
-            return {"window_s": round(window, 2), "total_core_s": round(got["total_cores"] * window, 2),
-                    "unattributed_share": got["unattributed"]["share"],
-                    "parts": {row["part"]: round(row["cores"] * window, 2) for row in got["parts"]},
-                    "before_queries_started": {row["part"]: round(row["cores"] * window, 2) for row in early["parts"]
-                                               if row["cores"] * window >= 0.05}}
-    return None
+        if line is None:
+            with open(log_path) as fh:
+                if "(until caught up)" in fh.read():
+                    line = snap
+    exited = time.perf_counter()
+    last, left = bl.sample_and_reap(sampler, LEDGER_SAMPLE_S, LEDGER_REAP_S)
+    last["procs"] = {**snap["procs"], **last["procs"]}  # the driver's, from its last sample
+    window = time.monotonic() - t0
+    if line is None:
+        return None, exited
+    empty = {"procs": {}, "threads": {}}
+    got = bl.ledger(empty, last, window, 0, 0, total_s=children_cpu_s() - children_before + sampler.unreported_s())
+    early = bl.ledger(empty, line, window, 0, 0)  # the parts' cores over the same window
+    return {"window_s": round(window, 2), "total_core_s": round(got["total_cores"] * window, 2),
+            "unattributed_share": got["unattributed"]["share"], "still_running_after_reap": left,
+            "parts": {row["part"]: round(row["cores"] * window, 2) for row in got["parts"]},
+            "before_queries_started": {row["part"]: round(row["cores"] * window, 2) for row in early["parts"]
+                                       if row["cores"] * window >= 0.05}}, exited
+
+
+def children_cpu_s() -> float:
+    """User and system CPU seconds of every child this process has reaped, and of what they reaped."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def in_run_seconds(log: str) -> float | None:
@@ -307,7 +336,7 @@ def catchup_ledger(ledgers: dict[int, list[dict | None]], small: int, large: int
     small) / the extra bytes, in core-seconds per GB, so what every run pays once cancels out as in
     the throughput figure; and each log's parts before its queries had all started (the means)."""
     if any(x is None for n in (small, large) for x in ledgers[n]):
-        return {"error": "a run exited before its log lines (until caught up) and stopped"}
+        return {"error": "a run exited before its log line (until caught up)"}
     early = {n: {p: round(statistics.fmean(x["before_queries_started"].get(p, 0.0) for x in ledgers[n]), 2)
                  for p in {p for x in ledgers[n] for p in x["before_queries_started"]}} for n in (small, large)}
     names = sorted({p for n in (small, large) for x in ledgers[n] for p in x["parts"]})
@@ -326,6 +355,8 @@ def catchup_ledger(ledgers: dict[int, list[dict | None]], small: int, large: int
     return {"total_core_s": {n: [x["total_core_s"] for x in ledgers[n]] for n in (small, large)},
             "total_marginal_core_s_per_gb": round((mean(large) - mean(small)) / gb, 1),
             "unattributed_share": {n: [x["unattributed_share"] for x in ledgers[n]] for n in (small, large)},
+            "still_running_after_reap": {n: [x["still_running_after_reap"] for x in ledgers[n]]
+                                         for n in (small, large)},
             "parts": rows, "before_queries_started": early}
 
 
@@ -345,7 +376,7 @@ def main() -> None:
                     help="also run the service with tier.stage_in_processes off (Spark's tasks stage catch-up "
                          "batches), in the same rounds")
     ap.add_argument("--ledger", action="store_true",
-                    help="also sample the service's CPU by part from its start to its line `stopped` (the cost "
+                    help="also sample the service's CPU by part over its process tree's whole life (the cost "
                          "ledger's parts): each log's core-seconds and the marginal core-seconds per GB")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="a setting for the service's runs (repeatable), say spark.jit_c1_only=false")

@@ -14,9 +14,10 @@ librdkafka name theirs).  The workers' tasks are split by kind (commitlog read, 
 read, mirror send) with the CPU each task wrote down for its own code (``connectors.task_cpu``, on
 through ``TIERLOG_TASK_CPU``); the rest of the tasks' processes is PySpark's work around
 them.  Every thread is sampled each second (``Sampler``), so one that ends inside the window counts
-in its part up to its last sample. The total counts a process that exited only through its
-parent's children's time: its whole life, if the parent reaped it in the window (a Python worker's
-daemon does not always, so the unattributed share can be a little below zero).  The JVM's time that
+in its part up to its last sample. The total counts a process that exited through its
+parent's children's time: its whole life, if the parent reaped it in the window; one whose parent
+ignores SIGCHLD (PySpark's worker daemon, for the task workers it forks) reaches no parent's time,
+so it is counted to its last sample, as its threads are.  The JVM's time that
 no sampled thread accounts for is its own part (``JVM_SHORT``: threads that began and ended
 between two samples).  What is not put in a part is printed as ``unattributed``, with the process
 kinds it is in: a thread's time after its last sample, and the other processes' threads that lived
@@ -171,12 +172,26 @@ class Sampler:
     def __init__(self, root: int):
         self.root = root
         self.threads: dict = {}  # every thread seen, at its latest sample
+        self.procs: dict = {}  # every process seen, at its latest sample
+        self.unreported: set[int] = set()  # of them, those no parent's children's time will hold
+        self.procs_checked: set[int] = set()
 
-    def sample(self) -> dict:
-        """A snapshot: the processes alive now; every thread seen so far, at its latest counters."""
-        snap = snapshot(self.root)
+    def sample(self, pids: list[int] | None = None) -> dict:
+        """A snapshot: the processes alive now (``pids``: these instead of ``root``'s tree); every
+        thread seen so far, at its latest counters."""
+        snap = snapshot(self.root, pids)
         self.threads.update(snap["threads"])
-        return {"procs": snap["procs"], "threads": dict(self.threads)}
+        self.procs.update(snap["procs"])
+        self.unreported.update(pid for pid in snap["procs"] if pid not in self.procs_checked and _unreported(pid))
+        self.procs_checked.update(snap["procs"])
+        gone = {pid: self.procs[pid] for pid in self.unreported if pid not in snap["procs"]}
+        return {"procs": snap["procs"], "threads": dict(self.threads), "unreported_gone": gone}
+
+    def unreported_s(self) -> float:
+        """CPU seconds, to their last sample, of the processes whose parent ignores ``SIGCHLD``:
+        the kernel reaps them itself and adds their time to no one's children's time (PySpark's
+        worker daemon does so for the task workers it forks)."""
+        return sum(sum(self.procs[pid][1]) for pid in self.unreported) / TICK
 
     def sleep_until(self, deadline: float) -> dict:
         while (left := deadline - time.monotonic()) > 0:
@@ -185,10 +200,11 @@ class Sampler:
         return self.sample()
 
 
-def snapshot(root: int) -> dict:
-    """Per process: its role and own counters; per thread: its part and (user, system) ticks."""
+def snapshot(root: int, pids: list[int] | None = None) -> dict:
+    """Per process of ``root``'s tree (or of ``pids``): its role and own counters; per thread: its
+    part and (user, system) ticks."""
     procs, threads = {}, {}
-    for pid in [root, *descendants(root)]:
+    for pid in [root, *descendants(root)] if pids is None else pids:
         own = _stat(f"/proc/{pid}/stat")
         if own is None:
             continue
@@ -208,6 +224,56 @@ def snapshot(root: int) -> dict:
             if st is not None:
                 threads[(pid, int(tid))] = (_part(role, comm), st[0], st[1])
     return {"procs": procs, "threads": threads}
+
+
+SIGCHLD_BIT = 1 << 16  # SIGCHLD (17) in /proc's signal masks
+
+
+def _unreported(pid: int) -> bool:
+    """Whether ``pid``'s parent ignores SIGCHLD, so the process's CPU reaches no rusage once it exits."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{ppid}/status") as fh:
+            ignored = next(line for line in fh if line.startswith("SigIgn:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False
+    return bool(int(ignored.split()[1], 16) & SIGCHLD_BIT)
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Make this process the reaper of its descendants' orphans (Linux's ``prctl``), so the JVM and
+    the Python workers a service's driver leaves behind as it exits are reaped here, and their CPU
+    reaches this process's children's time (``resource.RUSAGE_CHILDREN``) instead of init's."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def sample_and_reap(sampler: Sampler, every: float, timeout: float) -> tuple[dict, int]:
+    """Once a service's driver has exited: sample what it left (now this process's children, with
+    ``become_subreaper``) every ``every`` seconds and reap each as it exits, until none is left or
+    ``timeout``; the last snapshot, and how many were still running then."""
+    me, deadline = os.getpid(), time.monotonic() + timeout
+    snap = sampler.sample([])
+    while True:
+        left = []
+        for pid in descendants(me):
+            try:
+                done, _status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # a grandchild: its own parent reaps it
+                done = 0
+            if not done:
+                left.append(pid)
+        if left:
+            snap = sampler.sample(left)
+        if not left or time.monotonic() >= deadline:
+            return snap, len(left)
+        time.sleep(every)
 
 
 def rss_mb(snap: dict, root: int) -> dict[str, int]:
@@ -238,14 +304,21 @@ def appended(directory: str, start: int | None = None) -> tuple[int, int]:
 
 
 def ledger(before: dict, after: dict, seconds: float, messages: int, nbytes: int,
-           kinds: dict[str, float] | None = None) -> dict:
+           kinds: dict[str, float] | None = None, total_s: float | None = None) -> dict:
     """The parts' CPU between two snapshots, and what is left unattributed; ``kinds``: the CPU seconds
     the workers' tasks spent in tierlog's code in the window, by kind, which the tasks' part is split
-    into (the rest of it is PySpark's work around them)."""
+    into (the rest of it is PySpark's work around them); ``total_s``: the total, measured otherwise
+    (by default the processes' own counters in the snapshots, with their reaped children's)."""
     total = 0
     for pid, (_role_, (u, s, cu, cs)) in after["procs"].items():
         u0, s0, cu0, cs0 = before["procs"].get(pid, (None, (0, 0, 0, 0)))[1]
         total += (u + s + cu + cs) - (u0 + s0 + cu0 + cs0)
+    for pid, (_role_, (u, s, cu, cs)) in after.get("unreported_gone", {}).items():  # in no rusage: to its last sample
+        if pid not in before.get("unreported_gone", {}):
+            u0, s0, cu0, cs0 = before["procs"].get(pid, (None, (0, 0, 0, 0)))[1]
+            total += (u + s + cu + cs) - (u0 + s0 + cu0 + cs0)
+    if total_s is not None:
+        total = total_s * TICK
     parts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     by_pid: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # the same, per process
     for key, (part, u, s) in after["threads"].items():
@@ -279,12 +352,18 @@ def ledger(before: dict, after: dict, seconds: float, messages: int, nbytes: int
 
 def _unthreaded(before: dict, after: dict, threads: dict[int, list[int]]) -> dict[str, list[int]]:
     """(user, system) ticks of each kind of process that none of its sampled threads account for:
-    its own counters' growth (with its exited children's) less its threads' (``threads``, per pid)."""
+    its own counters' growth less its threads' (``threads``, per pid); its exited children's growth
+    apart, less (under ``(exited)``) their threads that were sampled.  The JVM reaps its streaming
+    sources' processes when a run stops; counting their time in the JVM's own rest as well as in their
+    threads' parts once left a catch-up's parts summing to more than its total."""
     out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for pid, (role, (u, s, cu, cs)) in after["procs"].items():
         u0, s0, cu0, cs0 = before["procs"].get(pid, (role, (0, 0, 0, 0)))[1]
-        out[role][0] += (u + cu) - (u0 + cu0) - threads[pid][0]
-        out[role][1] += (s + cs) - (s0 + cs0) - threads[pid][1]
+        out[role][0] += u - u0 - threads[pid][0]
+        out[role][1] += s - s0 - threads[pid][1]
+        if cu + cs > cu0 + cs0:  # apart from ``role``: the JVM's own rest is a part, its children's is not
+            out[f"{role} (its exited children)"][0] += cu - cu0
+            out[f"{role} (its exited children)"][1] += cs - cs0
     for pid, (role, _counters) in before["procs"].items():
         if pid not in after["procs"]:  # its threads were counted; its time is in its parent's, if reaped
             out[f"{role} (exited)"][0] -= threads[pid][0]
