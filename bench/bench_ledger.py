@@ -14,12 +14,13 @@ librdkafka name theirs).  The workers' tasks are split by kind (commitlog read, 
 read, mirror send) with the CPU each task wrote down for its own code (``connectors.task_cpu``, on
 through ``TIERLOG_TASK_CPU``); the rest of the tasks' processes is PySpark's work around
 them.  Every thread is sampled each second (``Sampler``), so one that ends inside the window counts
-in its part up to its last sample. The total counts a process that exited through its
-parent's children's time: its whole life, if the parent reaped it in the window; one whose parent
-ignores SIGCHLD (PySpark's worker daemon, for the task workers it forks) reaches no parent's time,
-so it is counted to its last sample, as its threads are.  The JVM's time that
-no sampled thread accounts for is its own part (``JVM_SHORT``: threads that began and ended
-between two samples).  What is not put in a part is printed as ``unattributed``, with the process
+in its part up to its last sample.  The total counts a process that exited through its parent's
+children's time: its whole life, if the parent reaped it in the window; one whose parent ignores
+SIGCHLD (PySpark's worker daemon, for the task workers it forks) reaches no parent's time, so it is
+counted to its last sample, as its threads are.  The JVM's time that no sampled thread accounts for
+is its own part (``JVM_SHORT``: threads that began and ended between two samples), and so is its
+reaped children's time that none of their sampled threads accounts for (``JVM_CHILDREN``: Spark's
+short Python workers).  What is not put in a part is printed as ``unattributed``, with the process
 kinds it is in: a thread's time after its last sample, and the other processes' threads that lived
 under a second.
 
@@ -68,6 +69,9 @@ JVM_PARTS = (
 # samples.  Sampled every 50 ms at 2,000 msgs/s, the JVM started one of each of these a second.
 JVM_SHORT = ("JVM: threads shorter than a sample (serve-Arrow: results to the driver's Python; Worker Monitor: "
              "one per Python task)")
+# The JVM's reaped children's time that none of their sampled threads accounts for: the Python workers
+# Spark starts to look up, create and plan a data source read, most of them shorter than a sample.
+JVM_CHILDREN = "Spark's Python workers shorter than a sample (the JVM's reaped children: planning, sources)"
 SCHEDULING = ("dag-scheduler", "dispatcher-", "spark-listener", "task-result", "executor-", "driver-heart",
               "rpc-", "shuffle-", "netty", "block-manager", "Spark Context", "map-output", "heartbeat",
               "context-clean", "element-track", "RemoteBlock", "task-reaper", "streaming-shuff", "async-log",
@@ -175,6 +179,7 @@ class Sampler:
         self.procs: dict = {}  # every process seen, at its latest sample
         self.unreported: set[int] = set()  # of them, those no parent's children's time will hold
         self.procs_checked: set[int] = set()
+        self.parents: dict[int, int | None] = {}  # every process seen: its parent's pid
 
     def sample(self, pids: list[int] | None = None) -> dict:
         """A snapshot: the processes alive now (``pids``: these instead of ``root``'s tree); every
@@ -182,10 +187,12 @@ class Sampler:
         snap = snapshot(self.root, pids)
         self.threads.update(snap["threads"])
         self.procs.update(snap["procs"])
+        self.parents.update(snap["parents"])
         self.unreported.update(pid for pid in snap["procs"] if pid not in self.procs_checked and _unreported(pid))
         self.procs_checked.update(snap["procs"])
         gone = {pid: self.procs[pid] for pid in self.unreported if pid not in snap["procs"]}
-        return {"procs": snap["procs"], "threads": dict(self.threads), "unreported_gone": gone}
+        return {"procs": snap["procs"], "threads": dict(self.threads), "unreported_gone": gone,
+                "parents": dict(self.parents), "roles": {pid: role for pid, (role, _c) in self.procs.items()}}
 
     def unreported_s(self) -> float:
         """CPU seconds, to their last sample, of the processes whose parent ignores ``SIGCHLD``:
@@ -203,13 +210,14 @@ class Sampler:
 def snapshot(root: int, pids: list[int] | None = None) -> dict:
     """Per process of ``root``'s tree (or of ``pids``): its role and own counters; per thread: its
     part and (user, system) ticks."""
-    procs, threads = {}, {}
+    procs, threads, parents = {}, {}, {}
     for pid in [root, *descendants(root)] if pids is None else pids:
         own = _stat(f"/proc/{pid}/stat")
         if own is None:
             continue
         role = _role(pid, root)
         procs[pid] = (role, own)
+        parents[pid] = _ppid(pid)
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
@@ -223,7 +231,15 @@ def snapshot(root: int, pids: list[int] | None = None) -> dict:
                 continue
             if st is not None:
                 threads[(pid, int(tid))] = (_part(role, comm), st[0], st[1])
-    return {"procs": procs, "threads": threads}
+    return {"procs": procs, "threads": threads, "parents": parents}
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 SIGCHLD_BIT = 1 << 16  # SIGCHLD (17) in /proc's signal masks
@@ -232,9 +248,7 @@ SIGCHLD_BIT = 1 << 16  # SIGCHLD (17) in /proc's signal masks
 def _unreported(pid: int) -> bool:
     """Whether ``pid``'s parent ignores SIGCHLD, so the process's CPU reaches no rusage once it exits."""
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        with open(f"/proc/{ppid}/status") as fh:
+        with open(f"/proc/{_ppid(pid)}/status") as fh:
             ignored = next(line for line in fh if line.startswith("SigIgn:"))
     except (OSError, StopIteration, ValueError, IndexError):
         return False
@@ -331,6 +345,9 @@ def ledger(before: dict, after: dict, seconds: float, messages: int, nbytes: int
     jvm_u, jvm_s = unthreaded.pop("jvm", [0, 0])
     if jvm_u + jvm_s > 0:
         parts[JVM_SHORT] = [max(0, jvm_u), max(0, jvm_s)]
+    kids_u, kids_s = unthreaded.pop(f"jvm {CHILDREN}", [0, 0])
+    if kids_u + kids_s > 0:
+        parts[JVM_CHILDREN] = [max(0, kids_u), max(0, kids_s)]
     attributed = sum(u + s for u, s in parts.values())
     if kinds and TASKS in parts:
         _split_tasks(parts, kinds)
@@ -352,23 +369,30 @@ def ledger(before: dict, after: dict, seconds: float, messages: int, nbytes: int
 
 def _unthreaded(before: dict, after: dict, threads: dict[int, list[int]]) -> dict[str, list[int]]:
     """(user, system) ticks of each kind of process that none of its sampled threads account for:
-    its own counters' growth less its threads' (``threads``, per pid); its exited children's growth
-    apart, less (under ``(exited)``) their threads that were sampled.  The JVM reaps its streaming
-    sources' processes when a run stops; counting their time in the JVM's own rest as well as in their
-    threads' parts once left a catch-up's parts summing to more than its total."""
+    its own counters' growth less its threads' (``threads``, per pid); and apart, by the parent's
+    kind, its reaped children's time less the sampled threads of the children that exited in the
+    window: their time after their last sample, and children shorter than a sample.  The JVM reaps
+    the short Python workers Spark starts to plan a read, and its streaming sources' processes when
+    a run stops; counting their time in the JVM's own rest as well as in their threads' parts once
+    left a catch-up's parts summing to more than its total."""
     out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for pid, (role, (u, s, cu, cs)) in after["procs"].items():
         u0, s0, cu0, cs0 = before["procs"].get(pid, (role, (0, 0, 0, 0)))[1]
         out[role][0] += u - u0 - threads[pid][0]
         out[role][1] += s - s0 - threads[pid][1]
-        if cu + cs > cu0 + cs0:  # apart from ``role``: the JVM's own rest is a part, its children's is not
-            out[f"{role} (its exited children)"][0] += cu - cu0
-            out[f"{role} (its exited children)"][1] += cs - cs0
-    for pid, (role, _counters) in before["procs"].items():
-        if pid not in after["procs"]:  # its threads were counted; its time is in its parent's, if reaped
-            out[f"{role} (exited)"][0] -= threads[pid][0]
-            out[f"{role} (exited)"][1] -= threads[pid][1]
-    return out
+        out[f"{role} {CHILDREN}"][0] += cu - cu0
+        out[f"{role} {CHILDREN}"][1] += cs - cs0
+    roles, parents = after.get("roles", {}), after.get("parents", {})
+    for pid, (u, s) in threads.items():
+        if pid in after["procs"] or pid in after.get("unreported_gone", {}):
+            continue  # alive, or in no parent's time: counted in the total as its threads are
+        parent = roles.get(parents.get(pid), "other")
+        out[f"{parent} {CHILDREN}"][0] -= u
+        out[f"{parent} {CHILDREN}"][1] -= s
+    return {k: v for k, v in out.items() if v != [0, 0]}
+
+
+CHILDREN = "(its exited children)"
 
 
 def _split_tasks(parts: dict, kinds: dict[str, float]) -> None:
