@@ -128,6 +128,46 @@ def test_posix_puts_leave_no_temporary_files(tmp_path):
     assert sorted(os.listdir(tmp_path / "t" / "d")) == ["0", "1", "2", "3", "4"]
 
 
+@pytest.mark.parametrize("extra", [0, 1, 4095, 4097, (8 << 20) + 12345])
+def test_posix_large_objects_bypass_the_page_cache_and_keep_every_byte(tmp_path, monkeypatch, extra):
+    """Objects of DIRECT_MIN_BYTES and more are written with O_DIRECT through an aligned buffer, the
+    last chunk padded and cut back: every byte and the exact length come back, at sizes that end on
+    and off the alignment and the buffer's chunks."""
+    from connectors.tier import posix
+
+    flags = []
+    real = posix._direct
+    monkeypatch.setattr(posix, "_direct", lambda fd, on: flags.append(on) or real(fd, on))
+    data = os.urandom(posix.DIRECT_MIN_BYTES + extra)
+    b = open_backend(str(tmp_path / "t"))
+    b.put("seg/big", data)
+    b.put("seg/small", data[:1000])
+    assert flags == [True]  # the large object asked for O_DIRECT once; the small one did not
+    assert b.size("seg/big") == len(data)
+    assert b.read("seg/big") == data
+    assert b.read("seg/small") == data[:1000]
+    assert sorted(os.listdir(tmp_path / "t" / "seg")) == ["big", "small"]
+
+
+def test_posix_writes_buffered_where_the_filesystem_refuses_o_direct(tmp_path, monkeypatch):
+    import fcntl
+
+    from connectors.tier import posix
+
+    real = fcntl.fcntl
+
+    def refuse(fd, cmd, arg=0):
+        if cmd == fcntl.F_SETFL and arg & os.O_DIRECT:
+            raise OSError(22, "Invalid argument")  # as tmpfs before Linux 6.6
+        return real(fd, cmd, arg)
+
+    monkeypatch.setattr(fcntl, "fcntl", refuse)
+    data = os.urandom(posix.DIRECT_MIN_BYTES + 7)
+    b = open_backend(str(tmp_path / "t"))
+    b.put("seg/big", data)
+    assert b.read("seg/big") == data
+
+
 def test_s3_multipart_upload_is_used_for_large_objects(s3_location):
     b = S3Backend(s3_location, multipart_threshold=5 << 20, multipart_chunksize=5 << 20)
     calls = []

@@ -13,6 +13,58 @@ from connectors.faults import disk_full_fault
 
 _TMP_PREFIX = ".tmp-"
 
+# Why large objects bypass the page cache: a stager's 33 MB objects, written through it, cost
+# 3.8-6.0 s of kernel time per 600 MB on these machines (the copy into newly allocated page-cache
+# folios, ``copy_folio_from_iter_atomic``), and 0.2-0.5 s with O_DIRECT, in every one of three
+# alternating pairs; reading them back afterwards cost 0.1 s either way.  Objects this large come
+# from a catch-up's batches and from seals, and are read back once, in bulk, if at all; the small
+# objects of batches near the head stay in the page cache for the readers that follow at once.
+DIRECT_MIN_BYTES = 16 << 20
+_DIRECT_CHUNK = 8 << 20  # the aligned buffer a large object is copied through, a chunk at a time
+_ALIGN = 4096  # O_DIRECT's alignment of buffer, offset and length: a page covers every block size
+
+
+def _write(fd: int, data: memoryview) -> None:
+    """All of ``data`` to ``fd``, at its current offset 0: objects of ``DIRECT_MIN_BYTES`` and more
+    with O_DIRECT where the filesystem takes it, through an aligned buffer, the last chunk padded
+    and the file cut back to its length; the rest, and every filesystem without O_DIRECT, buffered."""
+    if len(data) >= DIRECT_MIN_BYTES and _direct(fd, True):
+        import mmap
+
+        with mmap.mmap(-1, _DIRECT_CHUNK) as buf:
+            for off in range(0, len(data), _DIRECT_CHUNK):
+                piece = data[off : off + _DIRECT_CHUNK]
+                buf[: len(piece)] = piece
+                padded = -(-len(piece) // _ALIGN) * _ALIGN
+                buf[len(piece) : padded] = bytes(padded - len(piece))
+                with memoryview(buf) as view:
+                    _write_buffered(fd, view[:padded])
+        os.ftruncate(fd, len(data))
+        return
+    _write_buffered(fd, data)
+
+
+def _write_buffered(fd: int, data: memoryview) -> None:
+    while data:
+        written = os.write(fd, data)
+        if written % _ALIGN and written < len(data):
+            _direct(fd, False)  # a short write off the alignment: the rest goes through the page cache
+        data = data[written:]
+
+
+def _direct(fd: int, on: bool) -> bool:
+    """Set or clear O_DIRECT on ``fd``; False where the filesystem refuses it (tmpfs before Linux 6.6)."""
+    import fcntl
+
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT if on else flags & ~os.O_DIRECT)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return False
+        raise
+    return True
+
 
 class PosixBackend(Backend):
     """Objects are files under ``root``.
@@ -58,9 +110,7 @@ class PosixBackend(Backend):
             os.makedirs(directory, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                rest = memoryview(data)
-                while rest:
-                    rest = rest[os.write(fd, rest) :]
+                _write(fd, memoryview(data).cast("B"))
                 os.fsync(fd)
             finally:
                 os.close(fd)
