@@ -120,14 +120,19 @@ PYTHON_PARTS = {
 }
 
 
-def _stat(path: str) -> tuple[int, int, int, int] | None:
-    """utime, stime, cutime, cstime in ticks."""
+def _fields(path: str) -> list[str] | None:
+    """A ``/proc`` stat file's fields after the command's name: the state first, then the parent's pid."""
     try:
         with open(path) as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
+            return fh.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return int(fields[11]), int(fields[12]), int(fields[13]), int(fields[14])
+
+
+def _stat(path: str) -> tuple[int, int, int, int] | None:
+    """utime, stime, cutime, cstime in ticks."""
+    fields = _fields(path)
+    return None if fields is None else (int(fields[11]), int(fields[12]), int(fields[13]), int(fields[14]))
 
 
 def _role(pid: int, root: int) -> str:
@@ -178,18 +183,17 @@ class Sampler:
         self.threads: dict = {}  # every thread seen, at its latest sample
         self.procs: dict = {}  # every process seen, at its latest sample
         self.unreported: set[int] = set()  # of them, those no parent's children's time will hold
-        self.procs_checked: set[int] = set()
-        self.parents: dict[int, int | None] = {}  # every process seen: its parent's pid
+        self.parents: dict[int, int] = {}  # every process seen: its parent's pid
 
     def sample(self, pids: list[int] | None = None) -> dict:
         """A snapshot: the processes alive now (``pids``: these instead of ``root``'s tree); every
         thread seen so far, at its latest counters."""
         snap = snapshot(self.root, pids)
         self.threads.update(snap["threads"])
+        self.unreported.update(pid for pid in snap["procs"]  # checked once, when first seen
+                               if pid not in self.procs and _ignores_sigchld(snap["parents"][pid]))
         self.procs.update(snap["procs"])
         self.parents.update(snap["parents"])
-        self.unreported.update(pid for pid in snap["procs"] if pid not in self.procs_checked and _unreported(pid))
-        self.procs_checked.update(snap["procs"])
         gone = {pid: self.procs[pid] for pid in self.unreported if pid not in snap["procs"]}
         return {"procs": snap["procs"], "threads": dict(self.threads), "unreported_gone": gone,
                 "parents": dict(self.parents), "roles": {pid: role for pid, (role, _c) in self.procs.items()}}
@@ -212,12 +216,12 @@ def snapshot(root: int, pids: list[int] | None = None) -> dict:
     part and (user, system) ticks."""
     procs, threads, parents = {}, {}, {}
     for pid in [root, *descendants(root)] if pids is None else pids:
-        own = _stat(f"/proc/{pid}/stat")
-        if own is None:
+        fields = _fields(f"/proc/{pid}/stat")
+        if fields is None:
             continue
         role = _role(pid, root)
-        procs[pid] = (role, own)
-        parents[pid] = _ppid(pid)
+        procs[pid] = (role, (int(fields[11]), int(fields[12]), int(fields[13]), int(fields[14])))
+        parents[pid] = int(fields[1])
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
@@ -234,23 +238,15 @@ def snapshot(root: int, pids: list[int] | None = None) -> dict:
     return {"procs": procs, "threads": threads, "parents": parents}
 
 
-def _ppid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 SIGCHLD_BIT = 1 << 16  # SIGCHLD (17) in /proc's signal masks
 
 
-def _unreported(pid: int) -> bool:
-    """Whether ``pid``'s parent ignores SIGCHLD, so the process's CPU reaches no rusage once it exits."""
+def _ignores_sigchld(pid: int) -> bool:
+    """Whether ``pid`` ignores SIGCHLD, so its children's CPU reaches no rusage once they exit."""
     try:
-        with open(f"/proc/{_ppid(pid)}/status") as fh:
+        with open(f"/proc/{pid}/status") as fh:
             ignored = next(line for line in fh if line.startswith("SigIgn:"))
-    except (OSError, StopIteration, ValueError, IndexError):
+    except (OSError, StopIteration):
         return False
     return bool(int(ignored.split()[1], 16) & SIGCHLD_BIT)
 
