@@ -108,11 +108,12 @@ class Service:
         kv = None
         self.queries = {}
         owned = None  # the session this run built, stopped before it returns
+        own_jvm = False  # and the JVM it started, ended before it returns
         try:
             if any(KV in q.sinks(conf) for q in kinds):
                 kv = KVView(plan.kv_path(conf), ttl=settings.ttl)
             if spark is None:
-                from streaming.session import build_session
+                from streaming.session import build_session, jvm_running
 
                 # Spark's Python workers inherit it from the JVM this session starts: a crash point
                 # (connectors.faults) in a task kills this process, as a real crash would.  Only
@@ -122,6 +123,7 @@ class Service:
                 os.environ[DRIVER_PID] = str(os.getpid())
                 os.environ[STOP_FILE] = os.path.join(tempfile.gettempdir(), f"tierlog-stop-{os.getpid()}")
                 clear_stop()  # one an earlier process of this pid left, before any batch can retry
+                own_jvm = not jvm_running()
                 spark = owned = build_session("tierlog", conf.spark.master, plan.session_conf(conf),
                                               c1_only=conf.spark.jit_c1_only,
                                               huge_pages=conf.spark.transparent_huge_pages)
@@ -160,6 +162,8 @@ class Service:
                     owned.stop()
                 except Exception as exc:  # noqa: BLE001 - do not hide the error already on its way out
                     log.debug("stopping the Spark session failed: %s", exc)
+                if own_jvm:
+                    self._end_jvm()
 
     def _check_commitlog(self, spark, committed: dict[str, int | None]) -> str | None:
         """Check ``commitlog.dir`` holds the tier's last committed record and reaches ``committed``
@@ -241,6 +245,19 @@ class Service:
             yield
         finally:
             query.lock.release()
+
+    @staticmethod
+    def _end_jvm() -> None:
+        """The JVM this run started has exited before the run returns (``streaming.session.end_jvm``)."""
+        from streaming.session import end_jvm
+
+        status = end_jvm()
+        if status is None:
+            log.debug("Spark's JVM had not exited within a minute of its session's stop: it ends with this process")
+        elif status != 0:
+            log.warning("Spark's JVM ended with %s after its session had stopped (what it printed above says "
+                        "where): nothing of the run depended on it any more",
+                        f"signal {-status}" if status < 0 else f"exit code {status}")
 
     def _run_queries(self, spark, until_caught_up: bool) -> int:
         conf = self.conf

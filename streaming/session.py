@@ -217,3 +217,42 @@ def build_session(app_name: str = "tierlog", master: str = "local[2]", extra: di
 
     streaming.register(spark)
     return spark
+
+
+def jvm_running() -> bool:
+    """Whether this process has a Spark JVM already (a session built now would reuse it)."""
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None
+
+
+def end_jvm(timeout_s: float = 60.0) -> int | None:
+    """After the session's ``stop()``: end the JVM this process started for it and wait until it has
+    exited.  Returns its exit status (negative: the signal that ended it), or None when there was
+    none, or it took longer than ``timeout_s`` (it then ends when this process does, as PySpark
+    leaves it).  Call it only where this process started the JVM: every session in the process is
+    gone with it, and the next ``build_session`` starts a new one.
+
+    Why: PySpark's JVM exits once this process has gone (its stdin closes), so a command returned
+    while its JVM was still running its shutdown hooks and exiting: 0.4 s here, more on a busy host.
+    A run started right after could meet it holding its files, and whatever the JVM printed as it
+    exited came after tierlog's last line (CI met a C++ runtime's abort, ``std::bad_alloc``, after
+    an error's paragraph)."""
+    import subprocess
+
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if gateway is None or proc is None or proc.stdin is None:
+        return None
+    try:
+        gateway.shutdown()  # the callback server's threads, and the connections to the JVM
+    except Exception:  # noqa: BLE001 - the JVM is ending anyway
+        pass
+    SparkContext._gateway = SparkContext._jvm = None
+    try:
+        proc.stdin.close()  # PySpark's gateway server ends the JVM (System.exit) when its stdin closes
+        return proc.wait(timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None

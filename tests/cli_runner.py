@@ -52,6 +52,22 @@ def tierlog(*argv: str, stdin: str | None = None, cwd=None, env: dict | None = N
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
+def processes_marked(mark: str) -> list[str]:
+    """The command lines of the processes still running whose environment holds ``TEST_RUN_MARK=mark``
+    (pass it in ``env``: every process a command starts inherits it, its JVM included)."""
+    found, needle = [], f"TEST_RUN_MARK={mark}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                found.append(f.read().replace(b"\0", b" ").decode(errors="replace")[:200])
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
 def _jvm_threads(pid: int) -> str:
     """The stacks of the Spark JVM's query and batch threads under process ``pid``, from jstack."""
     children = []

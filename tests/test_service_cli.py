@@ -13,7 +13,7 @@ from pathlib import Path
 from connectors.commitlog.reader import list_files
 from connectors.tier.reader import TierReader
 from streaming import config as cfg
-from tests.cli_runner import cli_command, cli_env, tierlog
+from tests.cli_runner import cli_command, cli_env, processes_marked, tierlog
 from tests.cli_runner import write_config as shared_config
 from tests.kv_helpers import view_contents
 from tests.oracle import latest_per_key
@@ -24,11 +24,27 @@ def write_config(tmp_path: Path) -> Path:
                          tier={"segment_messages": 100, "delete_grace_s": 0}, spark={"trigger_interval_s": 0.3})
 
 
+def run_to_its_exit(tmp_path: Path, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``tierlog argv``, its output to files, not pipes: the command's own exit is then its end (a pipe
+    ends when its last writer has gone).  Nothing it started may still be running at that moment:
+    its JVM exited first, so the command's last line is the last line printed."""
+    mark = str(os.getpid()) + tmp_path.name
+    with open(tmp_path / "run.out", "w+") as out, open(tmp_path / "run.err", "w+") as err:
+        proc = subprocess.run(cli_command(*argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err, timeout=300,
+                              env=cli_env({**(env or {}), "TEST_RUN_MARK": mark}))
+        left = processes_marked(mark)
+        out.seek(0)
+        err.seek(0)
+        r = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+    assert left == [], f"still running after `tierlog {' '.join(argv)}` returned: {left}\n{r.stderr[-2000:]}"
+    return r
+
+
 def test_run_status_rebuild_and_gc(tmp_path):
     config = write_config(tmp_path)
     conf = cfg.load(str(config), env={})
     produce(conf, 1500)
-    r = tierlog("run", "--until-caught-up", "--config", str(config))
+    r = run_to_its_exit(tmp_path, "run", "--until-caught-up", "--config", str(config))
     assert r.returncode == 0, r.stderr[-3000:]
     batch_lines = [json.loads(x.split("batch ", 1)[1]) for x in r.stderr.splitlines() if "tierlog.service: batch {" in x and '"query": "tiering"' in x]
     assert len(batch_lines) > 3 and all({"rows", "bytes", "lag_bytes", "lag_msgs", "lag_s"} <= set(b) for b in batch_lines)
