@@ -236,8 +236,8 @@ def end_jvm(timeout_s: float = 60.0) -> int | None:
     Why: PySpark's JVM exits once this process has gone (its stdin closes), so a command returned
     while its JVM was still running its shutdown hooks and exiting: 0.4 s here, more on a busy host.
     A run started right after could meet it holding its files, and whatever the JVM printed as it
-    exited came after tierlog's last line (CI met a C++ runtime's abort, ``std::bad_alloc``, after
-    an error's paragraph)."""
+    exited came after tierlog's last line (a full run of the tests met a C++ runtime's abort,
+    ``std::bad_alloc``, after an error's paragraph)."""
     import subprocess
 
     from pyspark import SparkContext
