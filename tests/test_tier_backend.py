@@ -297,6 +297,29 @@ def test_staging_row_groups_are_cut_at_queue_boundaries():
     assert max(g.num_rows for g in groups) <= layout.ROW_GROUP_ROWS
 
 
+@pytest.mark.parametrize("body", [100, 2000, 16384, 3 << 20])
+def test_row_groups_hold_about_row_group_bytes_of_bodies(body):
+    """A point read decodes a whole row group, so large bodies make groups of fewer rows: a
+    segment's and a staging object's groups hold at most ROW_GROUP_ROWS rows and, where the bodies
+    are large, about ROW_GROUP_BYTES of them; every row is kept."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from connectors.commitlog.arrow import MESSAGE_SCHEMA
+    from connectors.tier import layout
+
+    rows = min(40_000, (64 << 20) // body)
+    table = pa.Table.from_pylist([{"topic": "a", "queue_id": 0, "queue_offset": i, "phy_offset": i,
+                                   "body": b"x" * body} for i in range(rows)], schema=MESSAGE_SCHEMA)
+    for data in (layout.to_parquet(table), layout.to_staging_parquet(table)):
+        source = pq.ParquetFile(pa.BufferReader(data))
+        assert source.read(columns=["queue_offset"])["queue_offset"].to_pylist() == list(range(rows))
+        sizes = [source.metadata.row_group(i).num_rows for i in range(source.num_row_groups)]
+        expected = max(1, min(layout.ROW_GROUP_ROWS, layout.ROW_GROUP_BYTES // body))
+        assert max(sizes) == expected, sizes
+        assert max(sizes) * body <= max(body, layout.ROW_GROUP_BYTES)
+
+
 def test_posix_waits_out_a_full_disk_and_loses_nothing(tmp_path, monkeypatch, caplog):
     """ENOSPC (injected: a size-limited mount needs root) is retried until space comes back."""
     from connectors.tier.posix import PosixBackend

@@ -43,9 +43,12 @@ KEYS_PREFIX = "_keys/"
 KEY_INDEX_SCHEMA = pa.schema([("key", pa.string()), ("queue_offset", pa.int64())])
 KEY_INDEX_ROW_GROUP_ROWS = 8 * 1024  # sorted by key, so a lookup reads about one small row group
 SORT_KEYS = [("topic", "ascending"), ("queue_id", "ascending"), ("queue_offset", "ascending")]
-# Sealed segments: a point read (get, by_key) decodes one whole row group of every column, so
-# groups are kept small enough for that (16k rows: 5-15 ms) while scans still read long runs.
+# Sealed segments: a point read (get, by_key, a KV view's reference) decodes one whole row group of
+# every column it reads, so groups are kept small enough for that while scans still read long runs:
+# at most ROW_GROUP_ROWS rows and about ROW_GROUP_BYTES of bodies (``group_rows``).  16k rows of
+# 16 KiB JSON bodies were 256 MB, 290 ms to decode one group; of 2 KB, 36 ms (measured here).
 ROW_GROUP_ROWS = 16 * 1024
+ROW_GROUP_BYTES = 8 << 20
 STAGING_MIN_GROUP_ROWS = 1024  # smaller queue runs share a row group, so the footer stays small
 COMPRESSION = "zstd"  # segments, key indexes and snapshots: what the tier keeps for months
 # Staging objects live until their queues seal, and every byte of the log is encoded into one on
@@ -255,14 +258,23 @@ def brokers_in(names: list[str]) -> tuple[list[str], bool]:
     return sorted(brokers), legacy
 
 
+def group_rows(table: pa.Table) -> int:
+    """Rows per row group for ``table``'s messages: ``ROW_GROUP_ROWS``, or fewer, so that a group
+    holds about ``ROW_GROUP_BYTES`` of bodies at their mean size."""
+    body = pc.sum(pc.binary_length(table["body"])).as_py() if table.num_rows else None
+    if not body:
+        return ROW_GROUP_ROWS
+    return max(1, min(ROW_GROUP_ROWS, ROW_GROUP_BYTES * table.num_rows // body))
+
+
 def to_parquet(table: pa.Table) -> bytes:
-    """Serialize rows of the message schema, zstd, in row groups of ``ROW_GROUP_ROWS``."""
+    """Serialize rows of the message schema, zstd, in row groups of ``group_rows``."""
     sink = io.BytesIO()
     pq.write_table(
         table.cast(MESSAGE_SCHEMA),
         sink,
         compression=COMPRESSION,
-        row_group_size=ROW_GROUP_ROWS,
+        row_group_size=group_rows(table),
         write_statistics=True,
         use_dictionary=DICTIONARY_COLUMNS,
     )
@@ -273,7 +285,7 @@ def to_staging_parquet(table: pa.Table) -> bytes:
     """A staging object: rows sorted by (topic, queue, offset), every row group cut at a queue's
     boundary, so a reader of one queue decodes only that queue's rows (row groups are skipped by
     their statistics).  Runs shorter than ``STAGING_MIN_GROUP_ROWS`` share a group; longer than
-    ``ROW_GROUP_ROWS`` are split.  No statistics for the bodies: a staging object is read by topic,
+    ``group_rows`` are split.  No statistics for the bodies: a staging object is read by topic,
     queue, offset, key or store time, never by body, and min/max over every body cost about a tenth
     of the encode (docs/benchmarks.md)."""
     import numpy as np
@@ -288,7 +300,8 @@ def to_staging_parquet(table: pa.Table) -> bytes:
         start = 0
         for end in [*changes.tolist(), table.num_rows]:
             if end - start >= STAGING_MIN_GROUP_ROWS or end == table.num_rows:
-                writer.write_table(table.slice(start, end - start), row_group_size=ROW_GROUP_ROWS)
+                run = table.slice(start, end - start)
+                writer.write_table(run, row_group_size=group_rows(run))
                 start = end
     return sink.getvalue()
 

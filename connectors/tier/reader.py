@@ -260,7 +260,9 @@ class TierReader:
     def decoded_end(self, topic: str, queue_id: int, offset: int, committed: CommittedTier) -> int:
         """One past the last offset of the Parquet row group holding ``offset`` when that is in a
         sealed segment: a read of ``offset`` decodes the whole group anyway.  Else ``offset + 1``.
-        A hint for how much to keep (segments written with another group size are read right)."""
+        A hint for how much to keep, from the most rows a group holds (``layout.ROW_GROUP_ROWS``):
+        a segment of large bodies has smaller groups (``layout.group_rows``), and the hint then
+        reaches into the groups after it, which are read right."""
         for seg in committed.segments_for((topic, queue_id), offset, offset + 1):
             if seg.base <= offset <= seg.end and seg.dense:
                 group = (offset - seg.base) // layout.ROW_GROUP_ROWS + 1
