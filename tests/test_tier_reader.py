@@ -81,6 +81,35 @@ def test_get_returns_committed_messages_in_order_and_clear_statuses(tier, backen
 
 
 @pytest.mark.parametrize("backend", ["posix", "s3"])
+def test_messages_at_scattered_positions_equal_the_oracle(tier, backend):
+    """Positions in any order, repeated, across sealed segments and staging objects and several
+    queues, with a few the tier does not hold: each row is the ledger's message at that position,
+    and a missing one is a null row."""
+    from connectors.tier.backend import open_backend
+
+    conf = tier[backend]
+    queues = oracle_queues(conf)
+    rng = random.Random(5)
+    positions = [(t, q, rng.randrange(len(rows))) for (t, q), rows in queues.items() for _ in range(40)]
+    positions += positions[:7] + [("t0", 0, 10**6), ("nope", 1, 0), ("t1", 99, 3)]
+    rng.shuffle(positions)
+    counting = CountingBackend(open_backend(conf.tier.location))
+    got = TierReader(counting).messages_at(*zip(*positions), ["phy_offset", "body", "queue_offset"])
+    assert got.column_names == ["phy_offset", "body", "queue_offset"]
+    for (t, q, o), row in zip(positions, got.to_pylist()):
+        if (t, q) not in queues or o >= len(queues[(t, q)]):
+            assert row == {"phy_offset": None, "body": None, "queue_offset": None}
+            continue
+        expected = queues[(t, q)][o]
+        assert (row["phy_offset"], row["body"], row["queue_offset"]) == (expected["phy_offset"], expected["body"], o)
+    # Each object holding a position is read once, not once per position.
+    objects = [n for n in counting.read_names if not n.startswith(("_log/", "_meta/"))]
+    assert any(n.startswith("_staging/") for n in objects) and any(n.startswith("topic=") for n in objects)
+    assert len(objects) == len(set(objects)), objects
+    assert TierReader(conf.tier.location).messages_at([], [], [], ["body"]).num_rows == 0
+
+
+@pytest.mark.parametrize("backend", ["posix", "s3"])
 def test_offset_for_time_matches_a_brute_force_search(tier, backend):
     conf = tier[backend]
     reader = TierReader(conf.tier.location)

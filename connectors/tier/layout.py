@@ -188,6 +188,22 @@ def read_segment_slice(backend, name: str, first: int, stop: int, columns: list[
     return segment.read_row_groups(groups, columns=columns).cast(schema).slice(max(0, skip), stop - first)
 
 
+def read_segment_rows(backend, name: str, rows: list[int], columns: list[str], size: int | None = None) -> pa.Table:
+    """The rows at positions ``rows`` (ascending) of a sealed segment, by ranged reads of just the
+    row groups holding them (``columns`` of those groups, nothing else)."""
+    segment = pq.ParquetFile(backend.open_input(name, size))
+    starts = np.cumsum([0] + [segment.metadata.row_group(i).num_rows for i in range(segment.num_row_groups)])
+    group_of = np.searchsorted(starts, rows, side="right") - 1
+    groups = sorted(set(group_of.tolist()))
+    read = segment.read_row_groups(groups, columns=columns)
+    shift, taken = {}, 0  # where each group read starts in ``read``, less where it starts in the segment
+    for g in groups:
+        shift[g] = taken - int(starts[g])
+        taken += int(starts[g + 1] - starts[g])
+    at = [r + shift[g] for r, g in zip(rows, group_of.tolist())]
+    return read.take(pa.array(at, pa.int64())).cast(project_schema(columns))
+
+
 LOG_KINDS = {"json": "record", "root.json": "root", "checkpoint.json": "legacy"}
 BROKER_DIR = "broker="
 

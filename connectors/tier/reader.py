@@ -215,6 +215,76 @@ class TierReader:
             return GetResult(GetStatus.FOUND, table, end, q.low, q.commit)
         return self._retry(lambda: question(self.committed_for_queue(topic, queue_id, committed)))
 
+    def messages_at(self, topics, queue_ids, queue_offsets, columns: list[str]) -> pa.Table:
+        """``columns`` of the committed messages at the given positions (three sequences of one
+        length: topic, queue id, queue offset), a row per position in their order; the row of a
+        position the tier does not hold (retention dropped it, or it is not committed) is all null.
+
+        Each object is read once for every position it holds, and of a sealed segment only the row
+        groups that hold them: a point read costs one group of the asked columns
+        (``layout.group_rows``), many points in one queue a group each at most.  One broker's
+        (the reader's, or the tier's only one)."""
+        columns = list(dict.fromkeys(columns))
+        wanted: dict[QueueKey, dict[int, list[int]]] = {}
+        for i, (t, q, o) in enumerate(zip(topics, queue_ids, queue_offsets)):
+            wanted.setdefault((t, int(q)), {}).setdefault(int(o), []).append(i)
+        schema = project_schema(columns)
+        if not wanted:
+            return schema.empty_table()
+        read = list(dict.fromkeys(["topic", "queue_id", "queue_offset", *columns]))
+        found = self._fresh(lambda st: self._messages_at(wanted, read, st), None)
+        at = np.full(sum(len(v) for offsets in wanted.values() for v in offsets.values()), -1, np.int64)
+        if found.num_rows:
+            rows = {(t, q, o): i for i, (t, q, o) in enumerate(zip(
+                found["topic"].to_pylist(), found["queue_id"].to_pylist(), found["queue_offset"].to_pylist()))}
+            for key, offsets in wanted.items():
+                for offset, places in offsets.items():
+                    row = rows.get((*key, offset))
+                    if row is not None:
+                        at[places] = row
+        picked = found.select(columns).take(pa.array(at, mask=at < 0)) if found.num_rows else \
+            pa.table([pa.nulls(len(at), f.type) for f in schema], schema=schema)
+        return picked.cast(schema)
+
+    def _messages_at(self, wanted: dict, columns: list[str], committed: CommittedTier) -> pa.Table:
+        reads, staged = [], {}
+        for key, offsets in wanted.items():
+            q = committed.state_of(key)
+            if q is None:
+                continue
+            kept = sorted(o for o in offsets if q.low <= o < q.commit)
+            if not kept:
+                continue
+            for seg in committed.segments_for(key, kept[0], kept[-1] + 1):
+                mine = [o for o in kept if seg.base <= o <= seg.end]
+                if not mine:
+                    continue
+                if seg.dense:
+                    reads.append(partial(layout.read_segment_rows, self.backend, seg.name,
+                                         [o - seg.base for o in mine], columns, size=seg.size))
+                else:
+                    reads.append(partial(layout.read_object_rows, self.backend, seg.name,
+                                         [("queue_offset", "in", mine)], columns, size=seg.size))
+            unsealed = [o for o in kept if o >= q.sealed]
+            for part in committed.staging_for(key) if unsealed else ():
+                mine = [o for o in unsealed if part.first <= o <= part.last]
+                if mine:  # a staging object holds many queues: read once for all of them
+                    staged.setdefault(part.name, (part, {}))[1][key] = mine
+        for part, mine in staged.values():
+            reads.append(partial(self._staging_rows_at, part, mine, columns))
+        parts = [t for t in self._parallel(reads) if t.num_rows]
+        return pa.concat_tables(parts) if parts else project_schema(columns).empty_table()
+
+    def _staging_rows_at(self, part, mine: dict[QueueKey, list[int]], columns: list[str]) -> pa.Table:
+        """The rows of one staging object at ``mine``'s positions (queue -> offsets)."""
+        filters = [("topic", "in", sorted({t for t, _ in mine})), ("queue_id", "in", sorted({q for _, q in mine})),
+                   ("queue_offset", "in", sorted({o for offsets in mine.values() for o in offsets}))]
+        rows = layout.read_object_rows(self.backend, part.name, filters, columns, size=part.size)
+        wanted = {(t, q, o) for (t, q), offsets in mine.items() for o in offsets}
+        keep = [k in wanted for k in zip(rows["topic"].to_pylist(), rows["queue_id"].to_pylist(),
+                                         rows["queue_offset"].to_pylist())]
+        return rows.filter(pa.array(keep, pa.bool_()))
+
     def _range(self, topic: str, queue_id: int, start: int, end: int, committed: CommittedTier,
                columns: list[str] | None = None) -> pa.Table:
         """Committed rows of one queue with ``start <= queue_offset < end``, in offset order."""
