@@ -39,6 +39,15 @@ class SinkJournal:
         key = "health" + SEP + sink
         self.store.write_json({key: health}) if health is not None else self.store.write_json({}, [key])
 
+    def references(self) -> set[str]:
+        """The topics the KV view keeps values of as references into the tier: the tier's retention
+        drops none of their segments (``TierIndex.retention_holds``) until the view has taken them in."""
+        return set(self.store.get_json("refs" + SEP + "kv") or [])
+
+    def record_references(self, topics: set[str]) -> None:
+        """``references``, written (synced) before the view keeps its first value of a new topic there."""
+        self.store.write_json({"refs" + SEP + "kv": sorted(topics)})
+
     def record_skip(self, sink: str, phy_offset: int, reason: str) -> None:
         self.store.write_json({f"skip{SEP}{sink}{SEP}{phy_offset:020d}": {
             "sink": sink, "phy_offset": phy_offset, "reason": reason, "at": time.time()}})

@@ -12,6 +12,10 @@ changed key per batch, a put (the latest body) or a delete.  Contract:
 * **Applying a batch is idempotent and atomic**: all of its changes, and the
   physical offset the view has applied through, are one WriteBatch, durable before
   ``apply`` returns.
+* **A large value may be a reference** (``apply_table``'s ``referenced``): the view then keeps only
+  where the message is (its queue, queue offset and physical offset, as for every value) and reads
+  the body back from the tier it was opened with (``tier``, recorded in the view) whenever a value
+  is read: ``get``, ``scan`` and the rest return whole values either way (``state.kv_refs``).
 * **Time to live** (optional, per topic): a key whose latest put is older
   than its topic's TTL (by store time, against the wall clock) is expired by
   ``expire``, which writes a tombstone at that put's physical offset and
@@ -24,7 +28,9 @@ changed key per batch, a put (the latest body) or a delete.  Contract:
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import struct
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -42,9 +48,10 @@ from state import rocks
 SEP = "\x00"
 _HEAD = struct.Struct(">qiqqB")  # phy_offset, queue_id, queue_offset, store_ts (ms), tombstone
 # The tombstone byte: 0 a live value, 1 a delete's tombstone, 2 an expiry's (at the expired put's
-# offset), 3 an expiry's that no changelog has sent yet.  Views written before expiries were marked
-# hold 1 for every tombstone.
-_DELETED, _EXPIRED, _EXPIRED_UNSENT = 1, 2, 3
+# offset), 3 an expiry's that no changelog has sent yet, 4 a live value kept in the tier (the head
+# alone: its body is the message at the head's queue offset).  Views written before expiries were
+# marked hold 1 for every tombstone.
+_DELETED, _EXPIRED, _EXPIRED_UNSENT, _REFERENCED = 1, 2, 3, 4
 _HEAD_DTYPE = np.dtype([("phy", ">i8"), ("queue_id", ">i4"), ("queue_offset", ">i8"), ("store_ts", ">i8"),
                         ("tombstone", "u1")])  # _HEAD as a packed numpy record, for whole batches
 assert _HEAD_DTYPE.itemsize == _HEAD.size
@@ -54,6 +61,7 @@ _ROW_TYPES = (pa.string(), pa.string(), pa.int64(), pa.int32(), pa.int64(), pa.i
 _APPLIED = b"\x01applied"
 _TTL_CONF = b"\x01ttl"
 _UNSENT = b"\x01unsent_expiries"  # present while a tombstone is marked _EXPIRED_UNSENT
+_REFS = b"\x01refs\x00"  # then a topic: the view holds references into the tier for that topic's values
 _TTL_INDEX = b"\x02"
 _EXPIRY = struct.Struct(">q")
 _DATA_START = b"\x03"
@@ -129,11 +137,30 @@ def _ttl_ms(ttl: dict[str, float] | None, topic: str) -> int | None:
 
 
 def _decode(dbkey: str, raw: bytes) -> Entry | None:
+    """The live entry ``raw`` holds (None for a tombstone); a referenced value's body is None here,
+    read from the tier by ``KVView.values_of``."""
     phy, queue_id, queue_offset, store_ts, tomb = _HEAD.unpack_from(raw)
-    if tomb:
+    if tomb and tomb != _REFERENCED:
         return None
     topic, _, key = dbkey.partition(SEP)
-    return Entry(topic, key, bytes(raw[_HEAD.size :]), phy, queue_id, queue_offset, store_ts)
+    body = None if tomb == _REFERENCED else bytes(raw[_HEAD.size :])
+    return Entry(topic, key, body, phy, queue_id, queue_offset, store_ts)
+
+
+FILL_CHUNK = 4096  # referenced values read from the tier at a time by a walk of the view (scan, entries)
+
+
+def _chunks(items: Iterable, most: int) -> Iterator[list]:
+    """``items`` in lists of 16, then 4 times as many each time up to ``most``: a walk that stops
+    early (``kv scan --limit 5``) reads few referenced values, a long one reads them in bulk."""
+    chunk, size = [], min(16, most)
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk, size = [], min(most, size * 4)
+    if chunk:
+        yield chunk
 
 
 def _latest_per_key(table: pa.Table) -> tuple[np.ndarray, list[bytes]]:
@@ -150,23 +177,28 @@ def _latest_per_key(table: pa.Table) -> tuple[np.ndarray, list[bytes]]:
     return order.to_numpy()[first], sorted_keys.filter(pa.array(first)).to_pylist()
 
 
-def _values(table: pa.Table, picked: np.ndarray) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+def _values(table: pa.Table, picked: np.ndarray, referenced: np.ndarray | None = None
+            ) -> tuple[list[bytes], np.ndarray, np.ndarray]:
     """The stored values of rows ``picked`` (``_value`` for a whole batch), in that order, with
-    their store times (epoch ms) and whether each is a delete.
+    their store times (epoch ms) and whether each is a delete; of the rows ``referenced`` (a mask
+    over the table's rows) only the head, marked as a reference.
 
     Why chunk by chunk: a batch's bodies are hundreds of MB, left by the reader in its row groups
     (``records_as_stored``).  Taking them in key order joined every chunk into one buffer first,
     then copied them again, in fresh memory each time.  Here each chunk's picked bodies are joined
     to their heads once and made bytes, and only the references are put in key order."""
     deleted = table.column("deleted").take(picked).to_numpy(zero_copy_only=False).astype(bool)
+    refs = np.zeros(len(picked), dtype=bool) if referenced is None else referenced[picked] & ~deleted
     store_ts = epoch_ms_array(table.column("store_ts").take(picked)).to_numpy()
     heads = np.empty(len(picked), dtype=_HEAD_DTYPE)
     heads["phy"] = table.column("phy_offset").take(picked).to_numpy()
     heads["queue_id"] = table.column("queue_id").take(picked).to_numpy()
     heads["queue_offset"] = table.column("queue_offset").take(picked).to_numpy()
-    heads["store_ts"], heads["tombstone"] = store_ts, deleted
-    slot = np.full(table.num_rows, -1, np.int64)  # where each row's value goes; -1: not picked
-    slot[picked] = np.arange(len(picked))
+    heads["store_ts"] = store_ts
+    heads["tombstone"] = np.where(deleted, _DELETED, np.where(refs, _REFERENCED, 0))
+    slot = np.full(table.num_rows, -1, np.int64)  # where each row's value goes; -1: not picked or no body
+    headless = deleted | refs  # a tombstone or a reference keeps no body
+    slot[picked[~headless]] = np.flatnonzero(~headless)
     values: list[bytes] = [b""] * len(picked)
     start = 0
     for body in table.column("body").chunks:
@@ -184,8 +216,10 @@ def _values(table: pa.Table, picked: np.ndarray) -> tuple[list[bytes], np.ndarra
                                              null_replacement=b"")
         for i, value in zip(to.tolist(), joined.to_pylist()):
             values[i] = value
-    for i in np.flatnonzero(deleted).tolist():
-        values[i] = heads[i].tobytes()  # a tombstone keeps no body
+    if headless.any():
+        raw, size = heads.tobytes(), _HEAD.size
+        for i in np.flatnonzero(headless).tolist():
+            values[i] = raw[i * size : (i + 1) * size]
     return values, store_ts, deleted
 
 
@@ -198,10 +232,14 @@ class KVView:
     ``durable``: when a write is on disk (``_write``): ``"flush"`` (the default) before it returns,
     by a memtable flush; ``"wal"`` before it returns, through RocksDB's WAL, synced; ``"close"`` once
     the view is closed, for a view built from scratch that a crash throws away (``tierlog kv rebuild``).
+    ``tier`` and ``broker``: where the values the view keeps as references are read (a tier
+    location; the broker whose messages they are).  A writable view records them; a view opened
+    without them reads from the tier it recorded.
     """
 
     def __init__(self, path: str, *, read_only: bool = False, ttl: dict[str, float] | None = None,
-                 blob_min_bytes: int = BLOB_MIN_BYTES, durable: str = "flush"):
+                 blob_min_bytes: int = BLOB_MIN_BYTES, durable: str = "flush", tier: str | None = None,
+                 broker: str | None = None):
         if durable not in ("flush", "wal", "close"):  # before anything is opened or made on disk
             raise ValueError(f"durable: {durable!r} is none of flush, wal, close")
         self.path = path
@@ -215,13 +253,38 @@ class KVView:
             raise KVError(f"cannot open the KV view at {path}: {exc}") from None
         self._durable = durable
         self._options = rocks.synced_writes() if durable == "wal" else rocks.unlogged_writes()
+        self._tier_values = None  # state.kv_refs.TierValues, opened at the first referenced value read
+        self._tier = self._recorded_tier(tier, broker)
+        self._ref_topics = {bytes(k[len(_REFS):]).decode() for k in self._keys_from(_REFS)}
         if not read_only:
             self._reindex_if_ttl_changed()
 
     def close(self) -> None:
+        if self._tier_values is not None:
+            self._tier_values.close()
         if self._durable == "close" and not self.read_only:
             self.db.flush(wait=True)
         self.db.close()
+
+    def _keys_from(self, prefix: bytes) -> list[bytes]:
+        out = []
+        for raw_key in self.db.keys(from_key=prefix):
+            if not raw_key.startswith(prefix):
+                break
+            out.append(raw_key)
+        return out
+
+    def _recorded_tier(self, tier: str | None, broker: str | None) -> dict | None:
+        """Where referenced values are read: the ``tier`` given (recorded by a writable view when it
+        differs from what the view recorded), else the one recorded."""
+        raw = self.meta("tier")
+        recorded = json.loads(raw) if raw else None
+        if tier is None:
+            return recorded
+        given = {"location": tier if "://" in tier else os.path.abspath(tier), "broker": broker}
+        if given != recorded and not self.read_only:
+            self.put_meta("tier", json.dumps(given))
+        return given
 
     def _write(self, wb: WriteBatch) -> None:
         """Write ``wb`` as ``durable`` says: by default into the memtable, which is then flushed (its
@@ -263,12 +326,16 @@ class KVView:
                          [pa.array([], t) for t in _ROW_TYPES], names=list(CHANGE_ROW))
         return self._apply(table, applied_through)
 
-    def apply_table(self, table, applied_through: int | None = None) -> int:
+    def apply_table(self, table, applied_through: int | None = None, referenced=None) -> int:
         """``apply`` for an Arrow table of ``CHANGE_ROW`` columns (``connectors.changes``;
-        store_ts a timestamp or epoch ms)."""
-        return self._apply(table, applied_through)
+        store_ts a timestamp or epoch ms); the rows ``referenced`` marks (a boolean array, or None:
+        none) are kept as references into the view's tier, their bodies not stored (nor needed)."""
+        mask = None if referenced is None else np.asarray(referenced, dtype=bool)
+        if mask is not None and mask.any() and self._tier is None:
+            raise KVError(f"the KV view at {self.path} was opened without its tier: it cannot keep values there")
+        return self._apply(table, applied_through, mask if mask is not None and mask.any() else None)
 
-    def _apply(self, table: pa.Table, applied_through: int | None) -> int:
+    def _apply(self, table: pa.Table, applied_through: int | None, referenced: np.ndarray | None = None) -> int:
         """Why columnar: the compaction query hands over 100k changes a batch, and the same work row
         by row in Python (a dict of latest rows, a struct per value) took 0.33 s of the apply
         thread per 100k, competing with Spark's own job for the driver's cores; 0.15 s now, half of
@@ -284,8 +351,12 @@ class KVView:
         floor = self.applied_through()
         picked, keys = _latest_per_key(table)
         picked, keys = self._newer_than_held(table, picked, keys, floor)
-        values, store_ts, deleted = _values(table, picked)
+        values, store_ts, deleted = _values(table, picked, referenced)
         wb = WriteBatch(raw_mode=True)
+        new_refs = set() if referenced is None else \
+            set(table.column("topic").filter(pa.array(referenced)).unique().to_pylist()) - self._ref_topics
+        for topic in new_refs:  # the topics the view now keeps values of in the tier, with their first one
+            wb.put(_REFS + topic.encode(), b"")
         for k, v in zip(keys, values):
             wb.put(k, v)
         if self.ttl:
@@ -293,7 +364,69 @@ class KVView:
         if applied_through is not None:
             wb.put(_APPLIED, struct.pack(">q", max(applied_through, floor if floor is not None else -1)))
         self._write(wb)
+        self._ref_topics |= new_refs
         return len(keys)
+
+    def referenced_topics(self) -> set[str]:
+        """The topics some of whose values the view keeps in the tier (or did, until ``take_inline``)."""
+        return set(self._ref_topics)
+
+    def take_inline(self, topic: str, progress: Callable[[str], None] | None = None) -> int:
+        """Read every value of ``topic`` the view keeps in the tier and keep it in the view instead
+        (before the tier's retention may drop its segments); returns how many.  Each chunk is one
+        durable WriteBatch; a key changed meanwhile is a write of the same value, never an older one."""
+        if self.read_only:
+            raise KVError("the KV view was opened read-only")
+        start, moved = _dbkey(topic, "").encode(), 0
+        chunk: list[tuple[bytes, bytes]] = []
+
+        def write(chunk) -> None:
+            entries = self.values_of([_decode(k.decode(), raw) for k, raw in chunk])
+            wb = WriteBatch(raw_mode=True)
+            for (k, raw), e in zip(chunk, entries):
+                wb.put(k, _value(e.phy_offset, e.queue_id, e.queue_offset, e.store_ts, False, e.body))
+            self._write(wb)
+
+        for raw_key, raw in self.db.items(from_key=start):
+            if not raw_key.startswith(start):
+                break
+            if _HEAD.unpack_from(raw)[4] == _REFERENCED:
+                chunk.append((raw_key, raw))
+                if len(chunk) == FILL_CHUNK:
+                    write(chunk)
+                    moved += len(chunk)
+                    chunk = []
+                    if progress:
+                        progress(f"{moved} value(s) of topic {topic} read from the tier into the KV view so far")
+        if chunk:
+            write(chunk)
+            moved += len(chunk)
+        wb = WriteBatch(raw_mode=True)
+        wb.delete(_REFS + topic.encode())
+        self._write(wb)
+        self._ref_topics.discard(topic)
+        return moved
+
+    def values_of(self, entries: list[Entry | None]) -> list[Entry | None]:
+        """``entries`` with the body of every value the view keeps in the tier read from there
+        (``entries(bodies=False)`` leaves them None)."""
+        missing = [i for i, e in enumerate(entries) if e is not None and e.body is None]
+        if not missing:
+            return entries
+        if self._tier_values is None:
+            if self._tier is None:
+                raise KVError(f"the KV view at {self.path} keeps the value of key {entries[missing[0]].key!r} in "
+                              "a tier it has no record of: open it with its tier (KVView(..., tier=, broker=))")
+            from state.kv_refs import TierValues
+
+            self._tier_values = TierValues(self._tier["location"], self._tier["broker"])
+        got = self._tier_values.bodies([entries[i].topic for i in missing], [entries[i].key for i in missing],
+                                       [(entries[i].phy_offset, entries[i].queue_id, entries[i].queue_offset)
+                                        for i in missing])
+        out = list(entries)
+        for i, body in zip(missing, got):
+            out[i] = dataclasses.replace(entries[i], body=body)
+        return out
 
     def _newer_than_held(self, table: pa.Table, picked: np.ndarray, keys: list[bytes],
                          floor: int | None) -> tuple[np.ndarray, list[bytes]]:
@@ -403,22 +536,27 @@ class KVView:
     def get(self, topic: str, key: str) -> Entry | None:
         k = _dbkey(topic, key)
         raw = self.db.get(k.encode())
-        return None if raw is None else _decode(k, raw)
+        return None if raw is None else self.values_of([_decode(k, raw)])[0]
 
     def multi_get(self, topic: str, keys: list[str]) -> dict[str, Entry | None]:
         raw_keys = [_dbkey(topic, key).encode() for key in keys]
         values = self.db.get(raw_keys) if raw_keys else []
-        return {key: None if raw is None else _decode(k.decode(), raw) for key, k, raw in zip(keys, raw_keys, values)}
+        entries = self.values_of([None if raw is None else _decode(k.decode(), raw) for k, raw in zip(raw_keys, values)])
+        return dict(zip(keys, entries))
 
     def scan(self, topic: str, prefix: str = "") -> Iterator[Entry]:
         """Live entries of ``topic`` whose key starts with ``prefix``, in key (byte) order."""
         start = _dbkey(topic, prefix).encode()
-        for raw_key, raw in self.db.items(from_key=start):
-            if not raw_key.startswith(start):
-                break
-            entry = _decode(raw_key.decode(), raw)
-            if entry is not None:
-                yield entry
+
+        def live():
+            for raw_key, raw in self.db.items(from_key=start):
+                if not raw_key.startswith(start):
+                    break
+                entry = _decode(raw_key.decode(), raw)
+                if entry is not None:
+                    yield entry
+        for chunk in _chunks(live(), FILL_CHUNK):
+            yield from self.values_of(chunk)
 
     def topics(self) -> list[str]:
         """Every topic the view has keys of (tombstones included), jumping from one topic to the next:
@@ -451,13 +589,24 @@ class KVView:
         return [Change(row[0], row[1], "delete", *row[2:6]) for row in self._rows({_EXPIRED_UNSENT})]
 
     def _rows(self, kinds: set[int]) -> Iterator[tuple]:
-        """The ``CHANGE_ROW`` tuple of every key whose tombstone byte is in ``kinds``."""
-        for raw_key, raw in self.db.items(from_key=_DATA_START):
-            phy, queue_id, queue_offset, store_ts, tomb = _HEAD.unpack_from(raw)
-            if tomb in kinds:
-                topic, _, key = raw_key.decode().partition(SEP)
-                yield (topic, key, phy, queue_id, queue_offset, store_ts, bool(tomb),
-                       None if tomb else bytes(raw[_HEAD.size :]))
+        """The ``CHANGE_ROW`` tuple of every key whose tombstone byte is in ``kinds`` (0, a live
+        value, takes the referenced ones too, their bodies read from the tier)."""
+        kinds = kinds | {_REFERENCED} if 0 in kinds else kinds
+
+        def rows():
+            for raw_key, raw in self.db.items(from_key=_DATA_START):
+                if _HEAD.unpack_from(raw)[4] in kinds:
+                    yield raw_key.decode(), raw
+        for chunk in _chunks(rows(), FILL_CHUNK):
+            live = self.values_of([_decode(k, raw) for k, raw in chunk])
+            for (dbkey, raw), entry in zip(chunk, live):
+                if entry is not None:
+                    yield (entry.topic, entry.key, entry.phy_offset, entry.queue_id, entry.queue_offset,
+                           entry.store_ts, False, entry.body)
+                else:
+                    phy, queue_id, queue_offset, store_ts, _ = _HEAD.unpack_from(raw)
+                    topic, _, key = dbkey.partition(SEP)
+                    yield topic, key, phy, queue_id, queue_offset, store_ts, True, None
 
     def mark_expiries_sent(self, changes: list[Change]) -> None:
         """``changes`` (from ``unsent_expiries``) reached a changelog: those still unsent tombstones
@@ -473,17 +622,26 @@ class KVView:
         wb.delete(_UNSENT)
         self._write(wb)
 
-    def entries(self, times: dict[str, int] | None = None) -> Iterator[tuple[str, Entry | None]]:
+    def entries(self, times: dict[str, int] | None = None, bodies: bool = True) -> Iterator[tuple[str, Entry | None]]:
         """Every key of every topic in (topic, key) order: ``(topic, entry)``, entry None for a tombstone.
 
         ``times``, when given, takes each topic's newest store time (ms) of any key, a tombstone's
-        included, as the walk passes it: the moment a snapshot of these entries stands as of."""
-        for raw_key, raw in self.db.items(from_key=_DATA_START):
-            dbkey = raw_key.decode()
-            topic = dbkey.partition(SEP)[0]
-            entry = _decode(dbkey, raw)
-            if times is not None:  # a live entry has its time decoded already; a tombstone only its head
-                store_ts = entry.store_ts if entry is not None else _HEAD.unpack_from(raw)[3]
-                if store_ts > times.get(topic, -1):
-                    times[topic] = store_ts
-            yield topic, entry
+        included, as the walk passes it: the moment a snapshot of these entries stands as of.
+        Without ``bodies``, a value kept in the tier has body None (``connectors.tier.snapshots``
+        reads it from the previous snapshot where it can)."""
+        def walk():
+            for raw_key, raw in self.db.items(from_key=_DATA_START):
+                dbkey = raw_key.decode()
+                topic = dbkey.partition(SEP)[0]
+                entry = _decode(dbkey, raw)
+                if times is not None:  # a live entry has its time decoded already; a tombstone only its head
+                    store_ts = entry.store_ts if entry is not None else _HEAD.unpack_from(raw)[3]
+                    if store_ts > times.get(topic, -1):
+                        times[topic] = store_ts
+                yield topic, entry
+        if not bodies:
+            yield from walk()
+            return
+        for chunk in _chunks(walk(), FILL_CHUNK):
+            yield from zip((t for t, _ in chunk), self.values_of([e for _, e in chunk]))
+

@@ -7,6 +7,8 @@ batch ends at; a test, a benchmark or an offline tool can do the same.  Per batc
 1. read the changed keys' latest messages by physical offset (body, queue offset, store time, put
    or delete): ``resolve``, from the tier's committed batch in the service
    (``connectors.tier.feed.FeedMessages``), from the commitlog where no tier is (a test, a tool);
+   a large value the view keeps as a reference into the tier (``state.kv_refs``) is not read at
+   all, unless the changelog sends it;
 2. send them to the changelog first, when Kafka is on (a crash in between sends again, never loses);
 3. apply them to the KV view in one durable WriteBatch with the batch's end offset;
 4. expire keys whose time to live has passed, record the ``kv`` (and ``changelog``) sink's
@@ -28,6 +30,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -39,6 +42,7 @@ from connectors.sinks import CHANGELOG, KV
 from connectors.tier import snapshots
 from connectors.tier.backend import open_backend
 from state.kv import Change, KVView
+from state.kv_refs import ReferencePolicy
 
 log = logging.getLogger("tierlog.compaction")
 
@@ -52,6 +56,9 @@ class CompactionSettings:
     snapshot_keep: int = 2
     topics: object = None  # the TopicFilter of [topics] compaction; None takes every topic
     tables: object = None  # TableSettings: each snapshot is committed to the latest-per-key tables; None: off
+    # Which values the view keeps as references into the tier (the service's); none by default, and
+    # never when the writer reads the commitlog (a test, a tool): those messages may not be in the tier.
+    references: ReferencePolicy = field(default_factory=ReferencePolicy)
 
 
 @dataclass
@@ -68,18 +75,41 @@ class CompactionReport:
 
 # What the KV view needs of each changed key's latest message, read from the commitlog.
 RECORD_COLUMNS = ("queue_id", "queue_offset", "store_ts", "op", "body")
+# The same without the body, with the stored size that decides whether the view keeps a reference.
+HEAD_COLUMNS = ("queue_id", "queue_offset", "store_ts", "op", "size")
 
 
-def resolve(changes: pa.Table, reader) -> pa.Table:
+def resolve(changes: pa.Table, reader, references: ReferencePolicy | None = None, bodies: bool = True) -> pa.Table:
     """Changed keys (``CHANGE_REF``) with their latest message's fields: ``CHANGE_ROW``s, for
-    ``KVView.apply_table`` and the changelog; ``reader``: a ``CommitLogReader`` or ``FeedMessages``."""
+    ``KVView.apply_table`` and the changelog; ``reader``: a ``CommitLogReader`` or ``FeedMessages``.
+    With ``references``, also ``referenced``: whether the view keeps the value as a reference; and
+    without ``bodies``, those values' bodies are not read (null), only the others'."""
     # The rows come in the order the reader stores them, and the changed keys are put in that
     # order: the keys are a few bytes a row, the bodies hundreds of MB a batch (records_as_stored).
-    records, at = reader.records_as_stored(changes["phy_offset"].to_numpy(), RECORD_COLUMNS)
+    columns = RECORD_COLUMNS if not references else (*RECORD_COLUMNS, "size") if bodies else HEAD_COLUMNS
+    records, at = reader.records_as_stored(changes["phy_offset"].to_numpy(), columns)
     table = changes.select(list(CHANGE_REF)).take(pa.array(at))
-    for name in ("queue_id", "queue_offset", "store_ts", "body"):
+    for name in ("queue_id", "queue_offset", "store_ts"):
         table = table.append_column(name, records[name])
-    return table.append_column("deleted", pc.equal(records["op"], "delete")).select(list(CHANGE_ROW))
+    table = table.append_column("deleted", pc.equal(records["op"], "delete"))
+    if not references:
+        return table.append_column("body", records["body"]).select(list(CHANGE_ROW))
+    referenced = references.mask(table["topic"], records["size"], table["deleted"])
+    body = records["body"] if bodies else _bodies_of(table, reader, ~referenced & ~table["deleted"].to_numpy(
+        zero_copy_only=False))
+    return table.append_column("body", body).select(list(CHANGE_ROW)).append_column(
+        "referenced", pa.array(referenced))
+
+
+def _bodies_of(table: pa.Table, reader, wanted: np.ndarray) -> pa.Array:
+    """A body column for ``table``: the bodies of the rows ``wanted`` read (a second, narrower read of
+    the same objects: values the view keeps whole beside those it references), null elsewhere."""
+    if not wanted.any():
+        return pa.nulls(table.num_rows, pa.binary())
+    read = reader.records_at(table["phy_offset"].filter(pa.array(wanted)).to_numpy(), ["body"])["body"]
+    at = np.full(table.num_rows, -1, np.int64)
+    at[wanted] = np.arange(int(wanted.sum()))
+    return read.take(pa.array(at, mask=at < 0))
 
 
 class KVWriter:
@@ -96,14 +126,19 @@ class KVWriter:
         # the commitlog.  The stager checked every body's CRC on its way to the tier; reading one
         # again here by its offset does not check it twice.
         self._messages = messages if messages is not None else settings.reader.open(check_crc=False)
+        # References only to messages read from the tier: one read from the commitlog may not be there.
+        self.references = settings.references if messages is not None else ReferencePolicy()
         self._last_snapshot = self._last_snapshot_time()
         self._tables = None  # LatestTables, opened at the first snapshot (pyiceberg loads only then)
 
     def catch_up(self, committed: int | None) -> int:
         """Replay what the query committed (through ``committed``, where its last committed batch
-        ends) but the view (or the changelog) has not applied; returns messages replayed into the view."""
+        ends) but the view (or the changelog) has not applied; returns messages replayed into the view.
+        First, the values the view keeps in the tier of a topic whose tier retention could now drop
+        them are taken into the view (``take_inline_where_retained``)."""
         from state.replay import replay_messages
 
+        self.take_inline_where_retained()
         applied = self.kv.applied_through()
         if self.changelog is not None:
             self._catch_up_changelog(applied, committed)
@@ -167,7 +202,30 @@ class KVWriter:
         """The messages of a batch's changed keys (``resolve``).  It only reads, so it may run on
         another thread while this writer applies the batch before (the compaction handler's
         resolve thread)."""
-        return resolve(changes, self._messages)
+        return resolve(changes, self._messages, self.references, bodies=self.changelog is not None)
+
+    def take_inline_where_retained(self) -> None:
+        """Take into the view every value it keeps in the tier of a topic whose tier retention
+        (``tier.retention*``) could drop it (set since the view took it), then let that retention
+        go on: until then the tier keeps those topics' segments (``SinkJournal.references``)."""
+        journal = self.metadata.journal if self.metadata is not None else None
+        held = self.kv.referenced_topics()
+        for topic in sorted(t for t in held if not self.settings.references.retention.keeps_forever(t)):
+            log.info("topic %s has a tier retention now: the KV view reads the values it kept in the tier into "
+                     "itself first", topic)
+            moved = self.kv.take_inline(topic, progress=log.info)
+            log.info("topic %s: the KV view took %d value(s) from the tier; its tier retention applies from now on",
+                     topic, moved)
+        if journal is not None and journal.references() != self.kv.referenced_topics():
+            journal.record_references(self.kv.referenced_topics())
+
+    def _hold_retention(self, table: pa.Table) -> None:
+        """Before the view keeps a topic's first value in the tier: the tier's retention waits on it."""
+        if self.metadata is None or "referenced" not in table.column_names:
+            return
+        topics = set(table["topic"].filter(table["referenced"]).unique().to_pylist())
+        if topics - self.kv.referenced_topics():
+            self.metadata.journal.record_references(self.kv.referenced_topics() | topics)
 
     def apply(self, batch_id: int, changes: pa.Table, end: int, collect_s: float = 0.0,
               resolved: tuple[pa.Table, float] | None = None) -> CompactionReport:
@@ -182,7 +240,9 @@ class KVWriter:
             self.changelog.publish(table)
             crash_point("changelogged")
         t2 = time.monotonic()
-        applied = self.kv.apply_table(table, applied_through=end)
+        self._hold_retention(table)
+        referenced = table["referenced"].to_numpy(zero_copy_only=False) if "referenced" in table.column_names else None
+        applied = self.kv.apply_table(table, applied_through=end, referenced=referenced)
         crash_point("kv_applied")
         expired = self.expire()
         self._record_sink(KV, end)
@@ -282,8 +342,9 @@ def write_snapshot(kv: KVView, tier_location: str, broker: str, through_phy: int
     try:
         times: dict[str, int] = {}
         written = snapshots.write_snapshots(
-            backend, broker, kv.entries(times), through, keep=keep,
+            backend, broker, kv.entries(times, bodies=False), through, keep=keep,
             on_topic=lambda topic, n: _snapshotted(topic, n, through), tables=tables, times=times,
+            values=kv.values_of,
         )
     finally:
         backend.close()

@@ -144,6 +144,10 @@ class MetadataStore:
         of the tier (``state.tier_feed``); None: nothing is held."""
         return self.feed.held_from()
 
+    def retention_holds(self) -> set[str]:
+        """Topics the tier's retention must not drop segments of: the KV view keeps values there."""
+        return self.journal.references()
+
     def pending_deletes(self) -> dict[str, float]:
         return {key.split(SEP, 1)[1]: v for key, v in self.prefix_json("del" + SEP)}
 

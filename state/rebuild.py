@@ -34,6 +34,7 @@ from connectors.tier import snapshots
 from connectors.tier.backend import open_backend
 from connectors.tier.reader import TierReader
 from state.kv import KVView
+from state.kv_refs import ReferencePolicy
 from state.replay import keyed_rows, replay_messages
 
 log = logging.getLogger("tierlog.kv")
@@ -65,7 +66,10 @@ def rebuild_view(
     key_property: str = "KEYS",
     progress: Callable[[str], None] = log.info,
     topics: TopicFilter | None = None,
+    references: ReferencePolicy | None = None,
 ) -> RebuildReport:
+    """``references``: which values read from the tier the new view keeps there (the service's
+    ``compaction.reference_min_bytes``); those from snapshots and the commitlog are copies."""
     if source not in SOURCES:
         raise TierlogError(f"unknown rebuild source {source!r}: use one of {', '.join(SOURCES)}")
     if os.path.exists(kv_path):
@@ -73,12 +77,13 @@ def rebuild_view(
     building = kv_path.rstrip("/") + ".rebuild"
     shutil.rmtree(building, ignore_errors=True)
     report = RebuildReport()
-    with KVView(building, ttl=ttl, durable="close") as kv:  # a crash leaves only a .rebuild to throw away
+    # A crash leaves only a .rebuild to throw away.
+    with KVView(building, ttl=ttl, durable="close", tier=tier_location, broker=broker) as kv:
         cursor = 0
         if source == "snapshot":
             cursor = _from_snapshots(kv, tier_location, broker, report, progress)
         if source in ("snapshot", "tier"):
-            cursor = _from_tier(kv, tier_location, broker, cursor, report, progress, topics)
+            cursor = _from_tier(kv, tier_location, broker, cursor, report, progress, topics, references)
         report.applied_through = _from_commitlog(kv, commitlog_dir, cursor, key_property, report, progress,
                                                  must_start_at_zero=source == "commitlog", topics=topics)
         if ttl:
@@ -107,7 +112,7 @@ def _from_snapshots(kv: KVView, tier_location: str, broker: str, report: Rebuild
 
 
 def _from_tier(kv: KVView, tier_location: str, broker: str, cursor: int, report: RebuildReport, progress,
-               topics: TopicFilter | None = None) -> int:
+               topics: TopicFilter | None = None, references: ReferencePolicy | None = None) -> int:
     reader = TierReader(tier_location, broker=broker)  # the view holds this broker's keys; physical offsets are its own
     state = reader.committed()
     if state.source_end is None or state.source_end <= cursor:
@@ -118,7 +123,9 @@ def _from_tier(kv: KVView, tier_location: str, broker: str, cursor: int, report:
         table = reader.read_queue(topic, queue_id, state)
         table = table.filter(pc.greater_equal(table["phy_offset"], cursor))
         if table.num_rows:
-            kv.apply_table(keyed_rows(table, topics))
+            rows = keyed_rows(table, topics)
+            kv.apply_table(rows, referenced=references.mask(rows["topic"], rows["size"], rows["deleted"])
+                           if references else None)
             report.tier_messages += table.num_rows
         if time.monotonic() >= next_report:
             progress(f"tier: {i + 1} of {len(queues)} queue(s), {report.tier_messages} message(s) so far")

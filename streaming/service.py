@@ -111,7 +111,7 @@ class Service:
         own_jvm = False  # and the JVM it started, ended before it returns
         try:
             if any(KV in q.sinks(conf) for q in kinds):
-                kv = KVView(plan.kv_path(conf), ttl=settings.ttl)
+                kv = KVView(plan.kv_path(conf), ttl=settings.ttl, tier=conf.tier.location, broker=conf.broker.name)
             if spark is None:
                 from streaming.session import build_session, jvm_running
 

@@ -191,7 +191,15 @@ def compaction_settings(settings: Settings):
     conf, c = settings.conf, settings.conf.compaction
     return CompactionSettings(reader=settings.reader, tier_location=conf.tier.location, ttl=settings.ttl,
                               snapshot_interval_s=c.snapshot_interval_s, snapshot_keep=max(1, c.snapshot_keep),
-                              topics=settings.filters["compaction"], tables=settings.tables)
+                              topics=settings.filters["compaction"], tables=settings.tables,
+                              references=references(settings))
+
+
+def references(settings: Settings):
+    """Which values the KV view keeps as references into the tier (``state.kv_refs.ReferencePolicy``)."""
+    from state.kv_refs import ReferencePolicy
+
+    return ReferencePolicy(max(0, settings.conf.compaction.reference_min_bytes), settings.retention)
 
 
 def _globs(text: str) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ from streaming import config as cfg
 from streaming.service import Service
 from streaming.plan import kv_path
 from tests.cli_runner import ROOT
-from tests.kv_helpers import append, assert_all_equal_oracle, kv_messages, spark_state, view_contents
+from tests.kv_helpers import append, assert_all_equal_oracle, kv_messages, spark_state, stored_kinds, view_contents
 from tests.oracle import latest_per_key
 from tests.tiering_helpers import make_conf
 
@@ -40,6 +40,22 @@ def test_latest_per_key_survives_restarts_and_equals_the_oracle(spark, tier_loca
     assert len(expected) > 200  # the check covered real content
     run(spark, conf)  # nothing new: a run with no batches changes nothing
     assert view_contents(conf) == expected
+
+
+def test_values_kept_in_the_tier_read_back_whole_everywhere(spark, tier_location, tmp_path):
+    """With ``compaction.reference_min_bytes`` inside the workload's sizes, the view keeps about half
+    its values as references into the tier, in sealed segments and staging objects alike: the view
+    (opened without being told its tier), Spark's state and every snapshot (the later ones reusing
+    their predecessor's values) still equal the oracle across restarts."""
+    compaction = cfg.CompactionConfig(enabled=True, snapshot_interval_s=0.001, reference_min_bytes=190)
+    conf = make_conf(tmp_path, tier_location, compaction=compaction, segment_messages=150)
+    for round_ in range(3):
+        append(conf, kv_messages(1500, keys=300, seed=40 + round_, body_size=80))
+        run(spark, conf)
+        expected = assert_all_equal_oracle(spark, conf)
+    kinds = stored_kinds(conf)
+    assert kinds["reference"] > 50 and kinds["copy"] > 50, kinds
+    assert len(expected) > 200
 
 
 def test_late_and_replayed_rows_never_move_a_key_backwards(spark, tmp_path):

@@ -20,7 +20,7 @@ from tests.kafka_helpers import (
     compacted,
     kafka_conf,
 )
-from tests.kv_helpers import append, kv_messages
+from tests.kv_helpers import append, kv_messages, stored_kinds
 from tests.oracle import latest_per_key
 from tests.tiering_helpers import make_conf
 
@@ -82,13 +82,21 @@ def test_expired_keys_become_tombstones_in_the_changelog(spark, tmp_path, kafka_
     assert expired and all(topic == "t0" for topic, _ in expired)  # only t0 has a TTL
 
 
-def test_a_changelog_turned_on_later_starts_from_the_view(spark, tmp_path, kafka_bootstrap, kafka_prefix):
-    plain = make_conf(tmp_path, str(tmp_path / "tier"), compaction=COMPACTION)
+@pytest.mark.parametrize("reference_min_bytes", [0, 175], ids=["copies", "half of them references"])
+def test_a_changelog_turned_on_later_starts_from_the_view(spark, tmp_path, kafka_bootstrap, kafka_prefix,
+                                                          reference_min_bytes):
+    """The view's values, copies or read back from the tier where it keeps references (``175``:
+    about half of this workload's), fill the new changelog whole."""
+    compaction = cfg.CompactionConfig(enabled=True, snapshot_interval_s=0, reference_min_bytes=reference_min_bytes)
+    plain = make_conf(tmp_path, str(tmp_path / "tier"), compaction=compaction)
     append(plain, kv_messages(1000, keys=150, seed=5))
     run(spark, plain)  # no Kafka yet
     conf = kafka_conf(plain, kafka_bootstrap, kafka_prefix)
     append(conf, kv_messages(300, keys=150, seed=6))
     run(spark, conf)
+    if reference_min_bytes:
+        kinds = stored_kinds(conf)
+        assert kinds["reference"] > 20 and kinds["copy"] > 20, kinds
     got = compacted(changelog_records(conf, TOPICS))
     expected = changelog_oracle(conf)
     assert {k: v for k, v in got.items() if v is not None} == {k: v for k, v in expected.items() if v is not None}

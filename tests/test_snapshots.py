@@ -52,3 +52,36 @@ def test_the_first_snapshot_comes_an_interval_after_the_first_start_and_restarts
         assert restarted._maybe_snapshot(10) is None
         restarted.close()
     assert [s.through_phy for s in snapshots.list_snapshots(open_backend(tier_location), "broker-a")] == [10]
+
+
+def test_values_kept_in_the_tier_come_from_the_previous_snapshot_where_unchanged(tier_location):
+    """A snapshot of entries whose bodies the view keeps in the tier (body None): a key whose message
+    is the one the previous snapshot holds takes that value, and only the others are read (by
+    ``values``, the view's reads from the tier); every row is whole either way."""
+    import dataclasses
+
+    from state.kv import Entry
+
+    backend = open_backend(tier_location)
+    first = {f"k{i:03d}": (1000 + i, b"first-%d" % i) for i in range(300)}
+    entries = [("t", Entry("t", k, body, phy, 0, phy, 1_700_000_000_000)) for k, (phy, body) in sorted(first.items())]
+    assert snapshots.write_snapshots(backend, "broker-a", iter(entries), 2000, keep=2) == {"t": 300}
+    # Every third key changed since (a new message), a few were deleted, a few are new; none holds its body.
+    second = dict(first)
+    for i in range(0, 300, 3):
+        second[f"k{i:03d}"] = (5000 + i, b"second-%d" % i)
+    for i in (1, 2, 4):
+        second.pop(f"k{i:03d}")
+    second["k999"] = (6000, b"new")
+    asked: list[str] = []
+
+    def values(chunk):
+        asked.extend(e.key for e in chunk if e.body is None)
+        return [e if e.body is not None else dataclasses.replace(e, body=second[e.key][1]) for e in chunk]
+
+    entries = [("t", Entry("t", k, None, phy, 0, phy, 1_700_000_000_000)) for k, (phy, _) in sorted(second.items())]
+    entries.insert(2, ("t", None))  # a tombstone
+    assert snapshots.write_snapshots(backend, "broker-a", iter(entries), 7000, keep=2, values=values) == {"t": len(second)}
+    rows = snapshots.read_snapshot(backend, snapshots.latest_snapshots(backend, "broker-a")["t"]).to_pylist()
+    assert {r["key"]: (r["phy_offset"], r["body"]) for r in rows} == second
+    assert sorted(asked) == sorted(k for k, (phy, _) in second.items() if phy >= 5000)

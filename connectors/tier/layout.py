@@ -46,9 +46,11 @@ SORT_KEYS = [("topic", "ascending"), ("queue_id", "ascending"), ("queue_offset",
 # Sealed segments: a point read (get, by_key, a KV view's reference) decodes one whole row group of
 # every column it reads, so groups are kept small enough for that while scans still read long runs:
 # at most ROW_GROUP_ROWS rows and about ROW_GROUP_BYTES of bodies (``group_rows``).  16k rows of
-# 16 KiB JSON bodies were 256 MB, 290 ms to decode one group; of 2 KB, 36 ms (measured here).
+# 16 KiB JSON bodies were 256 MB, 290 ms to decode one group; of 2 KB, 36 ms (measured here).  A
+# KV view's referenced value read with 8 MiB groups of 2 KB bodies: p50 17.6 ms, p99 40.4 ms; with
+# 4 MiB: 11.9 / 31.5 ms (``./dev bench kv_get``, the owners' bound 50 ms).
 ROW_GROUP_ROWS = 16 * 1024
-ROW_GROUP_BYTES = 8 << 20
+ROW_GROUP_BYTES = 4 << 20
 STAGING_MIN_GROUP_ROWS = 1024  # smaller queue runs share a row group, so the footer stays small
 COMPRESSION = "zstd"  # segments, key indexes and snapshots: what the tier keeps for months
 # Staging objects live until their queues seal, and every byte of the log is encoded into one on

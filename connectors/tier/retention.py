@@ -28,6 +28,10 @@ class Retention:
     def __bool__(self) -> bool:
         return bool(self.seconds or self.bytes or self.messages)
 
+    def keeps_forever(self, topic: str) -> bool:
+        """Whether no limit ever drops a segment of ``topic``."""
+        return all(_limit(limits, topic) is None for limits in (self.seconds, self.bytes, self.messages))
+
     def expired(self, topic: str, state: QueueState, oldest: Iterable[Segment], now_ms: int) -> list[Segment]:
         """The segments to drop from ``oldest`` (a queue's, oldest first, read lazily): Kafka's rule,
         drop the oldest while what stays still meets the limit, so retained offsets stay contiguous."""

@@ -12,10 +12,15 @@ broker's own, so each broker's tierlog keeps its own snapshots of the keys its b
 
 Each object is written with one atomic ``put``, so a reader sees a whole
 snapshot or none; the newest few per topic are kept and older ones deleted.
+
+A snapshot holds whole values, also of the keys whose values the KV view keeps as references
+into the tier (``state.kv_refs``): those unchanged since the previous snapshot are read from it
+(both are in key order: one walk of each), the others from the tier.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import logging
@@ -83,9 +88,9 @@ def list_snapshots(backend: Backend, broker: str, topic: str | None = None) -> l
     return sorted(out, key=lambda s: (s.topic, s.through_phy))
 
 
-def latest_snapshots(backend: Backend, broker: str) -> dict[str, Snapshot]:
-    """The newest snapshot of each topic of ``broker``."""
-    return {s.topic: s for s in list_snapshots(backend, broker)}
+def latest_snapshots(backend: Backend, broker: str, topic: str | None = None) -> dict[str, Snapshot]:
+    """The newest snapshot of each topic (or of ``topic``) of ``broker``."""
+    return {s.topic: s for s in list_snapshots(backend, broker, topic)}
 
 
 def snapshot_time(backend: Backend, snapshot: Snapshot) -> int | None:
@@ -122,6 +127,61 @@ def _encode(rows: Iterable[dict], topic: str, through_phy: int,
     return sink.getvalue(), count
 
 
+class _Previous:
+    """The values of a topic's previous snapshot, read forward in key order beside the view's walk;
+    nothing is listed or read until a value is asked for."""
+
+    def __init__(self, backend: Backend, broker: str, topic: str):
+        self.backend, self.broker, self.topic = backend, broker, topic
+        self.batches = None
+        self.keys: list[str] = []
+        self.phys: list[int] = []
+        self.bodies = None
+        self.at = 0
+        self.used = 0
+
+    def body(self, key: str, phy: int) -> bytes | None:
+        """The previous snapshot's value of ``key`` if it is the one at ``phy``; called in key order."""
+        if self.batches is None:
+            snapshot = latest_snapshots(self.backend, self.broker, self.topic).get(self.topic)
+            self.batches = iter(()) if snapshot is None else pq.ParquetFile(
+                self.backend.open_input(snapshot.name)).iter_batches(batch_size=_CHUNK,
+                                                                     columns=["key", "phy_offset", "body"])
+        while True:
+            while self.at < len(self.keys) and self.keys[self.at] < key:
+                self.at += 1
+            if self.at < len(self.keys):
+                break
+            batch = next(self.batches, None)
+            if batch is None:
+                return None
+            self.keys, self.phys, self.bodies, self.at = (batch["key"].to_pylist(), batch["phy_offset"].to_pylist(),
+                                                          batch["body"], 0)
+        if self.keys[self.at] != key or self.phys[self.at] != phy:
+            return None
+        self.used += 1
+        return self.bodies[self.at].as_py() or b""
+
+
+def _whole(group: Iterable, previous: _Previous, values: Callable[[list], list] | None) -> Iterator:
+    """The live entries of one topic's walk (``KVView.entries(bodies=False)``), each with its body:
+    as the view holds it, else from the previous snapshot, else read by ``values``
+    (``KVView.values_of``: from the tier)."""
+    live = (e for _, e in group if e is not None)
+    while True:
+        chunk = list(itertools.islice(live, _CHUNK))
+        if not chunk:
+            return
+        for i, e in enumerate(chunk):
+            if e.body is None:
+                body = previous.body(e.key, e.phy_offset)
+                if body is not None:
+                    chunk[i] = dataclasses.replace(e, body=body)
+        if values is not None and any(e.body is None for e in chunk):
+            chunk = values(chunk)
+        yield from chunk
+
+
 def write_snapshots(
     backend: Backend,
     broker: str,
@@ -132,23 +192,30 @@ def write_snapshots(
     on_topic: Callable[[str, int], None] | None = None,
     tables: SnapshotTables | None = None,
     times: dict[str, int] | None = None,
+    values: Callable[[list], list] | None = None,
 ) -> dict[str, int]:
     """Write one snapshot per topic from ``entries`` (``KVView.entries()``: (topic, entry or None),
     in topic order); then keep only the newest ``keep`` per topic.  ``times``: what
     ``KVView.entries(times)`` fills in, each topic's newest store time, recorded as the moment the
-    snapshot stands as of (``THROUGH_TS``, for as-of reads).  With ``tables``, the new
+    snapshot stands as of (``THROUGH_TS``, for as-of reads).  An entry without its body (a value
+    the view keeps in the tier: ``entries(bodies=False)``) takes the previous snapshot's where that
+    is the same message, else what ``values`` (``KVView.values_of``) reads.  With ``tables``, the new
     snapshots are committed to them before older ones go, and a snapshot a table still lists stays
     (a table commit that fails leaves every older snapshot for the next round).  Returns rows per topic."""
     written: dict[str, int] = {}
     names: dict[str, str] = {}
     times = {} if times is None else times
     for topic, group in itertools.groupby(entries, key=lambda pair: pair[0]):
+        previous = _Previous(backend, broker, topic)
         rows = (
             {"key": e.key, "body": e.body, "phy_offset": e.phy_offset, "queue_id": e.queue_id,
              "queue_offset": e.queue_offset, "store_ts": e.store_ts, "broker": broker}
-            for _, e in group if e is not None
+            for e in _whole(group, previous, values)
         )
         data, count = _encode(rows, topic, through_phy, lambda: times.get(topic))
+        if previous.used:
+            log.info("snapshot of %s: %d value(s) kept in the tier taken from the previous snapshot", topic,
+                     previous.used)
         names[topic] = snapshot_name(broker, topic, through_phy)
         backend.put(names[topic], data)
         written[topic] = count

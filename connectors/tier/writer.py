@@ -68,6 +68,7 @@ class TierIndex(Protocol):
     def schedule_deletes(self, deletes: dict[str, float]) -> None: ...
     def pending_deletes(self) -> dict[str, float]: ...
     def held_from(self) -> int | None: ...
+    def retention_holds(self) -> set[str]: ...
     def forget_deletes(self, names: list[str]) -> None: ...
     def tables_stopped(self) -> dict | None: ...
     def record_tables_stopped(self, where: dict | None) -> None: ...
@@ -119,6 +120,7 @@ class TierWriter:
         self.head = self.log.open_head()
         self.uploads: list[tuple[str, float]] = []  # (kind, seconds) per object written, until taken
         self._sweep: list[tuple[str, int]] = []  # queues the current retention sweep has yet to look at
+        self._warned_holds: set[str] = set()  # topics whose retention waits on the KV view, said once each
         self._swept_at = float("-inf")  # when the current sweep began
         self.reconcile()
         self._resume_tables()
@@ -391,9 +393,12 @@ class TierWriter:
             self._swept_at = time.monotonic()
         for _ in range(min(len(self._sweep), self.settings.sweep_batch)):
             keys.add(self._sweep.pop())
-        expired = []
+        expired, holds = [], self.index.retention_holds()
         for key in sorted(keys):
             if key in self.head.queues:
+                if key[0] in holds:
+                    self._held_by_view(key[0])
+                    continue
                 expired.extend(retention.expired(key[0], self.head.queues[key], self.index.oldest_segments(*key),
                                                  now_ms))
         if not expired:
@@ -404,6 +409,13 @@ class TierWriter:
         # could be later than the next maintain's whole-millisecond now_ms, so with no grace the next
         # call left the objects (a flaky test_retention_expires_old_segments).  fold() does the same.
         self.index.apply(self.head, record, now_ms / 1000)
+
+    def _held_by_view(self, topic: str) -> None:
+        if topic not in self._warned_holds:
+            self._warned_holds.add(topic)
+            log.warning("the tier keeps every segment of topic %s for now, past its retention: the KV view keeps "
+                        "values of it in the tier, and takes them into itself when the compaction query starts "
+                        "(compaction.enabled); then the retention applies", topic)
 
     def delete_retired(self, now_ms: int) -> None:
         """Delete objects retired more than ``delete_grace_s`` ago (readers still on them had time),

@@ -38,7 +38,7 @@ def open_kv(conf: cfg.Config):
     from streaming.plan import kv_path
 
     _require_store(conf, kv_path(conf), "KV view", "the compaction query of `tierlog run` writes it")
-    return KVView(kv_path(conf), read_only=True)
+    return KVView(kv_path(conf), read_only=True, tier=conf.tier.location, broker=conf.broker.name)
 
 
 def open_metadata(conf: cfg.Config):

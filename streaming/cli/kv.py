@@ -101,13 +101,13 @@ def _kv_rebuild(args, conf: cfg.Config) -> int:
 
     from state.rebuild import rebuild_view
     from streaming.plan import kv_path
-    from streaming.settings import derive
+    from streaming.settings import derive, references
 
     settings = derive(conf)
     report = rebuild_view(
         kv_path(conf), commitlog_dir=conf.commitlog.dir, tier_location=conf.tier.location, broker=conf.broker.name,
         source=_rebuild_source(args.source), ttl=settings.ttl, key_property=conf.commitlog.key_property,
-        topics=settings.filters["compaction"],
+        topics=settings.filters["compaction"], references=references(settings),
     )
     emit([dataclasses.asdict(report)], args.format)
     return 0

@@ -168,7 +168,7 @@ def _snapshot(conf: cfg.Config) -> None:
     from streaming.cli.kv import snapshot_now
     from streaming.plan import kv_path
 
-    with KVView(kv_path(conf)) as view:
+    with KVView(kv_path(conf), tier=conf.tier.location, broker=conf.broker.name) as view:
         snapshot_now(conf, view)
 
 
@@ -177,7 +177,7 @@ def _some_key(conf: cfg.Config, topic: str) -> str:
     from state.kv import KVView
     from streaming.plan import kv_path
 
-    with KVView(kv_path(conf), read_only=True) as view:
+    with KVView(kv_path(conf), read_only=True, tier=conf.tier.location, broker=conf.broker.name) as view:
         return next((e.key for e in view.scan(topic)), "key-00000001")  # scan yields live keys only
 
 
