@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.commitlog.arrow import BodyViews, dispatched_only
+from connectors.commitlog.arrow import MESSAGE_SCHEMA, BodyViews, dispatched_only
 from connectors.commitlog.reader import ReaderOptions
 from connectors.errors import TierlogError
 from connectors.faults import crash_point
@@ -101,26 +101,39 @@ def queue_stats(table: pa.Table) -> list[list]:
     return out
 
 
-def read_rows(reader, first_phy: int, end_phy: int, key_property: str) -> tuple[pa.Table, BodyViews]:
-    """The records of ``[first_phy, end_phy)`` that entered a queue, their bodies held as views into
-    the mapped log (``BodyViews``: sorted as 16 bytes a row, copied once by ``views.bodies``).  A
-    view keeps its mapping alive past the reader's close."""
+def read_rows(reader, first_phy: int, end_phy: int, key_property: str,
+              dispatched: bool = True) -> tuple[pa.Table | None, BodyViews]:
+    """The records of ``[first_phy, end_phy)`` that entered a queue (with ``dispatched``; else every
+    record), their bodies held as views into the mapped log (``BodyViews``: sorted as 16 bytes a
+    row, copied once by ``views.bodies``); None when the range holds no record.  A view keeps its
+    mapping alive past the reader's close."""
     views = BodyViews()
     batches = [views.hold(b) for b in reader.record_batches(first_phy, end_phy, key_property=key_property,
                                                              body_views=True)]
-    table = pa.Table.from_batches(batches, schema=batches[0].schema if batches else None)
-    return dispatched_only(table), views
+    if not batches:
+        return None, views
+    table = pa.Table.from_batches(batches, schema=batches[0].schema)
+    return (dispatched_only(table) if dispatched else table), views
 
 
 def stage(settings: StageSettings, first_phy: int, end_phy: int, last_phy: int) -> StagedPart:
     """Stage the records in ``[first_phy, end_phy)``, the last of which starts at ``last_phy``."""
-    from connectors.commitlog.topics import filtered_counts
-
     options = settings.reader
     with options.open() as reader:
         table, views = read_rows(reader, first_phy, end_phy, options.key_property)
         last = reader.read_bytes(last_phy, end_phy - last_phy)
         quarantined = [q.to_json() for q in reader.quarantined]
+    if table is None:
+        table = MESSAGE_SCHEMA.empty_table()
+    return _staged(settings, table, views, first_phy, end_phy, last_phy, last, quarantined)
+
+
+def _staged(settings: StageSettings, table: pa.Table, views: BodyViews, first_phy: int, end_phy: int, last_phy: int,
+            last: bytes | None, quarantined: list) -> StagedPart:
+    """The staging object of ``table`` (the range's records that entered a queue) and its part."""
+    from connectors.commitlog.topics import filtered_counts
+
+    options = settings.reader
     if last is None:
         raise TierlogError(f"the commitlog {options.directory} no longer holds physical offsets "
                                 f"{last_phy}-{end_phy}, which this stager just read: was it replaced?")
@@ -157,10 +170,29 @@ def stage_range(settings: StageSettings, start: int, end: int) -> tuple[StagedPa
     Why: under ``tierlog run`` a small batch is staged this way by the driver itself
     (``tier.stage_on_driver``), without a Spark job, whose own cost was most of such a batch's time
     (``docs/benchmarks.md``)."""
+    # One read: the decode's own walk finds the first and the last record (``stage`` is handed them),
+    # where a header walk before it walked every record twice (1.5 us a record of the driver's).
+    options = settings.reader
+    with options.open() as reader:
+        every, views = read_rows(reader, start, end, options.key_property, dispatched=False)
+        if not reader.quarantined:
+            if every is None:
+                return None, 0
+            phy, size = every["phy_offset"], every["size"]
+            first, last_phy = phy[0].as_py(), phy[-1].as_py()
+            end_phy = last_phy + size[-1].as_py()
+            last = reader.read_bytes(last_phy, end_phy - last_phy)
+            part = _staged(settings, dispatched_only(every), views, first, end_phy, last_phy, last, [])
+            return part, every.num_rows
+    return _stage_walked(settings, start, end)
+
+
+def _stage_walked(settings: StageSettings, start: int, end: int) -> tuple[StagedPart | None, int]:
+    """``stage_range`` of a range the decode skipped records of (quarantine): the first and the last
+    record found by a header walk, as the source's references are, whatever their bodies."""
     first = last = None
     records = 0
-    # The header walk only, as the source's references come from; what it skips under quarantine is
-    # found again, and recorded, by ``stage``'s own read.
+    # What the header walk skips under quarantine is found again, and recorded, by ``stage``'s own read.
     with settings.reader.open(check_crc=False) as reader:
         for span in reader.spans(start, end):
             if span.starts:
