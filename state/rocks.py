@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 
 from rocksdict import AccessType, Options, Rdict, WriteOptions
+
+log = logging.getLogger("tierlog.state")
+
+# What RocksDB says when a store is opened without its lock just as its writer replaces the MANIFEST
+# (a restart's open): it read a MANIFEST half written or already gone.  CI met the first in a
+# compaction query's feed and in `tierlog commitlog gc` beside a restarting service; a moment later
+# the same open succeeds.
+_TRANSIENT = ("does not match existing comparator", "No such file or directory", "MANIFEST")
+OPEN_ATTEMPTS = 8
 
 
 def exists(path: str) -> bool:
@@ -20,7 +31,9 @@ def open_rdict(path: str, *, read_only: bool = False, raw_mode: bool = False, se
     RocksDB secondary instead: no lock either, and ``try_catch_up_with_primary()``
     brings it up to the writer without replaying the whole WAL again, as a
     new read-only open would.  Failures raise rocksdict's exception with
-    RocksDB's message (a held lock says "lock").
+    RocksDB's message (a held lock says "lock"); a read-only open that meets
+    the writer replacing its MANIFEST (``_TRANSIENT``) is tried again first, for
+    about 6 s in all (a secondary's caller tries again with a new scratch directory).
 
     ``blob_min_bytes`` (0: off) writes values of that size or more to RocksDB's blob files
     (integrated BlobDB): the LSM tree then holds only a reference, so compaction rewrites keys,
@@ -37,7 +50,16 @@ def open_rdict(path: str, *, read_only: bool = False, raw_mode: bool = False, se
         access = AccessType.secondary(secondary)
     else:
         access = AccessType.read_only() if read_only else AccessType.read_write()
-    return Rdict(path, opts, access_type=access)
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            return Rdict(path, opts, access_type=access)
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exception with RocksDB's message
+            if not read_only or secondary is not None or attempt == OPEN_ATTEMPTS - 1 or not any(m in str(exc) for m in _TRANSIENT):
+                raise
+            log.info("RocksDB store %s did not open (%s): its writer may be replacing its MANIFEST; trying again",
+                     path, exc)
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 # What a store holds in memory, as Kafka Streams' RocksDB metrics count it: memtables (the live one
