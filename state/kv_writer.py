@@ -112,6 +112,22 @@ def _bodies_of(table: pa.Table, reader, wanted: np.ndarray) -> pa.Array:
     return read.take(pa.array(at, mask=at < 0))
 
 
+def take_inline_where_retained(kv: KVView, journal, retention) -> None:
+    """Take into ``kv`` every value it keeps in the tier of a topic whose tier retention
+    (``tier.retention*``, ``retention``) could drop it (set since the view took it), then let that
+    retention go on: until then the tier keeps those topics' segments (``SinkJournal.references``,
+    ``journal``; None: a view without the service's metadata store).  The compaction query's start
+    does it, and a service start with compaction off, where no query would."""
+    for topic in sorted(t for t in kv.referenced_topics() if not retention.keeps_forever(t)):
+        log.info("topic %s has a tier retention now: the KV view reads the values it kept in the tier into "
+                 "itself first", topic)
+        moved = kv.take_inline(topic, progress=log.info)
+        log.info("topic %s: the KV view took %d value(s) from the tier; its tier retention applies from now on",
+                 topic, moved)
+    if journal is not None and journal.references() != kv.referenced_topics():
+        journal.record_references(kv.referenced_topics())
+
+
 class KVWriter:
     """Applies changed keys to the KV view (and the changelog), expires keys, records the sinks
     and writes compacted snapshots; see the module docstring."""
@@ -205,19 +221,9 @@ class KVWriter:
         return resolve(changes, self._messages, self.references, bodies=self.changelog is not None)
 
     def take_inline_where_retained(self) -> None:
-        """Take into the view every value it keeps in the tier of a topic whose tier retention
-        (``tier.retention*``) could drop it (set since the view took it), then let that retention
-        go on: until then the tier keeps those topics' segments (``SinkJournal.references``)."""
-        journal = self.metadata.journal if self.metadata is not None else None
-        held = self.kv.referenced_topics()
-        for topic in sorted(t for t in held if not self.settings.references.retention.keeps_forever(t)):
-            log.info("topic %s has a tier retention now: the KV view reads the values it kept in the tier into "
-                     "itself first", topic)
-            moved = self.kv.take_inline(topic, progress=log.info)
-            log.info("topic %s: the KV view took %d value(s) from the tier; its tier retention applies from now on",
-                     topic, moved)
-        if journal is not None and journal.references() != self.kv.referenced_topics():
-            journal.record_references(self.kv.referenced_topics())
+        """``take_inline_where_retained`` for this writer's view, by its settings' retention."""
+        take_inline_where_retained(self.kv, self.metadata.journal if self.metadata is not None else None,
+                                   self.settings.references.retention)
 
     def _hold_retention(self, table: pa.Table) -> None:
         """Before the view keeps a topic's first value in the tier: the tier's retention waits on it."""

@@ -112,6 +112,8 @@ class Service:
         try:
             if any(KV in q.sinks(conf) for q in kinds):
                 kv = KVView(plan.kv_path(conf), ttl=settings.ttl, tier=conf.tier.location, broker=conf.broker.name)
+            elif metadata.journal.references():
+                self._release_retention_holds(metadata)
             if spark is None:
                 from streaming.session import build_session, jvm_running
 
@@ -164,6 +166,16 @@ class Service:
                     log.debug("stopping the Spark session failed: %s", exc)
                 if own_jvm:
                     self._end_jvm()
+
+    def _release_retention_holds(self, metadata: MetadataStore) -> None:
+        """With compaction off, no query's start takes in the values the KV view keeps in the tier of
+        a topic given a tier retention since: this start does, so that retention applies (the tier
+        keeps those topics' segments until then, ``TierWriter``'s warning)."""
+        from state.kv_writer import take_inline_where_retained
+
+        conf = self.settings.conf
+        with KVView(plan.kv_path(conf), tier=conf.tier.location, broker=conf.broker.name) as kv:
+            take_inline_where_retained(kv, metadata.journal, self.settings.retention)
 
     def _check_commitlog(self, spark, committed: dict[str, int | None]) -> str | None:
         """Check ``commitlog.dir`` holds the tier's last committed record and reaches ``committed``

@@ -52,14 +52,17 @@ def view_contents(conf: cfg.Config) -> dict:
         return {(t, e.key): _fields(e) for t, e in kv.entries() if e is not None}
 
 
-def stored_kinds(conf: cfg.Config) -> dict[str, int]:
-    """How the view stores its keys, by the head's last byte: copies, references, tombstones."""
+def stored_kinds(conf: cfg.Config, topic: str | None = None) -> dict[str, int]:
+    """How the view stores its keys (of ``topic``; None: all), by the head's last byte: copies,
+    references, tombstones."""
     from state import kv as kv_module
 
     names = {0: "copy", kv_module._REFERENCED: "reference"}
     counts: dict[str, int] = {}
     with KVView(kv_path(conf), read_only=True) as view:
-        for _, raw in view.db.items(from_key=kv_module._DATA_START):
+        for raw_key, raw in view.db.items(from_key=kv_module._DATA_START):
+            if topic is not None and raw_key.decode().partition(kv_module.SEP)[0] != topic:
+                continue
             kind = names.get(raw[kv_module._HEAD.size - 1], "tombstone")
             counts[kind] = counts.get(kind, 0) + 1
             assert kind != "reference" or len(raw) == kv_module._HEAD.size  # a reference holds no body

@@ -7,6 +7,7 @@ checkpoint, as after a deploy).
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -16,9 +17,10 @@ import pytest
 
 from connectors.commitlog.format import Message
 from state.kv import Change, KVView
+from state.metadata import MetadataStore
 from streaming import config as cfg
 from streaming.service import Service
-from streaming.plan import kv_path
+from streaming.plan import kv_path, metadata_path
 from tests.cli_runner import ROOT
 from tests.kv_helpers import append, assert_all_equal_oracle, kv_messages, spark_state, stored_kinds, view_contents
 from tests.oracle import latest_per_key
@@ -56,6 +58,30 @@ def test_values_kept_in_the_tier_read_back_whole_everywhere(spark, tier_location
     kinds = stored_kinds(conf)
     assert kinds["reference"] > 50 and kinds["copy"] > 50, kinds
     assert len(expected) > 200
+
+
+def test_a_retention_set_later_with_compaction_off_has_the_next_start_take_the_values_in(spark, tmp_path):
+    """The view references values of t0 and t1; then compaction is turned off and t0 given a tier
+    retention.  No compaction query starts to take t0's values in, so the service's start does: the
+    tier's retention no longer waits on t0, t1 stays referenced, and the view reads back the same."""
+    compaction = cfg.CompactionConfig(enabled=True, snapshot_interval_s=0, reference_min_bytes=190)
+    conf = make_conf(tmp_path, str(tmp_path / "tier"), compaction=compaction, segment_messages=150)
+    append(conf, kv_messages(1500, keys=300, seed=60, body_size=80))
+    run(spark, conf)
+    before = view_contents(conf)
+    assert stored_kinds(conf, "t0").get("reference", 0) > 20 and stored_kinds(conf, "t1").get("reference", 0) > 20
+
+    later = dataclasses.replace(conf, compaction=dataclasses.replace(compaction, enabled=False),
+                                tier=dataclasses.replace(conf.tier, retention_messages="t0=300"))
+    append(later, kv_messages(300, keys=300, seed=61, body_size=80))
+    run(spark, later)
+    store = MetadataStore(metadata_path(later), read_only=True)
+    try:
+        assert store.journal.references() == {"t1"}
+    finally:
+        store.close()
+    assert stored_kinds(later, "t0").get("reference", 0) == 0 and stored_kinds(later, "t1")["reference"] > 20
+    assert view_contents(later) == before  # compaction off: the view took nothing new, and lost nothing
 
 
 def test_late_and_replayed_rows_never_move_a_key_backwards(spark, tmp_path):

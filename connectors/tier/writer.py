@@ -414,8 +414,8 @@ class TierWriter:
         if topic not in self._warned_holds:
             self._warned_holds.add(topic)
             log.warning("the tier keeps every segment of topic %s for now, past its retention: the KV view keeps "
-                        "values of it in the tier, and takes them into itself when the compaction query starts "
-                        "(compaction.enabled); then the retention applies", topic)
+                        "values of it in the tier, and takes them into itself when `tierlog run` next starts; then "
+                        "the retention applies", topic)
 
     def delete_retired(self, now_ms: int) -> None:
         """Delete objects retired more than ``delete_grace_s`` ago (readers still on them had time),
