@@ -50,16 +50,17 @@ def open_rdict(path: str, *, read_only: bool = False, raw_mode: bool = False, se
         access = AccessType.secondary(secondary)
     else:
         access = AccessType.read_only() if read_only else AccessType.read_write()
-    for attempt in range(OPEN_ATTEMPTS):
+    retries = OPEN_ATTEMPTS - 1 if read_only and secondary is None else 0  # the writer's open holds the lock
+    for attempt in range(retries):
         try:
             return Rdict(path, opts, access_type=access)
         except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exception with RocksDB's message
-            if not read_only or secondary is not None or attempt == OPEN_ATTEMPTS - 1 or not any(m in str(exc) for m in _TRANSIENT):
+            if not any(m in str(exc) for m in _TRANSIENT):
                 raise
             log.info("RocksDB store %s did not open (%s): its writer may be replacing its MANIFEST; trying again",
                      path, exc)
             time.sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")
+    return Rdict(path, opts, access_type=access)
 
 
 # What a store holds in memory, as Kafka Streams' RocksDB metrics count it: memtables (the live one

@@ -112,7 +112,7 @@ class Service:
         try:
             if any(KV in q.sinks(conf) for q in kinds):
                 kv = KVView(plan.kv_path(conf), ttl=settings.ttl, tier=conf.tier.location, broker=conf.broker.name)
-            elif metadata.journal.references():
+            elif any(not settings.retention.keeps_forever(t) for t in metadata.journal.references()):
                 self._release_retention_holds(metadata)
             if spark is None:
                 from streaming.session import build_session, jvm_running
@@ -170,7 +170,8 @@ class Service:
     def _release_retention_holds(self, metadata: MetadataStore) -> None:
         """With compaction off, no query's start takes in the values the KV view keeps in the tier of
         a topic given a tier retention since: this start does, so that retention applies (the tier
-        keeps those topics' segments until then, ``TierWriter``'s warning)."""
+        keeps those topics' segments until then, ``TierWriter``'s warning).  Called only when the
+        journal lists such a topic: a start with nothing to take in opens no view."""
         from state.kv_writer import take_inline_where_retained
 
         conf = self.settings.conf
