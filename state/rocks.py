@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Callable, TypeVar
 
 from rocksdict import AccessType, Options, Rdict, WriteOptions
 
@@ -16,6 +17,29 @@ log = logging.getLogger("tierlog.state")
 # the same open succeeds.
 _TRANSIENT = ("does not match existing comparator", "No such file or directory", "MANIFEST")
 OPEN_ATTEMPTS = 8
+
+T = TypeVar("T")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is RocksDB meeting its writer replacing the MANIFEST (``_TRANSIENT``)."""
+    return any(m in str(exc) for m in _TRANSIENT)
+
+
+def tried_again(open_once: Callable[[], T], what: str, *, attempts: int = OPEN_ATTEMPTS,
+                retriable: Callable[[BaseException], bool] = transient) -> T:
+    """``open_once()``, tried again after 0.2 s, 0.4 s, ... while it raises what ``retriable`` takes,
+    ``attempts`` times in all (8: about 6 s); the last try's error is raised as it is.  ``what``
+    names the store in the log line of each retry."""
+    for attempt in range(attempts - 1):
+        try:
+            return open_once()
+        except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exception with RocksDB's message
+            if not retriable(exc):
+                raise
+            log.info("%s did not open (%s): trying again", what, exc)
+            time.sleep(0.2 * (attempt + 1))
+    return open_once()
 
 
 def exists(path: str) -> bool:
@@ -33,7 +57,8 @@ def open_rdict(path: str, *, read_only: bool = False, raw_mode: bool = False, se
     new read-only open would.  Failures raise rocksdict's exception with
     RocksDB's message (a held lock says "lock"); a read-only open that meets
     the writer replacing its MANIFEST (``_TRANSIENT``) is tried again first, for
-    about 6 s in all (a secondary's caller tries again with a new scratch directory).
+    about 6 s in all (``tried_again``; a secondary's caller tries again with a new scratch
+    directory).
 
     ``blob_min_bytes`` (0: off) writes values of that size or more to RocksDB's blob files
     (integrated BlobDB): the LSM tree then holds only a reference, so compaction rewrites keys,
@@ -50,17 +75,12 @@ def open_rdict(path: str, *, read_only: bool = False, raw_mode: bool = False, se
         access = AccessType.secondary(secondary)
     else:
         access = AccessType.read_only() if read_only else AccessType.read_write()
-    retries = OPEN_ATTEMPTS - 1 if read_only and secondary is None else 0  # the writer's open holds the lock
-    for attempt in range(retries):
-        try:
-            return Rdict(path, opts, access_type=access)
-        except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exception with RocksDB's message
-            if not any(m in str(exc) for m in _TRANSIENT):
-                raise
-            log.info("RocksDB store %s did not open (%s): its writer may be replacing its MANIFEST; trying again",
-                     path, exc)
-            time.sleep(0.2 * (attempt + 1))
-    return Rdict(path, opts, access_type=access)
+    if not read_only or secondary is not None:
+        # The writer's open holds the lock; a secondary's caller tries again with a new scratch
+        # directory (streaming.feed_source).
+        return Rdict(path, opts, access_type=access)
+    return tried_again(lambda: Rdict(path, opts, access_type=access),
+                       f"RocksDB store {path} (its writer may be replacing its MANIFEST)")
 
 
 # What a store holds in memory, as Kafka Streams' RocksDB metrics count it: memtables (the live one

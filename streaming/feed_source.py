@@ -42,7 +42,6 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, SupportsTriggerAvailableNow
@@ -98,23 +97,25 @@ class _Listing:
         self.scratch = self.db = None
         self._open()
 
-    def _open(self, attempts: int = 10) -> None:
+    def _open(self) -> None:
         """A new secondary.  Opened while the primary is writing its MANIFEST, RocksDB can refuse it
         for a moment (CI met "leveldb.BytewiseComparator: does not match existing comparator
-        rocksdict" in a compaction query's latestOffset); a moment later it opens."""
+        rocksdict" in a compaction query's latestOffset); a moment later it opens.  Any error is
+        tried again, each time in a new scratch directory: a secondary's own files may be what failed."""
+        from state.rocks import tried_again
+
+        self.db = tried_again(self._open_secondary, f"the feed's RocksDB secondary of {self.path}",
+                              attempts=10, retriable=lambda exc: True)
+
+    def _open_secondary(self):
         from state.rocks import open_rdict
 
-        for attempt in range(attempts):
-            self.scratch = _scratch_dir()
-            try:
-                self.db = open_rdict(self.path, secondary=self.scratch)
-                return
-            except Exception as exc:  # noqa: BLE001 - rocksdict raises plain Exception with RocksDB's message
-                shutil.rmtree(self.scratch, ignore_errors=True)
-                if attempt == attempts - 1:
-                    raise
-                log.info("the feed's RocksDB secondary of %s did not open (%s): trying again", self.path, exc)
-                time.sleep(0.2 * (attempt + 1))
+        self.scratch = _scratch_dir()
+        try:
+            return open_rdict(self.path, secondary=self.scratch)
+        except Exception:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise
 
     def _catch_up(self) -> None:
         """Up to the primary.  A secondary that meets a file the primary has just replaced (its

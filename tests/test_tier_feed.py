@@ -312,6 +312,38 @@ def test_the_tierfeed_sources_listing_opens_its_secondary_again_when_a_catch_up_
         store.close()
 
 
+def test_the_tierfeed_sources_listing_tries_a_refused_secondary_again_in_a_new_scratch_directory(tmp_path,
+                                                                                                 monkeypatch):
+    """Fault injected: RocksDB refuses the first three secondary opens (as beside a primary writing
+    its MANIFEST); the listing opens the fourth, each try in a scratch directory of its own, and
+    leaves none of the refused ones behind."""
+    from state import rocks
+    from state.metadata import MetadataStore
+    from streaming.feed_source import _Listing
+
+    store = MetadataStore(str(tmp_path / "metadata"))
+    store.feed.open("mirror", None)
+    store.write_json(store.feed.puts({"type": "batch", "source_start": 0, "source_end": 100, "staging": []}))
+    real, scratches = rocks.open_rdict, []
+
+    def refuse_three(path, **kwargs):
+        scratches.append(kwargs["secondary"])
+        if len(scratches) <= 3:
+            raise Exception("Invalid argument: leveldb.BytewiseComparator: does not match existing comparator")
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(rocks, "open_rdict", refuse_three)
+    monkeypatch.setattr(rocks.time, "sleep", lambda s: None)
+    listing = _Listing(store.path)
+    try:
+        assert listing.batch_ends(-1) == [(100, 100)]
+        assert len(set(scratches)) == 4 and listing.scratch == scratches[-1]
+        assert not any(os.path.exists(s) for s in scratches[:3])
+    finally:
+        listing.close()
+        store.close()
+
+
 @pytest.mark.parametrize("max_bytes", [1, 20_000, 1 << 30])
 def test_the_tierfeed_partitions_group_staging_objects_and_read_every_message_once(tmp_path, max_bytes):
     """``feed_partitions`` hands a task several small staging objects (a task's own cost is most of
