@@ -171,7 +171,11 @@ def run_ledger(proc: subprocess.Popen, log_path: str, children_before: float) ->
                     line = snap
     exited = time.perf_counter()
     last, left = bl.sample_and_reap(sampler, LEDGER_SAMPLE_S, LEDGER_REAP_S)
-    last["procs"] = {**snap["procs"], **last["procs"]}  # the driver's, from its last sample
+    # The driver's counters from its last sample; and the JVM's, which the driver stops and reaps
+    # itself before it exits: without them its threads shorter than a sample and its short Python
+    # workers (``JVM_SHORT``, ``JVM_CHILDREN``) were left unattributed, 8-14% of a run's total.
+    jvms = {pid: seen for pid, seen in sampler.procs.items() if seen[0] == "jvm"}
+    last["procs"] = {**jvms, **snap["procs"], **last["procs"]}
     window = time.monotonic() - t0
     if line is None:
         return None, exited
