@@ -112,13 +112,19 @@ def _bodies_of(table: pa.Table, reader, wanted: np.ndarray) -> pa.Array:
     return read.take(pa.array(at, mask=at < 0))
 
 
+def retained_topics(topics, retention) -> list[str]:
+    """Of ``topics`` (that the KV view references), those a tier retention (``retention``) could drop
+    values of, sorted: what ``take_inline_where_retained`` takes in."""
+    return sorted(t for t in topics if not retention.keeps_forever(t))
+
+
 def take_inline_where_retained(kv: KVView, journal, retention) -> None:
     """Take into ``kv`` every value it keeps in the tier of a topic whose tier retention
     (``tier.retention*``, ``retention``) could drop it (set since the view took it), then let that
     retention go on: until then the tier keeps those topics' segments (``SinkJournal.references``,
     ``journal``; None: a view without the service's metadata store).  The compaction query's start
     does it, and a service start with compaction off, where no query would."""
-    for topic in sorted(t for t in kv.referenced_topics() if not retention.keeps_forever(t)):
+    for topic in retained_topics(kv.referenced_topics(), retention):
         log.info("topic %s has a tier retention now: the KV view reads the values it kept in the tier into "
                  "itself first", topic)
         moved = kv.take_inline(topic, progress=log.info)

@@ -29,6 +29,7 @@ from connectors.faults import DRIVER_PID
 from connectors.tier.backend import STOP_FILE, clear_stop
 from connectors.sinks import KV
 from state.kv import KVView
+from state.kv_writer import retained_topics, take_inline_where_retained
 from state.metadata import MetadataStore
 from streaming import config as cfg
 from streaming import plan
@@ -112,7 +113,7 @@ class Service:
         try:
             if any(KV in q.sinks(conf) for q in kinds):
                 kv = KVView(plan.kv_path(conf), ttl=settings.ttl, tier=conf.tier.location, broker=conf.broker.name)
-            elif any(not settings.retention.keeps_forever(t) for t in metadata.journal.references()):
+            elif retained_topics(metadata.journal.references(), settings.retention):
                 self._release_retention_holds(metadata)
             if spark is None:
                 from streaming.session import build_session, jvm_running
@@ -172,8 +173,6 @@ class Service:
         a topic given a tier retention since: this start does, so that retention applies (the tier
         keeps those topics' segments until then, ``TierWriter``'s warning).  Called only when the
         journal lists such a topic: a start with nothing to take in opens no view."""
-        from state.kv_writer import take_inline_where_retained
-
         conf = self.settings.conf
         with KVView(plan.kv_path(conf), tier=conf.tier.location, broker=conf.broker.name) as kv:
             take_inline_where_retained(kv, metadata.journal, self.settings.retention)
