@@ -186,40 +186,69 @@ def test_a_topic_written_by_another_producer_is_refused(conf):
         publish(MirrorSink(kafka_settings(conf)), conf)
 
 
-def test_each_record_librdkafka_fails_is_reported_with_its_own_position():
-    """librdkafka's delivery reports carry no position: the producer takes the oldest one its
-    partition has in flight.  With no broker every record waits (the client never times one out
-    itself), and a purge fails each of them; each partition's failures must name exactly the
-    positions sent there, in the order they were sent."""
+def test_librdkafka_reports_each_record_that_fails_and_none_that_arrive(kafka_bootstrap, kafka_prefix):
+    """librdkafka reports only the records that fail (a report a record delivered was a Python call
+    each): none for records Kafka took, and with no broker each record waits (the client never
+    times one out itself) until a purge fails every one, each reported with its topic and
+    partition."""
     from connectors.kafka.producers import RdKafkaProducer
     from connectors.kafka.settings import KafkaSettings
 
     class Recording(RdKafkaProducer):
-        def _fail(self, position, error):
-            failures.append((self.last_report, position))
-            super()._fail(position, error)
-
         def _report(self, err, msg):
-            self.last_report = (msg.topic(), msg.partition())
+            reports.append((msg.topic(), msg.partition(), err is None))
             super()._report(err, msg)
 
-    failures: list = []
+    reports: list = []
+    topic = f"{kafka_prefix}-reports"
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    admin.create_topics([NewTopic(topic, 3, 1)])
+    admin.close()
+    producer = Recording(KafkaSettings(client={"bootstrap_servers": kafka_bootstrap}))
+    for position in range(300):
+        producer.send(topic, position % 3, b"k", b"v", [], None, position)
+    assert producer.flush(30) and producer.failure() is None
+    assert sum(len(records) for records in read_topic(kafka_bootstrap, topic).values()) == 300 and reports == []
+    producer.close(5)
+
     settings = KafkaSettings(client={"bootstrap_servers": f"127.0.0.1:{free_port()}"}, delivery_timeout_s=2.0)
     producer = Recording(settings)
     sent: dict = {}
     for position in range(100, 160):
         where = (f"t{position % 2}", position % 3)
         producer.send(where[0], where[1], b"k", b"v", [], None, position)
-        sent.setdefault(where, []).append(position)
+        sent[where] = sent.get(where, 0) + 1
     assert not producer.flush(1), "records went nowhere, yet were reported"
     producer._producer.purge(in_queue=True, in_flight=True)  # not discard(): it ignores the reports
     assert producer.flush(30)
     got: dict = {}
-    for where, position in failures:
-        got.setdefault(where, []).append(position)
+    for topic_, partition, ok in reports:
+        assert not ok
+        got[(topic_, partition)] = got.get((topic_, partition), 0) + 1
     assert got == sent
-    assert producer.failure()[1] == failures[0][1] and producer.failure() is None
+    error, position = producer.failure()
+    assert position == -1 and "topic 't" in error.text and "partition" in error.text
+    assert producer.failure() is None
     producer.discard()
+
+
+def test_a_record_the_broker_refuses_as_too_large_stops_the_sink_with_what_to_set(conf):
+    """A topic whose max.message.bytes is below kafka.max_request_size: the broker, not the sink,
+    refuses the record.  kafka-python says which record it was; librdkafka does not, so that
+    record cannot be skipped: the sink stops and names the two limits."""
+    topic = conf.kafka.mirror_topic.replace("{topic}", "t0")
+    admin = KafkaAdminClient(bootstrap_servers=conf.kafka.bootstrap)
+    admin.create_topics([NewTopic(topic, 4, 1, topic_configs={"max.message.bytes": "4096"})])
+    admin.close()
+    append(conf, [Message(topic="t0", body=b"x" * (20 << 10), properties={"KEYS": "big"})])
+    sink = MirrorSink(kafka_settings(conf))
+    try:
+        expected = ("physical offset" if conf.kafka.producer == "kafka-python"
+                    else "max.message.bytes is below kafka.max_request_size")
+        with pytest.raises(RecordTooLargeError, match=expected):
+            publish(sink, conf)
+    finally:
+        sink.close()
 
 
 def test_an_embedded_broker_started_again_runs_once_and_stops_with_its_owner():

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kafka import KafkaProducer
 from kafka import errors as kerr
@@ -62,7 +61,8 @@ class Producer:
         raise NotImplementedError
 
     def failure(self) -> tuple[SendError, int] | None:
-        """The first record not taken since the last call (after a ``flush``): why, and its position."""
+        """The first record not taken since the last call (after a ``flush``): why, and its position
+        (-1 where the library does not say which record it was: librdkafka)."""
         with self._failed_lock:
             failed, self._failed = self._failed, None
         return failed
@@ -222,15 +222,16 @@ def rdkafka_options(s: KafkaSettings) -> dict:
 
 
 class RdKafkaProducer(Producer):
-    """librdkafka's producer.  Every record's delivery report goes to one callback, which finds the
-    record's position as the oldest of its partition still in flight: librdkafka reports a
-    partition's records in the order they were produced.
+    """librdkafka's producer.  Only a record that fails is reported (``delivery.report.only.error``),
+    with its topic and partition but not its position (-1): the binding gives a report no headers.
 
-    Why not a callback per record holding its position (as before): librdkafka keeps each one
-    alive until the record is acknowledged, about 100,000 at a time, and Python's garbage
-    collector walked them over and over: 85 full collections in 900,000 records, 4 s of 16
-    (``./dev bench kafka``'s sink alone, 1 KB records: 17.4 µs a record with them, 12.3 µs
-    without)."""
+    Why no report for a record delivered: each was a call of Python from ``poll`` with a message
+    object built for it, and to find a failed record's position every record's was kept in flight
+    until its report.  Those cost about 1.6 of the 5.8 µs the sending thread spent on a 1 KiB
+    mirror record against a real Apache Kafka broker (docs/benchmarks.md, the producer's delivery
+    reports).  What a position was needed for, a record the broker refuses as too large, is
+    refused by the sink itself first: ``message.max.bytes`` is ``kafka.max_request_size``, and a
+    record over it fails ``send`` with its position (``TooLarge``)."""
 
     def __init__(self, settings: KafkaSettings):
         super().__init__()
@@ -241,8 +242,8 @@ class RdKafkaProducer(Producer):
                                  "pip install confluent-kafka, or set kafka.producer = \"kafka-python\"") from None
         self._ck = confluent_kafka
         self._producer = confluent_kafka.Producer({**rdkafka_options(settings), "error_cb": self._client_error,
-                                                   "on_delivery": self._report})
-        self._in_flight: dict[tuple[str, int], deque] = {}  # (topic, partition) -> positions, oldest first
+                                                   "on_delivery": self._report,
+                                                   "delivery.report.only.error": True})
         self._sent = 0
         self._discarded = False
 
@@ -265,20 +266,15 @@ class RdKafkaProducer(Producer):
                     raise TooLarge(err.str()) from None
                 failure = self._send_error(err)
                 raise (KafkaUnavailable if failure.retriable else KafkaSinkError)(failure.text) from None
-        # Queued: its report comes from a poll or flush on this thread, never before this line.
-        in_flight = self._in_flight.get((topic, partition))
-        if in_flight is None:
-            in_flight = self._in_flight[(topic, partition)] = deque()
-        in_flight.append(position)
+        # Queued: a failure is reported from a poll or flush on this thread, never before this line.
         self._sent += 1
         if self._sent % _POLL_EVERY == 0:
             self._producer.poll(0)
 
     def _report(self, err, msg) -> None:
-        in_flight = self._in_flight.get((msg.topic(), msg.partition()))
-        position = in_flight.popleft() if in_flight else -1
         if err is not None and not self._discarded:
-            self._fail(position, self._send_error(err))
+            failure = self._send_error(err)
+            self._fail(-1, replace(failure, text=f"{failure.text} (topic {msg.topic()!r}, partition {msg.partition()})"))
 
     def _send_error(self, err) -> SendError:
         ck = self._ck.KafkaError

@@ -288,10 +288,18 @@ class KafkaSink:
         failed = self._producer.failure()
         if failed is not None:
             error, position = failed
-            if error.too_large:
+            if error.too_large and position >= 0:
                 self._too_large(position, error.text)
                 return
-            what = f"Kafka did not take the record at physical offset {position}: {error.text}"
+            if error.too_large:
+                # Which record is not known, so it cannot be skipped; nothing is recorded as sent.
+                raise RecordTooLargeError(
+                    f"Kafka refused records as too large ({error.text}): the broker's message.max.bytes or "
+                    f"the topic's max.message.bytes is below kafka.max_request_size "
+                    f"({self.settings.max_request_size} bytes). Set kafka.max_request_size at or below the "
+                    "broker's limit: tierlog then refuses a record too large itself (kafka.on_too_large)")
+            where = "a record" if position < 0 else f"the record at physical offset {position}"
+            what = f"Kafka did not take {where}: {error.text}"
             raise (KafkaUnavailable if error.retriable else KafkaSinkError)(what)
 
     def deliver_once(self, produce: Callable[[], None]) -> None:
