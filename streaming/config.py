@@ -275,7 +275,7 @@ class KafkaConfig:
         120.0, "Seconds the sink waits for Kafka to take its records before it starts over with a new producer from the positions it reads back (the client never drops a record by itself)."
     )
     on_too_large: str = setting(
-        "fail", "A message too large for Kafka: fail stops the query; skip records it (status) and goes on.",
+        "fail", "A message larger than kafka.max_request_size: fail stops the query; skip records it (status) and goes on. Keep kafka.max_request_size at or below the broker's limit: a record the broker refuses stops the query either way.",
         choices=("fail", "skip"),
     )
     producer: str = setting(
