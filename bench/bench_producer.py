@@ -24,6 +24,7 @@ from collections import deque
 
 from bench.common import BROKERS, kafka_broker, report
 from connectors.kafka.producers import RdKafkaProducer, rdkafka_options
+from connectors.kafka.records import source_headers
 from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.sink import ensure_topic
 
@@ -58,11 +59,11 @@ PRODUCERS = {"failures only": RdKafkaProducer, "every record": EveryRecordReport
 
 
 def records(count: int, body: int) -> list[tuple]:
+    """``(key, value, headers, position)``: the mirror's headers, the message's properties first."""
     value = os.urandom(body)
     return [(b"k%d" % (i % 100_000), value,
-             [("KEYS", b"k%d" % i), ("UNIQ_KEY", b"7F0000011A2B18B4AAC2%012d" % i), ("tierlog.phy", b"%d" % i),
-              ("tierlog.broker", b"broker-a"), ("tierlog.topic", b"orders"), ("tierlog.queue", b"%d" % (i % 64)),
-              ("tierlog.qoff", b"%d" % (i // 64)), ("tierlog.ts", b"1764633600000")], i)
+             [("KEYS", b"k%d" % i), ("UNIQ_KEY", b"7F0000011A2B18B4AAC2%012d" % i),
+              *source_headers(i, "orders", i % 64, i // 64, 1764633600000, "broker-a")], i)
             for i in range(count)]
 
 

@@ -256,6 +256,15 @@ class KafkaSink:
             stats.bytes += len(value or b"")
 
     def _too_large(self, position: int, reason: str) -> None:
+        """Fail, or record and skip, the record at ``position`` (``kafka.on_too_large``).  One the
+        broker refused without the library saying which (position -1) cannot be skipped: it fails
+        either way, and nothing is recorded as sent."""
+        if position < 0:
+            raise RecordTooLargeError(
+                f"Kafka refused records as too large ({reason}): the broker's message.max.bytes or "
+                f"the topic's max.message.bytes is below kafka.max_request_size "
+                f"({self.settings.max_request_size} bytes). Set kafka.max_request_size at or below the "
+                "broker's limit: tierlog then refuses a record too large itself (kafka.on_too_large)")
         if self.settings.on_too_large != "skip":
             raise RecordTooLargeError(
                 f"the message at physical offset {position} does not fit in a Kafka record ({reason}); raise "
@@ -288,16 +297,9 @@ class KafkaSink:
         failed = self._producer.failure()
         if failed is not None:
             error, position = failed
-            if error.too_large and position >= 0:
+            if error.too_large:
                 self._too_large(position, error.text)
                 return
-            if error.too_large:
-                # Which record is not known, so it cannot be skipped; nothing is recorded as sent.
-                raise RecordTooLargeError(
-                    f"Kafka refused records as too large ({error.text}): the broker's message.max.bytes or "
-                    f"the topic's max.message.bytes is below kafka.max_request_size "
-                    f"({self.settings.max_request_size} bytes). Set kafka.max_request_size at or below the "
-                    "broker's limit: tierlog then refuses a record too large itself (kafka.on_too_large)")
             where = "a record" if position < 0 else f"the record at physical offset {position}"
             what = f"Kafka did not take {where}: {error.text}"
             raise (KafkaUnavailable if error.retriable else KafkaSinkError)(what)
