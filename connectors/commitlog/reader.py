@@ -44,6 +44,7 @@ import numpy as np
 
 from connectors.brokers import DEFAULT_BROKER
 from connectors.commitlog import format as fmt
+from connectors.commitlog.boundaries import Boundaries, place_splits
 from connectors.commitlog.errors import (CorruptRecordError, DeletedBeforeReadError, LogLayoutError,
                                          OffsetOutOfRangeError)
 
@@ -216,6 +217,7 @@ class CommitLogReader:
         self._maps: dict[str, mmap.mmap] = {}
         self._released: dict[str, int] = {}  # per mapped file: its pages below this were let go
         self._frontier: int | None = None  # the last frontier a walk reached
+        self._boundaries = Boundaries()  # the records the last walks found, for the next scan
 
     # ------------------------------------------------------------ files
 
@@ -348,12 +350,14 @@ class CommitLogReader:
         *,
         max_records: int | None = None,
         max_bytes: int | None = None,
+        taken: tuple[int, int] = (0, 0),
     ) -> Iterator[Span]:
         """Yield spans of complete records from ``start`` up to ``end`` (or the frontier).
 
         With ``end`` the range is taken as known-complete (a previous scan found
         it) and must end on a record boundary.  ``max_records``/``max_bytes``
-        stop early; at least one record is returned when any is available.
+        stop early; at least one record is returned when any is available,
+        unless ``taken`` (records, bytes) were taken towards the limits before ``start``.
         """
         files = self.files()
         if self.on_missing == "skip" and files and start < files[0].base:
@@ -366,8 +370,8 @@ class CommitLogReader:
             start = files[0].base
         idx = self._locate(files, start)
         self._let_go_below(files, idx, start)
-        records_left = max_records if max_records is not None else -1  # -1 never reaches 0
-        bytes_left = max_bytes if max_bytes is not None else 1 << 62
+        records_left = max_records - taken[0] if max_records is not None else -1  # -1 never reaches 0
+        bytes_left = max_bytes - taken[1] if max_bytes is not None else 1 << 62
         pos_abs = start
         while idx is not None:
             f = files[idx]
@@ -587,27 +591,46 @@ class CommitLogReader:
         max_bytes: int | None = None,
         split_bytes: int | None = None,
     ) -> ScanResult:
-        """Walk record headers from ``start`` to ``end``, the frontier or a limit; no body is decoded."""
-        records = nbytes = 0
-        stop = end
-        end = start
+        """Walk record headers from ``start`` to ``end``, the frontier or a limit; no body is decoded.
+        Records this reader walked before are not walked again (``connectors.commitlog.boundaries``)."""
         splits: list[int] = []
-        since_split = 0
-        for span in self.spans(start, stop, max_records=max_records, max_bytes=max_bytes):
+        records = nbytes = since_split = 0
+        resume = start
+        kept = self._boundaries.take(self._kept_path(start), start, end, max_records, max_bytes)
+        if kept is not None:
+            starts, sizes, go_on = kept
+            since_split = place_splits(starts, sizes, 0, split_bytes, splits)
+            records, nbytes = len(starts), int(sizes.sum())
+            resume = start + nbytes
+            if not go_on:
+                return ScanResult(start, resume, records, nbytes, tuple(s for s in splits if start < s < resume))
+        for span in self.spans(resume, end, max_records=max_records, max_bytes=max_bytes, taken=(records, nbytes)):
             if span.file.base > start and (not splits or splits[-1] != span.file.base):
                 splits.append(span.file.base)
                 since_split = 0
-            for pos, size in zip(span.starts, span.sizes):
-                if split_bytes and since_split >= split_bytes:
-                    splits.append(span.file.base + pos)
-                    since_split = 0
-                since_split += size
-            records += len(span.starts)
-            nbytes += sum(span.sizes)
-            end = span.end
-        if stop is None and max_records is None and max_bytes is None:
-            self._frontier = end  # walked to the frontier: later polls start here
-        return ScanResult(start, end, records, nbytes, tuple(s for s in splits if start < s < end))
+            starts = np.asarray(span.starts, dtype=np.int64) + span.file.base
+            sizes = np.asarray(span.sizes, dtype=np.int64)
+            since_split = place_splits(starts, sizes, since_split, split_bytes, splits)
+            self._boundaries.add(span.file.path, starts, sizes)
+            records += len(starts)
+            nbytes += int(sizes.sum())
+            resume = span.end
+        if end is None and max_records is None and max_bytes is None:
+            self._frontier = resume  # walked to the frontier: later polls start here
+        return ScanResult(start, resume, records, nbytes, tuple(s for s in splits if start < s < resume))
+
+    def _kept_path(self, offset: int) -> str | None:
+        """The path of the file the kept boundaries are in, if they hold ``offset`` and the file is
+        still there; what a walk from ``offset`` lets go of is let go of here too."""
+        kept = self._boundaries
+        if kept.path is None or not kept.first <= offset < kept.end:
+            return None
+        files = self.files()
+        idx = self._locate(files, offset) if files and files[0].base <= offset < files[-1].end else None
+        if idx is None or files[idx].path != kept.path or files[idx].end < kept.end:
+            return None
+        self._let_go_below(files, idx, offset)
+        return kept.path
 
     def messages(
         self, start: int | None = None, end: int | None = None, *, max_records: int | None = None
