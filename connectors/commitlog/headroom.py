@@ -42,14 +42,15 @@ class Headroom:
                 "tierlog: let it catch up, or keep the broker's fileReservedTime longer")
 
 
-def headroom(reader: CommitLogReader, needed: int) -> Headroom | None:
+def headroom(reader: CommitLogReader, needed: int, end: int | None = None) -> Headroom | None:
     """The headroom of ``reader``'s log for ``needed``; None for an empty log.  A ``needed`` below the
-    oldest file is a negative headroom: those bytes are already gone."""
+    oldest file is a negative headroom: those bytes are already gone.  ``end``: the log's end as a
+    walk found it moments ago (the service passes the tiering query's), else walked to here."""
     files = reader.files()
     if not files:
         return None
     oldest = files[0]
-    end = reader.end_offset()
+    end = reader.end_offset() if end is None else end
     holding = next((f for f in reversed(files) if f.base <= needed), oldest)
     active = next((f for f in reversed(files) if f.base < end), oldest)  # the file being written
     seconds = None

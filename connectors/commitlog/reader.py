@@ -229,6 +229,11 @@ class CommitLogReader:
         self._unmap([p for p in self._maps if p not in present])
         return files
 
+    @property
+    def frontier(self) -> int | None:
+        """The log's end as this reader's last walk to it found it (no walk); None before one."""
+        return self._frontier
+
     def first_offset(self) -> int:
         files = self.files()
         return files[0].base if files else 0

@@ -122,6 +122,12 @@ class TieringQuery(Query):
             self._log_reader = self.ctx.settings.reader.open(check_crc=False)
         return self._log_reader
 
+    def known_end(self) -> int | None:
+        """The commitlog's end as this query last walked to it (for its last batch's line), without a
+        walk; None before its first batch."""
+        reader = self._log_reader
+        return None if reader is None else reader.frontier
+
     def _frontier(self, hint: int | None) -> int:
         """The commitlog's end, for the lag in the batch line; 0 when it cannot be read."""
         reader = self._reader()
