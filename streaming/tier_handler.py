@@ -44,6 +44,7 @@ from connectors.tier.writer import TierWriter, WriterSettings
 log = logging.getLogger("tierlog.tier")
 
 if TYPE_CHECKING:
+    from connectors.commitlog.reader import CommitLogReader
     from streaming.checkpoints import Batch
 
 
@@ -120,14 +121,15 @@ class TieringHandler:
     """
 
     def __init__(self, settings: TieringSettings, metadata, on_batch=None,
-                 expect: Callable[[int], tuple[int, tuple[int, ...]]] | None = None):
+                 expect: Callable[[int], tuple[int, tuple[int, ...]]] | None = None,
+                 header_reader: Callable[[], CommitLogReader] | None = None):
         self.settings = settings
         self.writer = TierWriter(settings.writer, metadata, tables=open_tables(settings))
         self.gaps = CommitLogGaps(settings.stage.reader)
         self.lock = threading.RLock()  # held while a batch is processed; graceful stop waits on it
         self.writer_lock = threading.Lock()  # the writer is not thread-safe: a commit or a maintenance
         self.on_batch = on_batch
-        self.pool = StagePool(settings.stage, settings.stage_processes, settings.split_bytes) \
+        self.pool = StagePool(settings.stage, settings.stage_processes, settings.split_bytes, header_reader) \
             if settings.stage_processes else None
         self._maintenance = ThreadPoolExecutor(1, thread_name_prefix="tier-maintain", initializer=name_native)
         self._maintained: Future | None = None  # the last batch's maintenance: (seals, seconds)

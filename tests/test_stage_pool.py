@@ -178,3 +178,20 @@ def objects(location: str) -> set[str]:
         return {o.name for o in backend.list("") if "staging" in o.name}
     finally:
         backend.close()
+
+
+def test_ranges_cut_with_a_long_lived_reader_are_the_ones_a_new_reader_cuts(tmp_path):
+    """The tiering query hands the pool its own header reader, which walked to the frontier already:
+    the ranges cut from the boundaries it kept are those a reader of its own walks to."""
+    from connectors.commitlog.reader import CommitLogReader
+
+    log_dir, written = make_log(tmp_path)
+    settings = StageSettings(location=str(tmp_path / "tier"), reader=ReaderOptions(log_dir))
+    with CommitLogReader(log_dir) as kept:
+        kept.end_offset()
+        shared, alone = StagePool(settings, 1, 20_000, lambda: kept), StagePool(settings, 1, 20_000)
+        starts = [m.phy_offset for m in written]
+        end = written[-1].phy_offset + written[-1].size
+        for a, b in [(starts[0], end), (starts[500], starts[2000]), (starts[2000], end), (starts[2999], end)]:
+            assert shared.ranges(a, b) == alone.ranges(a, b)
+        assert kept._boundaries.first <= starts[2999] < kept._boundaries.end, "cut from what it kept"

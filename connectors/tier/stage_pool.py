@@ -38,7 +38,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Callable
 from concurrent.futures.process import BrokenProcessPool
 
-from connectors.commitlog.reader import cut
+from connectors.commitlog.reader import CommitLogReader, cut
 from connectors.errors import TierlogError
 from connectors.tier.backend import open_backend
 from connectors.tier.staging import StagedPart, StageSettings, stage_range
@@ -93,10 +93,15 @@ class StagePool:
     follows the log's head never starts them, and a short run that needs none does not pay for them
     beside Spark's own start."""
 
-    def __init__(self, settings: StageSettings, processes: int, split_bytes: int):
+    def __init__(self, settings: StageSettings, processes: int, split_bytes: int,
+                 header_reader: Callable[[], CommitLogReader] | None = None):
+        """``header_reader``: a long-lived reader of the same log, used from the thread that calls
+        :meth:`stage`, whose walks :meth:`ranges` shares (the tiering query's: a batch's range is
+        mostly walked already, to the frontier); without it each call opens one and walks."""
         if processes < 1:
             raise ValueError(f"a stage pool needs at least one process, not {processes}")
         self.settings, self.processes, self.split_bytes = settings, processes, split_bytes
+        self.header_reader = header_reader
         self._lock = threading.Lock()
         self._pool: ProcessPoolExecutor | None = None
         self._closed = False
@@ -126,6 +131,8 @@ class StagePool:
     def ranges(self, start: int, end: int) -> list[tuple[int, int]]:
         """``[start, end)`` cut at record boundaries, every file boundary and about every
         ``split_bytes``, as the commitlog source cuts a batch into Spark's partitions."""
+        if self.header_reader is not None:
+            return cut(start, self.header_reader().scan(start, end, split_bytes=self.split_bytes).splits, end)
         with self.settings.reader.open(check_crc=False) as reader:
             return cut(start, reader.scan(start, end, split_bytes=self.split_bytes).splits, end)
 

@@ -36,7 +36,7 @@ class TieringQuery(Query):
         s = ctx.settings
         self.handler = TieringHandler(TieringSettings(s.stage, s.writer, s.tables, s.driver_stage_bytes,
                                                       s.stage_processes, ctx.conf.source.partition_bytes), ctx.metadata,
-                                      on_batch=self.report, expect=self._expect)
+                                      on_batch=self.report, expect=self._expect, header_reader=self._reader)
         self.lock = self.handler.lock
         self.batches = self.rows = self.bytes = 0
         self._log_reader: CommitLogReader | None = None  # kept open: it remembers the frontier
