@@ -86,6 +86,7 @@ def test_boundaries_keep_one_run_and_the_newest_records():
     assert kept.take("f", 150, None, None, None) is None  # let go of
     assert kept.take("g", 250, None, None, None) is None  # another file
     assert kept.take("f", 255, None, None, None) is None  # not a boundary
+    assert kept.take("f", 295, None, None, None) is None  # inside the last record
     got, _, go_on = kept.take("f", 250, None, 2, None)
     assert got.tolist() == [250, 260] and not go_on
     got, _, go_on = kept.take("f", 250, None, None, None)

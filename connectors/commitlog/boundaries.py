@@ -79,7 +79,7 @@ class Boundaries:
             return None
         starts, sizes = self._joined()
         i = int(np.searchsorted(starts, start))
-        if starts[i] != start:
+        if i == len(starts) or starts[i] != start:
             return None
         starts, sizes = starts[i:], sizes[i:]
         self._chunks, self._count, self.first = [(starts, sizes)], len(starts), start  # earlier ones are behind it
