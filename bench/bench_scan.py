@@ -1,6 +1,6 @@
 """A batch planner's header walks over a growing log: `./dev bench scan`.
 
-    ./dev bench scan [--batches 20] [--batch-messages 50000] [--body 1024] [--rounds 3]
+    ./dev bench scan [--batches 12] [--batch-messages 50000] [--body 1024] [--rounds 3]
 
 What the commitlog source does for each batch it plans, and the driver's tiering query for the
 batch it expects next: walk the log's new headers to its frontier (``end_offset``), then cut the
@@ -101,7 +101,7 @@ def one_round(batches: int, per_batch: int, body: int, new_first: bool) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batches", type=int, default=20)
+    ap.add_argument("--batches", type=int, default=12)
     ap.add_argument("--batch-messages", type=int, default=50_000)
     ap.add_argument("--body", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
