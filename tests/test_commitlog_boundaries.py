@@ -94,6 +94,11 @@ def test_boundaries_keep_one_run_and_the_newest_records():
     assert kept.end == 290
     kept.add("f", np.array([230, 240]), np.array([10, 10]))  # a walk from before the run joins it
     assert (kept.first, kept.end) == (230, 290)
+    kept.add("f", np.array([225, 235]), np.array([10, 10]))  # it meets the run off a boundary: a new run
+    assert (kept.first, kept.end) == (225, 245)
+    kept.add("f", np.array([245, 255]), np.array([12, 12]))
+    kept.add("f", np.array([260, 270]), np.array([10, 10]))  # overlaps its end off a boundary: a new run
+    assert (kept.first, kept.end) == (260, 280)
     kept.add("f", np.array([400]), np.array([10]))  # one that does not touch it starts a new run
     assert (kept.first, kept.end) == (400, 410)
     kept.add("f", np.array([410, 420]), np.array([10, 10]))

@@ -37,28 +37,29 @@ class Boundaries:
         self.path, self.first, self.end, self._chunks, self._count = None, 0, 0, [], 0
 
     def add(self, path: str, starts: np.ndarray, sizes: np.ndarray) -> None:
-        """Keep records a walk found in the file at ``path`` (absolute ``starts``, ascending).  A walk
-        starts on a boundary, so records that touch or overlap the run kept so far join it; others
-        start a new run."""
+        """Keep records a walk found in the file at ``path`` (absolute ``starts``, ascending).  Records
+        that meet the run kept so far on its boundaries join it; others start a new run, so what is
+        kept stays one run whatever a walk was started at."""
         if not len(starts):
             return
         if len(starts) > 1 and not np.array_equal(starts[1:], starts[:-1] + sizes[:-1]):
             self.clear()  # a quarantined range inside: not one run
             return
         first, end = int(starts[0]), int(starts[-1] + sizes[-1])
-        if path != self.path or first > self.end or end < self.first:
-            self.clear()
-            self.path, self.first, self.end = path, first, first
-        if first < self.first:
-            below = starts < self.first
-            self._chunks.insert(0, (starts[below], sizes[below]))
-            self._count += int(below.sum())
-            self.first = first
-        if end > self.end:
-            above = starts >= self.end
-            self._chunks.append((starts[above], sizes[above]))
-            self._count += int(above.sum())
-            self.end = end
+        below, above = starts < self.first, starts >= self.end
+        if (path != self.path or first > self.end or end < self.first
+                or (below.any() and int(starts[below][-1] + sizes[below][-1]) != self.first)
+                or (end > self.end and not (above.any() and int(starts[above][0]) == self.end))):
+            self.path, self.first, self.end, self._chunks, self._count = path, first, end, [(starts, sizes)], len(starts)
+        else:
+            if below.any():
+                self._chunks.insert(0, (starts[below], sizes[below]))
+                self._count += int(below.sum())
+                self.first = first
+            if end > self.end:
+                self._chunks.append((starts[above], sizes[above]))
+                self._count += int(above.sum())
+                self.end = end
         if self._count > self.capacity:
             kept_starts, kept_sizes = self._joined()
             self._chunks = [(kept_starts[-self.capacity:], kept_sizes[-self.capacity:])]
