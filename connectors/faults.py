@@ -11,6 +11,9 @@ JVM that inherited it) kill the driver too, not themselves; unset, the
 current process.  It lives here, at the bottom of the packages, so that the
 connectors that hold crash points need nothing from the Spark layer.
 
+``TIERLOG_FAULT_LATE_WORKER`` fails a batch as a late Python worker fails it
+(``late_worker_fault``).
+
 ``TIERLOG_FAULT_DISK_FULL=<file>`` makes every write to a posix tier fail
 with ENOSPC while ``<file>`` exists: a full disk the chaos harness can fill
 and free without root (a size-limited mount needs it).
@@ -80,6 +83,22 @@ def disk_full_fault() -> None:
         finally:
             os.close(fd)
         raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+
+_batches: dict[str, int] = {}  # query -> batches begun in this process, for late_worker_fault
+
+
+def late_worker_fault(query: str) -> None:
+    """With ``TIERLOG_FAULT_LATE_WORKER=<query>:<n>[,<query>:<n>...]``, the n-th batch of ``query``
+    begun in this process fails with the error Spark raises when a Python worker connects back
+    too late (which a test cannot time on a busy host): the service's restart of a query that had
+    run batches, tested.  Unset, one dictionary lookup."""
+    spec = os.environ.get("TIERLOG_FAULT_LATE_WORKER")
+    if not spec:
+        return
+    passes = _batches[query] = _batches.get(query, 0) + 1
+    if f"{query}:{passes}" in spec.split(","):
+        raise RuntimeError("Python worker failed to connect back. (injected)")
 
 
 READ_LOG = "TIERLOG_READ_LOG"

@@ -2,11 +2,13 @@
 
 Spark gives the Python process that runs a Python streaming source (or plans a read) a fixed 10 s
 to start and connect back (``PythonWorkerFactory``; no setting changes it).  On a busy host, a
-broker's say, it can be late, and the query then fails before its first batch, having changed
-nothing: starting it again is safe.  A long-running service should ride that out, so such a query
-is started again after 1, 2, 4 ... 30 s, for as long as it has not run a batch and until
-``spark.late_start_s`` have passed since it first failed; then the run ends with one line that
-names the cause and what to do.
+broker's say, it can be late: at a query's start, or when a batch needs a new one (CI met it in
+the tiering query's first batch).  A long-running service should ride that out, so such a query is
+started again after 1, 2, 4 ... 30 s, until ``spark.late_start_s`` have passed since it first
+failed; then the run ends with one line that names the cause and what to do.  A query that had
+run batches is started as a new process would start it (``Service._restart``): built afresh and
+resumed from its checkpoint and its sinks' records, so the batch that failed runs again, as after
+a crash.
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ class LateStarts:
         self.pending: dict[str, _Pending] = {}
         self.gave_up: dict[str, str] = {}  # query -> why the run ends
 
-    def failed(self, name: str, error: str, ran_a_batch: bool) -> bool:
+    def failed(self, name: str, error: str) -> bool:
         """Whether the failure of query ``name`` is a late start to ride out (then it is scheduled)."""
-        if ran_a_batch or not LATE_WORKER.search(error):
+        if not LATE_WORKER.search(error):
             return False
         now = self.clock()
         p = self.pending.setdefault(name, _Pending(first_failed=now))
@@ -58,7 +60,7 @@ class LateStarts:
         p.start_at = now + delay
         text = (f"Spark's Python worker did not connect back within Spark's 10 s (a busy host); start "
                 f"{p.failures + 1} in {delay:g} s, for up to {self.budget_s:g} s in all")
-        log.warning("the %s query could not start: %s", name, text)
+        log.warning("the %s query waits to start again: %s", name, text)
         if self.on_wait:
             self.on_wait(name, text)
         return True

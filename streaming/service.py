@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 
 from connectors.errors import ConfigError, StopRequested, TierlogError
-from connectors.faults import DRIVER_PID
+from connectors.faults import DRIVER_PID, late_worker_fault
 from connectors.tier.backend import STOP_FILE, clear_stop
 from connectors.sinks import KV
 from state.kv import KVView
@@ -76,6 +76,7 @@ class Service:
         self._metadata = None  # set while run() runs
         self._seen_progress: dict[str, tuple[str, int]] = {}  # query -> (timestamp, batch) of the progress last counted
         self._entered: set[str] = set()  # queries whose batch function has run, in this run
+        self._ctx: RunContext | None = None  # what the queries were built with, while run() runs
         self._headroom_warned = float("-inf")  # when the last low-headroom warning was logged
         # Kept open across ticks: it remembers the frontier it reached, so each tick walks only what
         # was appended since.  A reader opened afresh walked the active file from its start every
@@ -140,6 +141,7 @@ class Service:
             ctx = RunContext(conf=conf, settings=settings, metadata=metadata, kv=kv, metrics=self.metrics,
                              should_stop=self.stopping.is_set,
                              source_options=settings.source, kafka=settings.kafka, until_caught_up=until_caught_up)
+            self._ctx = ctx
             for kind in kinds:
                 query = self.queries[kind.name] = kind(ctx)
                 query.start(committed.get(kind.name))
@@ -229,6 +231,7 @@ class Service:
         if query.name not in self._entered:
             self._entered.add(query.name)
             self.late.ran(query.name)
+        late_worker_fault(query.name)
 
     def _step(self, spark, query: Query) -> bool:
         """One step of a query without a Spark stream, on its follower's thread; whether it applied
@@ -284,10 +287,10 @@ class Service:
         next_tick, waiting = time.monotonic(), set()
         while not self.stopping.is_set():
             for name in self.late.due():
-                streams[name] = self._start(spark, self.queries[name], until_caught_up)
+                streams[name] = self._restart(spark, name, until_caught_up)
             waiting = self.late.waiting()
             failed = [n for n, s in streams.items() if n not in waiting and s.exception() is not None
-                      and not self.late.failed(n, str(s.exception()), n in self._entered)]
+                      and not self.late.failed(n, str(s.exception()))]
             waiting = self.late.waiting()
             active = [s for n, s in streams.items() if s.isActive and n not in waiting]
             if followers and not failed and self._followers_done(spark, streams, followers):
@@ -318,6 +321,21 @@ class Service:
         if failure is not None:
             raise failure
         return 0
+
+    def _restart(self, spark, name: str, until_caught_up: bool):
+        """Start query ``name`` again after its Python worker was late (``streaming.late_start``).
+        One that ran batches may have failed inside one, with what it holds in memory half a batch
+        on: it is closed and built afresh, and resumes from its checkpoint and its sinks' records
+        as a new process would; the batch that failed runs again, as after a crash."""
+        old = self.queries[name]
+        if name in self._entered:
+            log.info("the %s query starts again from its checkpoint and its sinks' records", name)
+            old.close()
+            query = self.queries[name] = type(old)(self._ctx)
+            query.start(Checkpoint(plan.checkpoint_path(self.conf, name), spark).last_committed_end()
+                        if query.spark_stream else None)
+            self._entered.discard(name)  # its next batch ends the wait (LateStarts.ran)
+        return self._start(spark, self.queries[name], until_caught_up)
 
     def _start(self, spark, query: Query, until_caught_up: bool):
         if not query.spark_stream:

@@ -12,7 +12,7 @@ def test_a_late_query_is_started_again_after_growing_delays_until_its_budget_run
     heard = []
     late = LateStarts(120.0, on_wait=lambda name, text: heard.append((name, text)), clock=lambda: now[0])
     delays = []
-    while late.failed("tiering", LATE, ran_a_batch=False):
+    while late.failed("tiering", LATE):
         assert late.waiting() == {"tiering"} and late.due() == []
         delay = late.pending["tiering"].start_at - now[0]
         delays.append(delay)
@@ -25,10 +25,9 @@ def test_a_late_query_is_started_again_after_growing_delays_until_its_budget_run
     assert len(heard) == 6 and all(name == "tiering" and "start" in text for name, text in heard)
 
 
-def test_only_a_late_worker_before_the_first_batch_is_ridden_out():
+def test_only_a_late_worker_is_ridden_out():
     late = LateStarts(300.0)
-    assert not late.failed("tiering", "TierlogError: the commitlog is corrupt", ran_a_batch=False)
-    assert not late.failed("tiering", LATE, ran_a_batch=True)  # it ran: a late worker now is a real failure
+    assert not late.failed("tiering", "TierlogError: the commitlog is corrupt")
     assert late.pending == {} and late.gave_up == {}
 
 
@@ -36,13 +35,13 @@ def test_a_query_that_ran_a_batch_starts_its_budget_afresh():
     now = [0.0]
     heard = []
     late = LateStarts(10.0, on_wait=lambda name, text: heard.append(text), clock=lambda: now[0])
-    assert late.failed("mirror", LATE, ran_a_batch=False)
+    assert late.failed("mirror", LATE)
     now[0] = 5
     assert late.due() == ["mirror"]
     late.ran("mirror")
     assert heard[-1] is None and late.pending == {}
     now[0] = 50
-    assert late.failed("mirror", LATE, ran_a_batch=False)  # a new wait, not 50 s into the old one
+    assert late.failed("mirror", LATE)  # a new wait, not 50 s into the old one
 
 
 def test_spark_python_processes_import_the_installed_pyspark_not_its_zip(spark):
