@@ -187,19 +187,19 @@ exec {sys.executable} "$@"
 def test_a_query_spark_could_not_start_in_time_is_started_again_with_backoff(tmp_path):
     """Spark gives the Python process that runs a Python streaming source a fixed 10 s to start and
     connect back; on a busy host it can be late, and the query fails before its first batch.  The
-    fault: six late runners in a row, one more than the five quick starts of earlier releases, all
-    for the tiering query (the only one: compaction is off)."""
+    fault: two late runners in a row, both for the tiering query (the only one: compaction is off).
+    The schedule past them (4, 8, 16, then 30 s until ``spark.late_start_s``) is
+    ``tests/test_late_start.py``'s, on a test clock: six real late starts here cost two minutes."""
     config = shared_config(tmp_path, source={"max_bytes_per_trigger": 100000}, compaction={"enabled": False},
                            tier={"segment_messages": 100, "delete_grace_s": 0}, spark={"trigger_interval_s": 0.3})
     conf = cfg.load(str(config), env={})
     produce(conf, 800)
-    late = late_python(tmp_path, 6)
+    late = late_python(tmp_path, 2)
     r = tierlog("run", "--until-caught-up", "--config", str(config), env={"PYSPARK_PYTHON": str(late)})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert all((tmp_path / f"late-{i}").exists() for i in range(1, 7)), "the late starts never happened"
+    assert all((tmp_path / f"late-{i}").exists() for i in range(1, 3)), "the late starts never happened"
     waits = [x for x in r.stderr.splitlines() if "waits to start again: Spark's Python worker did not connect back" in x]
-    assert [w.split("; start ")[1].split(",")[0] for w in waits] == [
-        "2 in 1 s", "3 in 2 s", "4 in 4 s", "5 in 8 s", "6 in 16 s", "7 in 30 s"], r.stderr[-3000:]
+    assert [w.split("; start ")[1].split(",")[0] for w in waits] == ["2 in 1 s", "3 in 2 s"], r.stderr[-3000:]
     assert all("the tiering query waits to start again" in w for w in waits)
     assert_tier_equals_commitlog(conf)
 
