@@ -60,7 +60,7 @@ from connectors.kafka.sink import Health, backoff, close_shared_producer
 from connectors.task_cpu import counted
 from connectors.tier.backend import open_backend
 from connectors.tier.copies import CopySettings
-from connectors.tier.feed import FeedBatch, read_batches
+from connectors.tier.feed import FeedBatch, read_unsorted
 from streaming.checkpoints import Batch
 from streaming.mirror_process import SenderProcess
 from connectors.faults import crash_point
@@ -112,8 +112,8 @@ def send_slot(task: SendTask, slot: int, backend=None) -> dict:
     error, retriable = None, False
     tier = backend or open_backend(task.location, copies=task.copies)
     try:
-        sink.publish(lambda: read_batches(tier, task.batches, task.start, task.end, MIRROR_COLUMNS,
-                                          broker=task.kafka.broker), once=True)
+        sink.publish(lambda: read_unsorted(tier, task.batches, task.start, task.end, MIRROR_COLUMNS,
+                                           broker=task.kafka.broker), once=True)
     except KafkaSinkError as exc:
         error, retriable = str(exc), exc.retriable
     except TierlogError as exc:

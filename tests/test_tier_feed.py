@@ -14,7 +14,8 @@ import os
 
 import pytest
 
-from connectors.tier.feed import read_batches
+from connectors.kafka.mirror_sink import _taken
+from connectors.tier.feed import read_batches, read_unsorted
 from connectors.errors import TierlogError
 from connectors.tier.backend import open_backend
 from state.tier_feed import FeedGapError
@@ -23,12 +24,26 @@ from tests.test_tier_writer import assert_tier_equals_ledger, drive
 
 
 def read_back(run, start: int, end: int) -> list[dict]:
+    """What a consumer reads back, both ways: sorted (``read_batches``), and as the mirror reads it
+    (``read_unsorted``, each part's bodies put in order as Python objects), which must agree."""
     backend = open_backend(run.location)
     batches = run.store.feed.batches(start, end)
     rows = [normalize_arrow_row(r) for b in read_batches(backend, batches, start, end, broker=run.writer.settings.broker)
             for r in b.to_pylist()]
+    mirrored = []
+    for part in read_unsorted(backend, batches, start, end, broker=run.writer.settings.broker):
+        if part.order is None:
+            mirrored += part.table.to_pylist()
+            continue
+        UNSORTED_PARTS.append(len(part.order))
+        others = part.table.drop_columns(["body"]).take(part.order).to_pylist()
+        mirrored += [{**r, "body": body} for r, body in zip(others, _taken(part.table["body"], part.order))]
+    assert [normalize_arrow_row(r) for r in mirrored] == rows
     backend.close()
     return rows
+
+
+UNSORTED_PARTS: list[int] = []  # the rows of each part read_back read out of physical order
 
 
 def expected_rows(run, start: int = 0) -> list[dict]:
@@ -57,7 +72,9 @@ def test_a_consumer_reads_every_message_once_though_the_tier_sealed_and_retired_
     states = assert_tier_equals_ledger(run)
     assert any(s.sealed for s in states.values())  # staging objects were retired under the consumer
     end = run.writer.source_end
+    UNSORTED_PARTS.clear()
     rows = read_back(run, 0, end)
+    assert UNSORTED_PARTS, "no staging object held several queues: the mirror's reorder went untested"
     assert in_queue_order(rows)
     assert sorted(rows, key=lambda r: r["phy_offset"]) == expected_rows(run)
     # From a batch boundary in the middle: exactly the messages after it.
@@ -431,3 +448,14 @@ def test_the_tierfeed_reduced_to_each_keys_last_message_equals_the_oracle_with_o
                     got[(r["topic"], r["key"])] = max(r["phy_offset"], got.get((r["topic"], r["key"]), -1))
         assert got == oracle
     run.close()
+
+
+def test_the_mirrors_bodies_in_order_are_the_takes_whether_it_keeps_most_or_few():
+    """``mirror_sink._taken`` turns every body into Python and reorders the list where it keeps
+    most rows, and takes in Arrow where it keeps few (another slot's partitions, other topics)."""
+    import pyarrow as pa
+
+    bodies = pa.chunked_array([[b"a", b"bb", None], [b"", b"e" * 20000]], type=pa.binary())
+    for rows in ([4, 0, 3, 1, 2], [2, 4, 1], [3], []):
+        index = pa.array(rows, type=pa.uint64())
+        assert _taken(bodies, index) == bodies.take(index).to_pylist()
