@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.common import report
-from connectors.kafka.mirror_sink import _taken
+from connectors.kafka.mirror_sink import ROW, _taken, in_order
 from connectors.tier.feed import Unsorted
 
 
@@ -59,12 +59,10 @@ def sorted_then_python(data: bytes) -> list:
 
 
 def unsorted_then_python(data: bytes) -> list:
-    table = pq.read_table(pa.BufferReader(data))
-    phy = table["phy_offset"].to_numpy()
-    part = Unsorted(table, None if bool(np.all(phy[1:] > phy[:-1])) else pa.compute.sort_indices(table["phy_offset"]))
-    others = part.table.drop_columns(["body"]).take(part.order).combine_chunks()  # as the mirror sends them
-    assert others.num_rows == table.num_rows
-    return _taken(part.table["body"], part.order)
+    bodies = []
+    for batch, unsorted in in_order(Unsorted.of(pq.read_table(pa.BufferReader(data)))):  # as the mirror sends them
+        bodies += _taken(unsorted, batch.column(ROW))
+    return bodies
 
 
 def cpu_s() -> float:

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from connectors.kafka.mirror_sink import _taken
+from connectors.kafka.mirror_sink import ROW, _taken, in_order
 from connectors.tier.feed import read_batches, read_unsorted
 from connectors.errors import TierlogError
 from connectors.tier.backend import open_backend
@@ -32,12 +32,14 @@ def read_back(run, start: int, end: int) -> list[dict]:
             for r in b.to_pylist()]
     mirrored = []
     for part in read_unsorted(backend, batches, start, end, broker=run.writer.settings.broker):
-        if part.order is None:
-            mirrored += part.table.to_pylist()
-            continue
-        UNSORTED_PARTS.append(len(part.order))
-        others = part.table.drop_columns(["body"]).take(part.order).to_pylist()
-        mirrored += [{**r, "body": body} for r, body in zip(others, _taken(part.table["body"], part.order))]
+        if part.order is not None:
+            UNSORTED_PARTS.append(len(part.order))
+        for batch, bodies in in_order(part):  # what the mirror's send_batch is handed
+            if bodies is None:
+                mirrored += batch.to_pylist()
+                continue
+            others = batch.drop_columns([ROW]).to_pylist()
+            mirrored += [{**r, "body": body} for r, body in zip(others, _taken(bodies, batch.column(ROW)))]
     assert [normalize_arrow_row(r) for r in mirrored] == rows
     backend.close()
     return rows

@@ -18,7 +18,7 @@ can share the work, each sending only the partitions it ``owns``
 from __future__ import annotations
 
 import zlib
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -51,27 +51,15 @@ class MirrorSink(KafkaSink):
         self.topics = topics  # None sends every topic
         self.route = TopicRouter(settings.mirror_topic, settings.mirror_topic_map, "kafka.mirror_topic")
 
-    def publish(self, batches: Callable[[], Iterable[pa.RecordBatch]], *, once: bool = False) -> None:
-        """Send the messages of ``batches()`` (called again from the start after a retry);
-        ``once``: a single attempt, whose failure is raised."""
+    def publish(self, batches: Callable[[], Iterable], *, once: bool = False) -> None:
+        """Send the messages of ``batches()`` (called again from the start after a retry), each item
+        as ``in_order`` takes it; ``once``: a single attempt, whose failure is raised."""
         (self.deliver_once if once else self.deliver)(lambda: self._send_batches(batches()))
 
     def _send_batches(self, batches: Iterable) -> None:
-        """Each item: a record batch of message rows in physical order, or a pair ``(table, order)``
-        whose ``table.take(order)`` is one (``connectors.tier.feed.Unsorted``).  A pair's bodies are
-        put in order as Python objects, never copied in order in Arrow first (``send_batch``)."""
         for item in batches:
-            if isinstance(item, pa.RecordBatch):
-                self.send_batch(item)
-                continue
-            table, order = item
-            if order is None:
-                for batch in table.to_batches():
-                    self.send_batch(batch)
-                continue
-            rest = table.drop_columns(["body"]).take(order).append_column(ROW, order).combine_chunks()
-            for batch in rest.to_batches():
-                self.send_batch(batch, bodies=table["body"])
+            for batch, bodies in in_order(item):
+                self.send_batch(batch, bodies)
 
     def send_batch(self, batch: pa.RecordBatch, bodies: pa.ChunkedArray | None = None) -> None:
         """Send a batch of message rows (``MIRROR_COLUMNS``) in their order.  With ``bodies``, the
@@ -118,6 +106,22 @@ class MirrorSink(KafkaSink):
                            pc.cast(batch.column("key"), pa.binary()).to_pylist(),
                            batch.column("body").to_pylist() if bodies is None else _taken(bodies, batch.column(ROW)),
                            headers, phy.to_pylist(), ts.to_pylist()))
+
+
+def in_order(item) -> Iterator[tuple[pa.RecordBatch, pa.ChunkedArray | None]]:
+    """``send_batch``'s arguments for one item of ``publish``'s batches: a record batch of message
+    rows in physical order, or a pair ``(table, order)`` whose ``table.take(order)`` is one
+    (``connectors.tier.feed.Unsorted``).  A pair's bodies stay where they were read: each batch has
+    ``ROW`` in their place, and ``send_batch`` puts them in order as Python objects (``_taken``)."""
+    if isinstance(item, pa.RecordBatch):
+        yield item, None
+        return
+    table, order = item
+    if order is None:
+        yield from ((batch, None) for batch in table.to_batches())
+        return
+    rest = table.drop_columns(["body"]).take(order).append_column(ROW, order).combine_chunks()
+    yield from ((batch, table["body"]) for batch in rest.to_batches())
 
 
 def _taken(bodies: pa.ChunkedArray, rows: pa.Array) -> list[bytes]:

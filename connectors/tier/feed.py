@@ -74,6 +74,11 @@ class Unsorted(NamedTuple):
     table: pa.Table
     order: pa.Array | None
 
+    @classmethod
+    def of(cls, table: pa.Table) -> "Unsorted":
+        phy = table["phy_offset"].to_numpy()
+        return cls(table, None if bool(np.all(phy[1:] > phy[:-1])) else pc.sort_indices(table["phy_offset"]))
+
     def sorted(self) -> pa.Table:
         return self.table if self.order is None else self.table.take(self.order)
 
@@ -88,8 +93,7 @@ def read_unsorted(backend: Backend, batches: Iterable[FeedBatch], start: int, en
     and it sent 45-50 of 105 MB/s (docs/benchmarks.md, the mirror at 100 MB/s of 16 KiB)."""
     wanted = None if columns is None else list(dict.fromkeys((*columns, "phy_offset")))
     for table in _tables(backend, batches, start, end, wanted, broker, within=True):
-        phy = table["phy_offset"].to_numpy()
-        yield Unsorted(table, None if bool(np.all(phy[1:] > phy[:-1])) else pc.sort_indices(table["phy_offset"]))
+        yield Unsorted.of(table)
 
 
 def _tables(backend: Backend, batches: Iterable[FeedBatch], start: int, end: int, columns: list[str] | None,
