@@ -10,7 +10,9 @@ appending records encoded beforehand (``bench/loadgen.py``, not counted either);
 read from ``/proc/<pid>/task/<tid>/stat`` before and after, user and system time apart.  A thread
 is put in a part by its process (the Python driver, the JVM, Spark's Python workers by the module
 they run: tasks, streaming sources, planning) and its name (the JVM names its threads; RocksDB and
-librdkafka name theirs).  The workers' tasks are split by kind (commitlog read, stage, tierfeed
+librdkafka name theirs).  A driver thread that has a part's name but was not named by tierlog
+(``TIERLOG_NAMED_THREADS`` lists those it named) was started natively by one that was: Arrow's
+thread pools, shared by every driver thread, are their own part.  The workers' tasks are split by kind (commitlog read, stage, tierfeed
 read, mirror send) with the CPU each task wrote down for its own code (``connectors.task_cpu``, on
 through ``TIERLOG_TASK_CPU``); the rest of the tasks' processes is PySpark's work around
 them.  Every thread is sampled each second (``Sampler``), so one that ends inside the window counts
@@ -53,6 +55,7 @@ from bench.bench_quiet import service_under_load, variant_conf
 from bench.bench_sustained import sink_lags
 from bench.bench_tiering import batch_lines
 from connectors.task_cpu import TASK_CPU
+from connectors.threads import NAMED_THREADS, named_threads
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -87,6 +90,14 @@ DRIVER_PARTS = (
     ("mirror", "driver: the mirror's handler"),
     ("tier-meta", "driver: tier metadata I/O pool"), ("tier-read", "driver: tier metadata I/O pool"),
 )
+
+
+_NAMED_PARTS = {part for _prefix, part in DRIVER_PARTS}
+
+# A driver thread with the name of a part above that ``name_native`` did not name: one that thread
+# started natively (``connectors.threads``), Arrow's pools for the most part.
+DRIVER_NATIVE = ("driver: Arrow's thread pools and other native threads (Parquet reads and writes, compute: "
+                 "shared by every driver thread, named after the one that started them)")
 
 
 def _part(role: str, comm: str) -> str:
@@ -178,8 +189,9 @@ class Sampler:
     is counted in its part up to its last sample, not left unattributed (Spark's executor threads
     and Python workers come and go; at 2,000 msgs/s that was 12-14% of the total)."""
 
-    def __init__(self, root: int):
+    def __init__(self, root: int, named: str | None = None):
         self.root = root
+        self.named = named  # the service's TIERLOG_NAMED_THREADS file, if it has one
         self.threads: dict = {}  # every thread seen, at its latest sample
         self.procs: dict = {}  # every process seen, at its latest sample
         self.unreported: set[int] = set()  # of them, those no parent's children's time will hold
@@ -188,7 +200,7 @@ class Sampler:
     def sample(self, pids: list[int] | None = None) -> dict:
         """A snapshot: the processes alive now (``pids``: these instead of ``root``'s tree); every
         thread seen so far, at its latest counters."""
-        snap = snapshot(self.root, pids)
+        snap = snapshot(self.root, pids, None if self.named is None else named_threads(self.named))
         self.threads.update(snap["threads"])
         self.unreported.update(pid for pid in snap["procs"]  # checked once, when first seen
                                if pid not in self.procs and _ignores_sigchld(snap["parents"][pid]))
@@ -211,9 +223,11 @@ class Sampler:
         return self.sample()
 
 
-def snapshot(root: int, pids: list[int] | None = None) -> dict:
+def snapshot(root: int, pids: list[int] | None = None, named: set[tuple[int, int]] | None = None) -> dict:
     """Per process of ``root``'s tree (or of ``pids``): its role and own counters; per thread: its
-    part and (user, system) ticks."""
+    part and (user, system) ticks.  ``named``: the driver threads ``name_native`` named
+    (``connectors.threads.named_threads``); a driver thread of a part's name that is not among
+    them is ``DRIVER_NATIVE``.  None: every thread by its name alone."""
     procs, threads, parents = {}, {}, {}
     for pid in [root, *descendants(root)] if pids is None else pids:
         fields = _fields(f"/proc/{pid}/stat")
@@ -234,7 +248,10 @@ def snapshot(root: int, pids: list[int] | None = None) -> dict:
             except OSError:
                 continue
             if st is not None:
-                threads[(pid, int(tid))] = (_part(role, comm), st[0], st[1])
+                part = _part(role, comm)
+                if named is not None and part in _NAMED_PARTS and (pid, int(tid)) not in named:
+                    part = DRIVER_NATIVE
+                threads[(pid, int(tid))] = (part, st[0], st[1])
     return {"procs": procs, "threads": threads, "parents": parents}
 
 
@@ -419,13 +436,14 @@ def measure(rate: float, args, kafka: str | None, broker_pid: int | None = None)
     conf_for = lambda root: variant_conf(root, args.variant, kafka)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="tierlog-ledger-tasks-") as tasks_dir, \
             service_under_load(conf_for, rate, args.body, prefix="tierlog-ledger-",
-                               env={TASK_CPU: os.path.join(tasks_dir, "task-cpu")}) as service:
+                               env={TASK_CPU: os.path.join(tasks_dir, "task-cpu"),
+                                    NAMED_THREADS: os.path.join(tasks_dir, "named-threads")}) as service:
         cpu_file = service.env[TASK_CPU]
         time.sleep(args.warmup)
         log_start, _ = appended(service.conf.commitlog.dir)
         kinds0 = task_cpu(cpu_file)
         lags0, broker0 = sink_lags(service.conf, log_start), broker_pid and tree_cpu_s(broker_pid)
-        sampler = Sampler(service.proc.pid)
+        sampler = Sampler(service.proc.pid, named=service.env[NAMED_THREADS])
         start_wall, before, t0 = time.time(), sampler.sample(), time.monotonic()
         slices, last, at = [], before, t0
         for i in range(max(1, args.slices)):

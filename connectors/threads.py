@@ -5,16 +5,26 @@ the cost ledger (``bench/bench_ledger.py``) could not tell the KV view's apply t
 query's handler.  ``name_native`` gives the calling thread the name of its Python thread (or the
 one given), cut to the 15 bytes Linux keeps.  It leaves the main thread (whose name is the
 process's) and other systems alone.
+
+A thread a named thread starts natively takes its name too: Arrow starts the threads of its CPU
+and I/O pools, which every thread of the driver shares, from the first thread that needs one, so
+the ledger put them all in the tiering handler's part.  With ``TIERLOG_NAMED_THREADS=<file>``
+set (the ledger sets it), ``name_native`` adds one line ``pid tid name`` for each thread it names;
+a thread of that name the file does not list is one started natively.  Unset (the default), it
+writes nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 import threading
 
 _PR_SET_NAME = 15
+NAMED_THREADS = "TIERLOG_NAMED_THREADS"
+_listed: set[str] = set()  # the lines this process wrote
 _libc = None
 if sys.platform.startswith("linux"):
     try:
@@ -29,3 +39,19 @@ def name_native(name: str | None = None) -> None:
         return  # the main thread's name is the process's, as ps shows it
     text = (name or threading.current_thread().name).encode(errors="replace")[:15]
     _libc.prctl(_PR_SET_NAME, ctypes.c_char_p(text), 0, 0, 0)
+    path = os.environ.get(NAMED_THREADS)
+    if path:
+        line = f"{os.getpid()} {threading.get_native_id()} {text.decode(errors='replace')}\n"
+        if line not in _listed:  # a handler names its thread each batch: one line is enough
+            _listed.add(line)
+            with open(path, "a") as fh:
+                fh.write(line)
+
+
+def named_threads(path: str) -> set[tuple[int, int]]:
+    """The ``(pid, tid)`` of every thread ``name_native`` listed in ``path`` (none if it is missing)."""
+    try:
+        with open(path) as fh:
+            return {(int(pid), int(tid)) for pid, tid, *_name in (line.split(" ", 2) for line in fh) if _name}
+    except FileNotFoundError:
+        return set()

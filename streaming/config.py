@@ -35,7 +35,7 @@ ENV_PREFIX = "TIERLOG_"
 DEFAULT_FILE = "tierlog.toml"
 # Variables with the prefix that are not settings.
 _ENV_NOT_SETTINGS = {"TIERLOG_CONFIG", "TIERLOG_FAULT", "TIERLOG_FAULT_DIR", "TIERLOG_FAULT_DISK_FULL", "TIERLOG_FAULT_LATE_WORKER", "TIERLOG_READ_LOG",
-                     "TIERLOG_TASK_CPU", "TIERLOG_TEST_KAFKA"}
+                     "TIERLOG_NAMED_THREADS", "TIERLOG_TASK_CPU", "TIERLOG_TEST_KAFKA"}
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
