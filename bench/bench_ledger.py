@@ -12,11 +12,11 @@ is put in a part by its process (the Python driver, the JVM, Spark's Python work
 they run: tasks, streaming sources, planning) and its name (the JVM names its threads; RocksDB and
 librdkafka name theirs).  A driver thread that has a part's name but was not named by tierlog
 (``TIERLOG_NAMED_THREADS`` lists those it named) was started natively by one that was: Arrow's
-thread pools, shared by every driver thread, are their own part.  The workers' tasks are split by kind (commitlog read, stage, tierfeed
-read, mirror send) with the CPU each task wrote down for its own code (``connectors.task_cpu``, on
-through ``TIERLOG_TASK_CPU``); the rest of the tasks' processes is PySpark's work around
-them.  Every thread is sampled each second (``Sampler``), so one that ends inside the window counts
-in its part up to its last sample.  The total counts a process that exited through its parent's
+thread pools, shared by every driver thread, are their own part.  The workers' tasks are split
+by kind (commitlog read, stage, tierfeed read, mirror send) with the CPU each task wrote down for
+its own code (``connectors.task_cpu``, on through ``TIERLOG_TASK_CPU``); the rest of the tasks'
+processes is PySpark's work around them.  Every thread is sampled each second (``Sampler``), so
+one that ends inside the window counts in its part up to its last sample.  The total counts a process that exited through its parent's
 children's time: its whole life, if the parent reaped it in the window; one whose parent ignores
 SIGCHLD (PySpark's worker daemon, for the task workers it forks) reaches no parent's time, so it is
 counted to its last sample, as its threads are.  The JVM's time that no sampled thread accounts for

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 from bench.bench_ledger import DRIVER_NATIVE, snapshot
 from connectors.threads import NAMED_THREADS, named_threads
@@ -33,7 +32,7 @@ PROCESS = textwrap.dedent("""
 """)
 
 
-def test_a_named_threads_native_children_are_their_own_part_and_the_file_lists_each_thread_once(tmp_path):
+def test_a_named_threads_native_children_are_their_own_part(tmp_path):
     listed = tmp_path / "named-threads"
     env = {**os.environ, NAMED_THREADS: str(listed), "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen([sys.executable, "-c", PROCESS], env=env, stdout=subprocess.PIPE, text=True)
@@ -59,15 +58,6 @@ def test_a_named_threads_native_children_are_their_own_part_and_the_file_lists_e
         proc.wait()
 
 
-def test_without_the_variable_nothing_is_written(tmp_path, monkeypatch):
-    monkeypatch.delenv(NAMED_THREADS, raising=False)
-    code = "import threading\nfrom connectors.threads import name_native\n" \
-           "t = threading.Thread(target=name_native, name='kv-apply_0'); t.start(); t.join()\n"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.getcwd(), timeout=60)
-    assert not list(tmp_path.iterdir())
-    assert named_threads(str(tmp_path / "missing")) == set()
-
-
 def test_each_thread_is_listed_once_however_often_it_is_named(tmp_path):
     listed = tmp_path / "named-threads"
     code = textwrap.dedent("""
@@ -80,9 +70,9 @@ def test_each_thread_is_listed_once_however_often_it_is_named(tmp_path):
         [t.start() for t in threads]
         [t.join() for t in threads]
     """)
-    started = time.monotonic()
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, NAMED_THREADS: str(listed)},
                    cwd=os.getcwd(), timeout=60)
-    assert time.monotonic() - started < 60
     lines = listed.read_text().splitlines()
     assert len(lines) == len(set(lines)) == 3 and all(line.endswith(" mirror") for line in lines)
+    assert len(named_threads(str(listed))) == 3
+    assert named_threads(str(tmp_path / "missing")) == set()  # a service that named no thread yet
