@@ -5,26 +5,26 @@
 
 For each rate: a new root; ``tierlog run`` as a process (tiering and compaction; with ``--kafka``
 the mirror and the changelog into an embedded tansu, which is not counted); a separate process
-appending records encoded beforehand (``bench/loadgen.py``, not counted either); after
-``--warmup`` seconds, the CPU of every thread of the service's process tree over ``--seconds``,
-read from ``/proc/<pid>/task/<tid>/stat`` before and after, user and system time apart.  A thread
-is put in a part by its process (the Python driver, the JVM, Spark's Python workers by the module
-they run: tasks, streaming sources, planning) and its name (the JVM names its threads; RocksDB and
-librdkafka name theirs).  A driver thread that has a part's name but was not named by tierlog
+appending records encoded beforehand (``bench/loadgen.py``, not counted either); after ``--warmup``
+seconds, the CPU of every thread of the service's process tree over ``--seconds``, read from
+``/proc/<pid>/task/<tid>/stat`` before and after, user and system time apart.  A thread is put in a
+part by its process (the Python driver, the JVM, Spark's Python workers by the module they run:
+tasks, streaming sources, planning) and its name (the JVM names its threads; RocksDB and librdkafka
+name theirs).  A driver thread that has a part's name but was not named by tierlog
 (``TIERLOG_NAMED_THREADS`` lists those it named) was started natively by one that was: Arrow's
-thread pools, shared by every driver thread, are their own part.  The workers' tasks are split
-by kind (commitlog read, stage, tierfeed read, mirror send) with the CPU each task wrote down for
-its own code (``connectors.task_cpu``, on through ``TIERLOG_TASK_CPU``); the rest of the tasks'
-processes is PySpark's work around them.  Every thread is sampled each second (``Sampler``), so
-one that ends inside the window counts in its part up to its last sample.  The total counts a process that exited through its parent's
-children's time: its whole life, if the parent reaped it in the window; one whose parent ignores
-SIGCHLD (PySpark's worker daemon, for the task workers it forks) reaches no parent's time, so it is
-counted to its last sample, as its threads are.  The JVM's time that no sampled thread accounts for
-is its own part (``JVM_SHORT``: threads that began and ended between two samples), and so is its
-reaped children's time that none of their sampled threads accounts for (``JVM_CHILDREN``: Spark's
-short Python workers).  What is not put in a part is printed as ``unattributed``, with the process
-kinds it is in: a thread's time after its last sample, and the other processes' threads that lived
-under a second.
+thread pools, shared by every driver thread, are their own part.  The workers' tasks are split by
+kind (commitlog read, stage, tierfeed read, mirror send) with the CPU each task wrote down for its
+own code (``connectors.task_cpu``, on through ``TIERLOG_TASK_CPU``); the rest of the tasks'
+processes is PySpark's work around them.  Every thread is sampled each second (``Sampler``), so one
+that ends inside the window counts in its part up to its last sample.  The total counts a process
+that exited through its parent's children's time: its whole life, if the parent reaped it in the
+window; one whose parent ignores SIGCHLD (PySpark's worker daemon, for the task workers it forks)
+reaches no parent's time, so it is counted to its last sample, as its threads are.  The JVM's time
+that no sampled thread accounts for is its own part (``JVM_SHORT``: threads that began and ended
+between two samples), and so is its reaped children's time that none of their sampled threads
+accounts for (``JVM_CHILDREN``: Spark's short Python workers).  What is not put in a part is printed
+as ``unattributed``, with the process kinds it is in: a thread's time after its last sample, and the
+other processes' threads that lived under a second.
 
 With ``--broker apache-kafka`` the broker is a real Apache Kafka (the KRaft node the tests run, from
 the jars ``./dev`` fetched) instead of tansu.  Either way the broker's own cores in the window are

@@ -52,6 +52,7 @@ def named_threads(path: str) -> set[tuple[int, int]]:
     """The ``(pid, tid)`` of every thread ``name_native`` listed in ``path`` (none if it is missing)."""
     try:
         with open(path) as fh:
+            # A line without its name is one still being written: its thread id may be cut short.
             return {(int(pid), int(tid)) for pid, tid, *_name in (line.split(" ", 2) for line in fh) if _name}
     except FileNotFoundError:
         return set()

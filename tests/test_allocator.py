@@ -8,8 +8,11 @@ import os
 import subprocess
 import sys
 
-PROBE = ("import sys, os\nimport streaming\nprint(os.environ.get('MIMALLOC_PURGE_DECOMMITS'), 'pyarrow' in sys.modules)\n"
-         "import streaming.cli.main, streaming.service\nprint('pyarrow' in sys.modules)")
+PROBE = ("import sys, os\n"
+         "import streaming\n"
+         "print(os.environ.get('MIMALLOC_PURGE_DECOMMITS'), 'pyarrow' in sys.modules)\n"
+         "import streaming.cli.main, streaming.service\n"
+         "print('pyarrow' in sys.modules)")
 
 
 def _probe(**env) -> list[str]:

@@ -34,8 +34,9 @@ PROCESS = textwrap.dedent("""
 
 def test_a_named_threads_native_children_are_their_own_part(tmp_path):
     listed = tmp_path / "named-threads"
-    env = {**os.environ, NAMED_THREADS: str(listed), "PYTHONPATH": os.getcwd()}
-    proc = subprocess.Popen([sys.executable, "-c", PROCESS], env=env, stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, NAMED_THREADS: str(listed)}
+    proc = subprocess.Popen([sys.executable, "-c", PROCESS], env=env, cwd=os.getcwd(), stdout=subprocess.PIPE,
+                            text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
         named = named_threads(str(listed))
