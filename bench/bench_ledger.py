@@ -1,14 +1,16 @@
 """The cost ledger: where the whole service's CPU goes, by part, at a fixed append rate.
 
-    ./dev bench ledger [--rates 100,10000] [--body 1024] [--seconds 60] [--warmup 30] [--kafka]
-                       [--broker tansu|apache-kafka] [--variant V] [--slices N]
+    ./dev bench ledger [--rates 100,10000] [--body 1024] [--keys 1000] [--seconds 60] [--warmup 30]
+                       [--kafka] [--broker tansu|apache-kafka] [--variant V] [--slices N]
 
 For each rate: a new root; ``tierlog run`` as a process (tiering and compaction; with ``--kafka``
 the mirror and the changelog into an embedded tansu, which is not counted); a separate process
-appending records encoded beforehand (``bench/loadgen.py``, not counted either); after ``--warmup``
-seconds, the CPU of every thread of the service's process tree over ``--seconds``, read from
-``/proc/<pid>/task/<tid>/stat`` before and after, user and system time apart.  A thread is put in a
-part by its process (the Python driver, the JVM, Spark's Python workers by the module they run:
+appending records encoded beforehand (``bench/loadgen.py``, not counted either), their keys drawn
+from ``--keys`` (1,000: a batch's changed keys are few; ``./dev bench sustained``'s 100,000: nearly
+every message changes a key, so the KV view and the changelog carry nearly every body); after
+``--warmup`` seconds, the CPU of every thread of the service's process tree over ``--seconds``, read
+from ``/proc/<pid>/task/<tid>/stat`` before and after, user and system time apart.  A thread is put
+in a part by its process (the Python driver, the JVM, Spark's Python workers by the module they run:
 tasks, streaming sources, planning) and its name (the JVM names its threads; RocksDB and librdkafka
 name theirs).  A driver thread that has a part's name but was not named by tierlog
 (``TIERLOG_NAMED_THREADS`` lists those it named) was started natively by one that was: Arrow's
@@ -435,7 +437,7 @@ def _batches(log_path: str, since: float, until: float) -> dict[str, int]:
 def measure(rate: float, args, kafka: str | None, broker_pid: int | None = None) -> dict:
     conf_for = lambda root: variant_conf(root, args.variant, kafka)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="tierlog-ledger-tasks-") as tasks_dir, \
-            service_under_load(conf_for, rate, args.body, prefix="tierlog-ledger-",
+            service_under_load(conf_for, rate, args.body, prefix="tierlog-ledger-", keys=args.keys,
                                env={TASK_CPU: os.path.join(tasks_dir, "task-cpu"),
                                     NAMED_THREADS: os.path.join(tasks_dir, "named-threads")}) as service:
         cpu_file = service.env[TASK_CPU]
@@ -463,7 +465,7 @@ def measure(rate: float, args, kafka: str | None, broker_pid: int | None = None)
         if service.proc.poll() is not None:
             raise RuntimeError(f"the service in {service.root} exited (see {service.log})")
         seconds = t1 - t0
-        out = {"rate_msgs_s": rate, "body_bytes": args.body, "window_s": round(seconds, 1),
+        out = {"rate_msgs_s": rate, "body_bytes": args.body, "keys": args.keys, "window_s": round(seconds, 1),
                "appended": {"messages": messages, "mb": round((log_end - log_start) / 1e6, 1)},
                **ledger(before, after, seconds, messages, log_end - log_start, kinds)}
         batches = _batches(service.log, start_wall, end_wall)
@@ -485,6 +487,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", default="100,10000", help="messages per second, comma-separated")
     parser.add_argument("--body", type=int, default=1024, help="body bytes (default 1024)")
+    parser.add_argument("--keys", type=int, default=1000,
+                        help="keys the messages are drawn from (default 1000; bench sustained's is 100000)")
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window (default 60)")
     parser.add_argument("--warmup", type=float, default=30.0, help="seconds before the window (default 30)")
     parser.add_argument("--kafka", action="store_true", help="the mirror and changelog into an embedded tansu")

@@ -90,11 +90,11 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
 
 @contextlib.contextmanager
 def service_under_load(conf_for, rate: float, body: int = 1024, prefix: str = "tierlog-quiet-",
-                       env: dict | None = None):
+                       env: dict | None = None, keys: int = 1000):
     """A service over a new root (``conf_for(root)``), with ``env`` added to its environment, its
     first batch committed, while a separate process (``bench/loadgen.py``, records encoded beforehand,
-    under a tenth of a core) appends ``rate`` messages a second of ``body`` bytes over 64 queues;
-    both are killed and the root removed on the way out."""
+    under a tenth of a core) appends ``rate`` messages a second of ``body`` bytes over 64 queues,
+    their keys drawn from ``keys``; both are killed and the root removed on the way out."""
     root = tempfile.mkdtemp(prefix=prefix)
     service = ServiceProcess(root, conf=conf_for(root))
     service.env.update(env or {})
@@ -102,7 +102,7 @@ def service_under_load(conf_for, rate: float, body: int = 1024, prefix: str = "t
     try:
         service.produce(100, seed=1)
         service.start_until_first_commit()
-        producer = subprocess.Popen(loadgen.command(service.conf.commitlog, rate, 10**12, body, 1000, 2),
+        producer = subprocess.Popen(loadgen.command(service.conf.commitlog, rate, 10**12, body, keys, 2),
                                     cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         yield service
     finally:

@@ -187,6 +187,18 @@ except (BrokenPipeError, ConnectionResetError, EOFError):
 """
 
 
+# The environment variables a cluster's executors need as the driver has them.  A local master's
+# Python workers inherit the driver's environment anyway; an executor on another host does not, and
+# it starts its Python workers with the variables of ``spark.executorEnv.*``.
+EXECUTOR_ENV = ("MIMALLOC_PURGE_DECOMMITS",)  # Arrow's allocator resets freed memory: streaming/__init__.py
+
+
+def executor_env() -> dict[str, str]:
+    """``spark.executorEnv.*`` for each of ``EXECUTOR_ENV`` this process has (a session's own
+    setting of one wins)."""
+    return {f"spark.executorEnv.{name}": os.environ[name] for name in EXECUTOR_ENV if name in os.environ}
+
+
 def build_session(app_name: str = "tierlog", master: str = "local[2]", extra: dict | None = None,
                   c1_only: bool = True, huge_pages: bool = False):
     """Create (or reuse) the SparkSession with tierlog's settings and data sources registered;
@@ -202,7 +214,7 @@ def build_session(app_name: str = "tierlog", master: str = "local[2]", extra: di
         no_huge_pages()  # before the JVM starts, so it and the processes it starts inherit it
     # The driver's only: a cluster's executors keep Spark's own logging, in the worker's files.
     options = java_options(logging.getLogger("tierlog").isEnabledFor(logging.DEBUG), c1_only)
-    extra = {"spark.driver.extraJavaOptions": options, **(extra or {})}
+    extra = {"spark.driver.extraJavaOptions": options, **executor_env(), **(extra or {})}
     if "PYSPARK_PYTHON" not in os.environ:
         os.environ["PYSPARK_PYTHON"] = worker_python(master)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -1,6 +1,7 @@
 """The service's processes reset the memory Arrow's allocator hands back instead of decommitting it
 (``streaming/__init__.py`` says why): set as the package is imported, before anything of it loads
-pyarrow (mimalloc reads its options once, as it loads), and a value the user set wins."""
+pyarrow (mimalloc reads its options once, as it loads), and a value the user set wins; a cluster's
+executors are given it through ``spark.executorEnv.*`` (``streaming/session.py``)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,10 @@ def test_the_allocator_setting_is_in_place_before_pyarrow_loads_and_the_users_ow
     # The service's modules load pyarrow: the setting was there before them.
     assert _probe() == ["0", "False", "True"]
     assert _probe(MIMALLOC_PURGE_DECOMMITS="1") == ["1", "False", "True"]
+
+
+def test_a_clusters_executors_are_given_the_setting(spark):
+    # An executor on another host does not inherit the driver's environment: Spark starts its Python
+    # workers with what spark.executorEnv.* holds, which PySpark keeps in the context's environment.
+    assert spark.sparkContext.getConf().get("spark.executorEnv.MIMALLOC_PURGE_DECOMMITS") == "0"
+    assert spark.sparkContext.environment["MIMALLOC_PURGE_DECOMMITS"] == "0"
