@@ -32,8 +32,11 @@ With ``--broker apache-kafka`` the broker is a real Apache Kafka (the KRaft node
 the jars ``./dev`` fetched) instead of tansu.  Either way the broker's own cores in the window are
 printed beside the service's (not in its total), and every sink's lag: the commitlog's end minus
 what the sink has applied (the metadata store, read-only, as ``tierlog status`` reads it), at the
-window's start and end, and its growth per second.  A lag that grows while the cores are not full
-names a sink that something other than the CPU bounds.
+window's start and end, and its growth per second.  So is the whole machine (``machine``, from
+``/proc/stat``): its busy cores, split into the service, the broker, the load generator and the
+rest, which is mostly the kernel's own threads (writing dirty pages back, the network's soft
+interrupts) and counts in no process.  A lag that grows while the cores are not full names a sink
+that something other than the CPU bounds; one that grows while they are full names the machine.
 
 It prints, per rate, each part's cores, core-seconds per GB of commitlog appended in the window
 and µs per message appended (both counted in the commitlog itself), the total measured from the
@@ -52,7 +55,7 @@ import tempfile
 import time
 from collections import defaultdict
 
-from bench.common import BROKERS, chosen_broker, descendants, kafka_broker, report, tree_cpu_s
+from bench.common import BROKERS, chosen_broker, descendants, kafka_broker, machine_cpu_s, report, tree_cpu_s
 from bench.bench_quiet import service_under_load, variant_conf
 from bench.bench_sustained import sink_lags
 from bench.bench_tiering import batch_lines
@@ -434,6 +437,17 @@ def _batches(log_path: str, since: float, until: float) -> dict[str, int]:
     return dict(counts)
 
 
+def machine(out: dict, busy: float, kernel: float, generator: float) -> dict:
+    """The whole machine's busy cores in the window, split into the service (its total), the broker,
+    the load generator, and the rest: the kernel's own threads (writing dirty pages back, the
+    network's soft interrupts) and any other process.  When ``busy`` is near ``cores``, what bounds
+    a sink that falls behind is the machine, and this says who holds it."""
+    broker = out.get("broker_cores", 0.0)
+    return {"cores": os.cpu_count(), "busy_cores": round(busy, 3), "kernel_cores": round(kernel, 3),
+            "service": out["total_cores"], "broker": broker, "generator": round(generator, 3),
+            "the rest (kernel threads, other processes)": round(busy - out["total_cores"] - broker - generator, 3)}
+
+
 def measure(rate: float, args, kafka: str | None, broker_pid: int | None = None) -> dict:
     conf_for = lambda root: variant_conf(root, args.variant, kafka)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="tierlog-ledger-tasks-") as tasks_dir, \
@@ -445,6 +459,7 @@ def measure(rate: float, args, kafka: str | None, broker_pid: int | None = None)
         log_start, _ = appended(service.conf.commitlog.dir)
         kinds0 = task_cpu(cpu_file)
         lags0, broker0 = sink_lags(service.conf, log_start), broker_pid and tree_cpu_s(broker_pid)
+        machine0, generator0 = machine_cpu_s(), tree_cpu_s(service.generator_pid)
         sampler = Sampler(service.proc.pid, named=service.env[NAMED_THREADS])
         start_wall, before, t0 = time.time(), sampler.sample(), time.monotonic()
         slices, last, at = [], before, t0
@@ -459,6 +474,7 @@ def measure(rate: float, args, kafka: str | None, broker_pid: int | None = None)
             last, at = snap, now
         after, t1, end_wall = last, at, time.time()
         broker1 = broker_pid and tree_cpu_s(broker_pid)
+        machine1, generator1 = machine_cpu_s(), tree_cpu_s(service.generator_pid)
         kinds = {k: v - kinds0.get(k, 0.0) for k, v in task_cpu(cpu_file).items()}
         log_end, messages = appended(service.conf.commitlog.dir, log_start)
         lags1 = sink_lags(service.conf, log_end)
@@ -476,6 +492,8 @@ def measure(rate: float, args, kafka: str | None, broker_pid: int | None = None)
                               for sink, lag in lags1.items()}
         if broker_pid:
             out["broker_cores"] = round((broker1 - broker0) / seconds, 3)
+        out["machine"] = machine(out, (machine1[0] - machine0[0]) / seconds, (machine1[1] - machine0[1]) / seconds,
+                                 (generator1 - generator0) / seconds)
         out["cpu_ms_per_micro_batch"] = (round(out["total_cores"] * seconds / total_batches * 1000)
                                          if total_batches else None)
         if slices:

@@ -94,7 +94,8 @@ def service_under_load(conf_for, rate: float, body: int = 1024, prefix: str = "t
     """A service over a new root (``conf_for(root)``), with ``env`` added to its environment, its
     first batch committed, while a separate process (``bench/loadgen.py``, records encoded beforehand,
     under a tenth of a core) appends ``rate`` messages a second of ``body`` bytes over 64 queues,
-    their keys drawn from ``keys``; both are killed and the root removed on the way out."""
+    their keys drawn from ``keys`` (its pid is the service's ``generator_pid``); both are killed and
+    the root removed on the way out."""
     root = tempfile.mkdtemp(prefix=prefix)
     service = ServiceProcess(root, conf=conf_for(root))
     service.env.update(env or {})
@@ -104,6 +105,7 @@ def service_under_load(conf_for, rate: float, body: int = 1024, prefix: str = "t
         service.start_until_first_commit()
         producer = subprocess.Popen(loadgen.command(service.conf.commitlog, rate, 10**12, body, keys, 2),
                                     cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        service.generator_pid = producer.pid
         yield service
     finally:
         if producer is not None:

@@ -14,6 +14,9 @@ probe R    a new service over a new root (``tierlog run`` as a process: tiering,
            a real Apache Kafka, the tests' KRaft node, instead of tansu).  Every 5 s
            the benchmark samples each sink's lag in bytes: the commitlog's end minus the offset
            that sink has applied (the metadata store, read-only, as ``tierlog status`` reads it).
+           Over the probe, the service's cores and the whole machine's (``machine_busy_cores``,
+           from ``/proc/stat``: the broker, the generator and the kernel's threads too): a probe
+           that falls behind on a full machine says so.
 
 Why the generator and not ``tierlog produce``: that encodes every message in Python, about 20 µs
 of a core each, on the same 2 cores as the service, so the rates asked for were not the rates
@@ -42,7 +45,7 @@ import time
 
 from bench import loadgen
 from bench.bench_tiering import REPO, ServiceProcess
-from bench.common import BROKERS, kafka_broker, report
+from bench.common import BROKERS, kafka_broker, machine_cpu_s, report, tree_cpu_s
 from connectors.commitlog.reader import CommitLogReader
 from state.metadata import MetadataStore
 from connectors.kafka.settings import PRODUCERS
@@ -152,9 +155,12 @@ def probe(body: int, rate_mb: float, minutes: float, bootstrap: str | None,
                     store.close()
             time.sleep(1)
         rate_msgs = rate_mb * 1e6 / (body + 200)  # a stored message is its body plus ~200 bytes of header
+        machine0, service0, started = machine_cpu_s()[0], tree_cpu_s(root.proc.pid), time.monotonic()
         producer = root.producer(body, int(rate_msgs * minutes * 60), rate_msgs, seed=1)
         samples = lag_samples(root, producer, minutes)
         out, _ = producer.communicate()
+        held = time.monotonic() - started
+        machine, service = (machine_cpu_s()[0] - machine0) / held, (tree_cpu_s(root.proc.pid) - service0) / held
         produced = json.loads(out)
         achieved = produced["bytes"] / produced["seconds"] / 1e6
         half = [(t, lag) for t, lag, _ in samples if t >= samples[-1][0] / 2]
@@ -164,7 +170,9 @@ def probe(body: int, rate_mb: float, minutes: float, bootstrap: str | None,
                 "lag_growth_mb_s": round(growth / 1e6, 3), "lag_growth_of_rate": round(growth / (achieved * 1e6), 4),
                 "max_lag_mb": round(max(lag for _, lag, _ in samples) / 1e6, 1),
                 "last_lag_mb": {s: round(v / 1e6, 1) for s, v in samples[-1][2].items()},
-                "keeps_up": growth < KEEPS_UP_SLOPE * achieved * 1e6}
+                "keeps_up": growth < KEEPS_UP_SLOPE * achieved * 1e6,
+                # Every process and kernel thread: a probe that falls behind on a full machine says so.
+                "machine_busy_cores": round(machine, 3), "of_cores": os.cpu_count(), "service_cores": round(service, 3)}
     finally:
         root.close()
 

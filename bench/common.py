@@ -104,6 +104,15 @@ def tree_cpu_s(root: int, skip: int | None = None) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def machine_cpu_s() -> tuple[float, float]:
+    """CPU seconds the whole machine has been busy since boot, and the kernel's part of them (system,
+    interrupts, soft interrupts), from /proc/stat's first line: every process and kernel thread."""
+    with open("/proc/stat") as fh:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fh.readline().split()[1:9])
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq + steal) / tick, (system + irq + softirq) / tick
+
+
 BROKERS = ("tansu", "apache-kafka")
 
 
