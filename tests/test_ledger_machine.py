@@ -33,6 +33,7 @@ def test_the_machines_busy_time_holds_a_process_that_spun():
 def test_the_machines_split_adds_up_to_its_busy_cores():
     split = machine({"total_cores": 1.048, "broker_cores": 0.641}, busy=2.001, kernel=1.029, generator=0.192)
     rest = split["the rest (kernel threads, other processes)"]
-    assert abs(split["service"] + split["broker"] + split["generator"] + rest - split["busy_cores"]) < 0.001  # rounded to 3 places
+    parts = split["service"] + split["broker"] + split["generator"] + rest
+    assert abs(parts - split["busy_cores"]) < 0.001  # each rounded to 3 places
     assert rest == 0.12
     assert machine({"total_cores": 0.5}, busy=0.6, kernel=0.1, generator=0.05)["broker"] == 0.0  # Kafka off
