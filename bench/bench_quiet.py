@@ -31,6 +31,13 @@ variants
                  batches at a sustained rate, the KV view that much staler
   mirror-only    the defaults, but compaction off (so, with Kafka, no changelog either): tiering
                  and the mirror alone
+  max-batch-mib-N
+                 the defaults, but source.max_bytes_per_trigger = N MiB (256 by default): larger
+                 batches for every query while it is behind, so a compaction batch over many keys
+                 holds more repeats of a key and sends fewer changes
+  compaction-max-mib-N
+                 the defaults, but compaction.max_batch_bytes = N MiB: only compaction's batches
+                 larger while it is behind
 
 It prints each round's cores (CPU seconds over wall seconds) and the medians; with ``--series S``
 also the cores of each S-second slice of the window; and the window's longest tiering batch with
@@ -83,6 +90,12 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
         conf = dataclasses.replace(conf, compaction=dataclasses.replace(conf.compaction, min_batch_bytes=least))
     if name == "mirror-only":
         conf = dataclasses.replace(conf, compaction=dataclasses.replace(conf.compaction, enabled=False))
+    if name.startswith("max-batch-mib-"):
+        most = int(name.rsplit("-", 1)[1]) << 20
+        conf = dataclasses.replace(conf, source=dataclasses.replace(conf.source, max_bytes_per_trigger=most))
+    if name.startswith("compaction-max-mib-"):
+        most = int(name.rsplit("-", 1)[1]) << 20
+        conf = dataclasses.replace(conf, compaction=dataclasses.replace(conf.compaction, max_batch_bytes=most))
     if name == "huge-pages":
         conf = dataclasses.replace(conf, spark=dataclasses.replace(conf.spark, transparent_huge_pages=True))
     return conf

@@ -209,6 +209,11 @@ class CompactionConfig:
     max_batch_delay_s: float = setting(
         5.0, "The longest a compaction micro-batch below compaction.min_batch_bytes waits: how far the KV view "
         "and the changelog may trail the tier on a quiet broker. 0: never waits.")
+    max_batch_bytes: int = setting(
+        0, "At most this many commitlog bytes a compaction micro-batch takes while it is behind (at least one "
+        "tier batch). Over many keys a larger batch holds more repeats of each, so the KV view and the changelog "
+        "write fewer changes, for the driver's memory of the bodies the changelog sends. 0: "
+        "source.max_bytes_per_trigger.", size=True)
 
 
 @dataclass(frozen=True)

@@ -128,3 +128,14 @@ def test_a_bad_kafka_setting_is_refused_with_the_rest_before_spark_starts(tmp_pa
     # is one of the settings it parses, no longer built once the session is up.
     with pytest.raises(ConfigError, match="kafka.mirror_topic_map"):
         derive(load(tmp_path, rest='[kafka]\nbootstrap = "k1:9092"\nmirror_topic_map = "orders"\n'))
+
+
+def test_compactions_batch_cap_is_its_own_or_the_sources(tmp_path):
+    from streaming.queries.compaction import batch_cap
+
+    own = load(tmp_path, rest='[compaction]\nmax_batch_bytes = "1GiB"\n[source]\nmax_bytes_per_trigger = "64MiB"\n')
+    assert batch_cap(own, {"maxBytesPerTrigger": 64 * MIB}) == GIB
+    unset = load(tmp_path, rest='[source]\nmax_bytes_per_trigger = "64MiB"\n')
+    assert unset.compaction.max_batch_bytes == 0
+    assert batch_cap(unset, {"maxBytesPerTrigger": 64 * MIB}) == 64 * MIB
+    assert batch_cap(unset, {"maxBytesPerTrigger": None}) is None  # no cap at all (0 turns it off)

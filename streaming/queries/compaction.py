@@ -26,6 +26,12 @@ def changelog_enabled(conf: cfg.Config) -> bool:
     return bool(conf.kafka.bootstrap.strip()) and conf.kafka.changelog and conf.compaction.enabled
 
 
+def batch_cap(conf: cfg.Config, source_options: dict) -> int | None:
+    """The ``tierfeed`` source's ``maxBytesPerTrigger``: ``compaction.max_batch_bytes``, else the
+    commitlog source's own cap (``source.max_bytes_per_trigger``; None: none)."""
+    return conf.compaction.max_batch_bytes or source_options.get("maxBytesPerTrigger")
+
+
 class CompactionQuery(Query):
     name = "compaction"
     output_mode = "update"
@@ -70,7 +76,7 @@ class CompactionQuery(Query):
         hold = hold_options(conf.compaction.min_batch_bytes, conf.compaction.max_batch_delay_s,
                             self.ctx.until_caught_up)
         return compaction_stream(spark, {"metadata": self.ctx.metadata.path, "startingOffset": self.start_at,
-                                         "maxBytesPerTrigger": self.ctx.source_options.get("maxBytesPerTrigger"),
+                                         "maxBytesPerTrigger": batch_cap(conf, self.ctx.source_options),
                                          "tasks": spark.sparkContext.defaultParallelism,
                                          "location": conf.tier.location, "broker": conf.broker.name,
                                          "localCopies": copies and json.dumps(dataclasses.asdict(copies)),
