@@ -63,6 +63,15 @@ from bench.common import kafka_broker, report, tree_cpu_s
 from streaming import config as cfg
 
 
+# The variants named ``<prefix>N``: one setting of one section, N times a unit.
+NUMBERED = {
+    "shuffle-partitions-": ("spark", "shuffle_partitions", 1),
+    "compaction-min-mib-": ("compaction", "min_batch_bytes", 1 << 20),
+    "max-batch-mib-": ("source", "max_bytes_per_trigger", 1 << 20),
+    "compaction-max-mib-": ("compaction", "max_batch_bytes", 1 << 20),
+}
+
+
 def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
     conf = cfg.Config(
         commitlog=cfg.CommitlogConfig(dir=os.path.join(root, "commitlog"), file_size=256 << 20),
@@ -83,19 +92,12 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
         conf = dataclasses.replace(conf, spark=dataclasses.replace(conf.spark, jit_c1_only=False))
     if name == "mirror-process":
         conf = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, mirror_process=True))
-    if name.startswith("shuffle-partitions-"):
-        conf = dataclasses.replace(conf, spark=dataclasses.replace(conf.spark, shuffle_partitions=int(name.rsplit("-", 1)[1])))
-    if name.startswith("compaction-min-mib-"):
-        least = int(name.rsplit("-", 1)[1]) << 20
-        conf = dataclasses.replace(conf, compaction=dataclasses.replace(conf.compaction, min_batch_bytes=least))
     if name == "mirror-only":
         conf = dataclasses.replace(conf, compaction=dataclasses.replace(conf.compaction, enabled=False))
-    if name.startswith("max-batch-mib-"):
-        most = int(name.rsplit("-", 1)[1]) << 20
-        conf = dataclasses.replace(conf, source=dataclasses.replace(conf.source, max_bytes_per_trigger=most))
-    if name.startswith("compaction-max-mib-"):
-        most = int(name.rsplit("-", 1)[1]) << 20
-        conf = dataclasses.replace(conf, compaction=dataclasses.replace(conf.compaction, max_batch_bytes=most))
+    for prefix, (section, key, unit) in NUMBERED.items():
+        if name.startswith(prefix):
+            value = int(name[len(prefix):]) * unit
+            conf = dataclasses.replace(conf, **{section: dataclasses.replace(getattr(conf, section), **{key: value})})
     if name == "huge-pages":
         conf = dataclasses.replace(conf, spark=dataclasses.replace(conf.spark, transparent_huge_pages=True))
     return conf

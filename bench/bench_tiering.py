@@ -189,6 +189,7 @@ class ServiceProcess:
 
     def __init__(self, root: str, trigger_s: float = 0.5, conf: cfg.Config | None = None):
         self.root, self.proc = root, None
+        self.generator_pid: int | None = None  # a load generator appending beside it (bench_quiet)
         # Compaction on, as by default; segments that never seal unless ``conf`` says otherwise.
         self.conf = conf or make_conf(root, spark={"trigger_interval_s": trigger_s})
         os.makedirs(self.conf.commitlog.dir, exist_ok=True)
