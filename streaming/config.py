@@ -213,7 +213,7 @@ class CompactionConfig:
         0, "At most this many commitlog bytes a compaction micro-batch takes while it is behind (at least one "
         "tier batch). Over many keys a larger batch holds more repeats of each, so the KV view and the changelog "
         "write fewer changes, for the driver's memory of the bodies the changelog sends. 0: "
-        "source.max_bytes_per_trigger.", size=True)
+        "source.max_bytes_per_trigger, four times it while the changelog is off.", size=True)
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,9 @@ def write_config(tmp_path: Path, **sections: dict) -> Path:
             "metrics": {"port": 0}}
     for section, values in sections.items():
         base[section] = {**base.get(section, {}), **values}
+    cap = base.get("source", {}).get("max_bytes_per_trigger")
+    if cap is not None:  # a test that caps batches small counts compaction's too (crash points, restarts)
+        base["compaction"] = {"max_batch_bytes": cap, **base.get("compaction", {})}
     lines = []
     for section, values in base.items():
         lines.append(f"[{section}]")

@@ -130,12 +130,18 @@ def test_a_bad_kafka_setting_is_refused_with_the_rest_before_spark_starts(tmp_pa
         derive(load(tmp_path, rest='[kafka]\nbootstrap = "k1:9092"\nmirror_topic_map = "orders"\n'))
 
 
-def test_compactions_batch_cap_is_its_own_or_the_sources(tmp_path):
+def test_compactions_batch_cap_is_its_own_or_from_the_sources(tmp_path):
     from streaming.queries.compaction import batch_cap
 
     own = load(tmp_path, rest='[compaction]\nmax_batch_bytes = "1GiB"\n[source]\nmax_bytes_per_trigger = "64MiB"\n')
     assert batch_cap(own, {"maxBytesPerTrigger": 64 * MIB}) == GIB
-    unset = load(tmp_path, rest='[source]\nmax_bytes_per_trigger = "64MiB"\n')
-    assert unset.compaction.max_batch_bytes == 0
-    assert batch_cap(unset, {"maxBytesPerTrigger": 64 * MIB}) == 64 * MIB
-    assert batch_cap(unset, {"maxBytesPerTrigger": None}) is None  # no cap at all (0 turns it off)
+    changelog = load(tmp_path, rest='[source]\nmax_bytes_per_trigger = "64MiB"\n[kafka]\nbootstrap = "k1:9092"\n')
+    assert changelog.compaction.max_batch_bytes == 0 and changelog.kafka.changelog
+    assert batch_cap(changelog, {"maxBytesPerTrigger": 64 * MIB}) == 64 * MIB  # its bodies are held for Kafka
+    assert batch_cap(changelog, {"maxBytesPerTrigger": None}) is None  # no cap at all (0 turns it off)
+    # Without the changelog a batch holds few bodies (the view references large values): four times.
+    for rest in ('[source]\nmax_bytes_per_trigger = "64MiB"\n',
+                 '[kafka]\nbootstrap = "k1:9092"\nchangelog = false\n'):
+        assert batch_cap(load(tmp_path, rest=rest), {"maxBytesPerTrigger": 64 * MIB}) == 256 * MIB
+    assert batch_cap(load(tmp_path), {"maxBytesPerTrigger": 256 * MIB}) == GIB  # the default source cap's
+    assert batch_cap(load(tmp_path), {"maxBytesPerTrigger": None}) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from connectors.commitlog.writer import CommitLogWriter
@@ -12,6 +13,7 @@ from tests import ledger
 from tests.oracle import entered_a_queue, message_row, normalize_arrow_row, written_messages
 
 FILE = 256 * 1024
+SOURCE_CAP = 200_000  # compaction's batches as small as the source's, as the tests were written for
 
 
 def make_conf(root, location: str, *, compaction: cfg.CompactionConfig | None = None, **tier) -> cfg.Config:
@@ -19,11 +21,12 @@ def make_conf(root, location: str, *, compaction: cfg.CompactionConfig | None = 
     root = str(root)
     return cfg.Config(
         commitlog=cfg.CommitlogConfig(dir=os.path.join(root, "commitlog")),
-        source=cfg.SourceConfig(max_bytes_per_trigger=200_000, partition_bytes=64 * 1024),
+        source=cfg.SourceConfig(max_bytes_per_trigger=SOURCE_CAP, partition_bytes=64 * 1024),
         tier=cfg.TierConfig(location=location, **{"delete_grace_s": 0.0, **tier}),
         state=cfg.StateConfig(dir=os.path.join(root, "state")),
         checkpoint=cfg.CheckpointConfig(dir=os.path.join(root, "checkpoints")),
-        compaction=compaction or cfg.CompactionConfig(enabled=False),
+        compaction=dataclasses.replace(compaction or cfg.CompactionConfig(enabled=False),
+                                       max_batch_bytes=(compaction and compaction.max_batch_bytes) or SOURCE_CAP),
     )
 
 

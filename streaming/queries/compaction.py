@@ -26,10 +26,27 @@ def changelog_enabled(conf: cfg.Config) -> bool:
     return bool(conf.kafka.bootstrap.strip()) and conf.kafka.changelog and conf.compaction.enabled
 
 
+# How many times the commitlog source's cap a compaction batch takes while it is behind, when
+# compaction.max_batch_bytes is not set and the changelog is off.  Its rows are keys and offsets,
+# and the view references values of 1 KiB and more, so a batch holds few bodies; over many keys a
+# larger one holds more repeats of each.  Catching up 621 MB of 2 KB values over 100,000 keys, one
+# batch wrote 211,000 changes against three batches' 260,000 (docs/benchmarks.md, "Compaction's
+# batches four times the source's cap").  With the changelog on, a batch's changed bodies are held
+# in memory on their way to Kafka: catching up 16 KiB values over a million keys at 1 GiB, the
+# driver peaked at 4.5 GB against 1.6-2.4 GB, so there compaction keeps the source's cap.
+CHANGELOG_OFF_FACTOR = 4
+
+
 def batch_cap(conf: cfg.Config, source_options: dict) -> int | None:
-    """The ``tierfeed`` source's ``maxBytesPerTrigger``: ``compaction.max_batch_bytes``, else the
-    commitlog source's own cap (``source.max_bytes_per_trigger``; None: none)."""
-    return conf.compaction.max_batch_bytes or source_options.get("maxBytesPerTrigger")
+    """The ``tierfeed`` source's ``maxBytesPerTrigger``: ``compaction.max_batch_bytes`` when set;
+    else the commitlog source's own cap (``source.max_bytes_per_trigger``; None: none), times
+    ``CHANGELOG_OFF_FACTOR`` while the changelog is off."""
+    if conf.compaction.max_batch_bytes:
+        return conf.compaction.max_batch_bytes
+    source = source_options.get("maxBytesPerTrigger")
+    if source is None or changelog_enabled(conf):
+        return source
+    return int(source) * CHANGELOG_OFF_FACTOR
 
 
 class CompactionQuery(Query):
