@@ -82,8 +82,9 @@ HEAD_COLUMNS = ("queue_id", "queue_offset", "store_ts", "op", "size")
 def resolve(changes: pa.Table, reader, references: ReferencePolicy | None = None, bodies: bool = True) -> pa.Table:
     """Changed keys (``CHANGE_REF``) with their latest message's fields: ``CHANGE_ROW``s, for
     ``KVView.apply_table`` and the changelog; ``reader``: a ``CommitLogReader`` or ``FeedMessages``.
-    With ``references``, also ``referenced``: whether the view keeps the value as a reference; and
-    without ``bodies``, those values' bodies are not read (null), only the others'."""
+    With ``references``, also ``referenced``: whether the view keeps the value as a reference, and
+    ``size``, the message's stored size; without ``bodies``, those values' bodies are not read
+    (null), only the others'."""
     # The rows come in the order the reader stores them, and the changed keys are put in that
     # order: the keys are a few bytes a row, the bodies hundreds of MB a batch (records_as_stored).
     columns = RECORD_COLUMNS if not references else (*RECORD_COLUMNS, "size") if bodies else HEAD_COLUMNS
@@ -98,7 +99,7 @@ def resolve(changes: pa.Table, reader, references: ReferencePolicy | None = None
     body = records["body"] if bodies else _bodies_of(table, reader, ~referenced & ~table["deleted"].to_numpy(
         zero_copy_only=False))
     return table.append_column("body", body).select(list(CHANGE_ROW)).append_column(
-        "referenced", pa.array(referenced))
+        "referenced", pa.array(referenced)).append_column("size", records["size"])
 
 
 def _bodies_of(table: pa.Table, reader, wanted: np.ndarray) -> pa.Array:
@@ -223,8 +224,17 @@ class KVWriter:
     def resolve(self, changes: pa.Table) -> pa.Table:
         """The messages of a batch's changed keys (``resolve``).  It only reads, so it may run on
         another thread while this writer applies the batch before (the compaction handler's
-        resolve thread)."""
-        return resolve(changes, self._messages, self.references, bodies=self.changelog is not None)
+        resolve thread).  The values the view keeps in the tier are not read: the changelog reads
+        those it sends itself, a slice at a time (``ChangelogSink.publish``)."""
+        return resolve(changes, self._messages, self.references, bodies=False)
+
+    def _read_bodies(self, phy_offsets: np.ndarray) -> pa.ChunkedArray:
+        """The bodies of the messages at ``phy_offsets``, in that order: for the changelog, which
+        asks in physical order, the order they are stored in, so they are left where they lie."""
+        records, at = self._messages.records_as_stored(phy_offsets, ["body"])
+        if np.array_equal(at, np.arange(len(at))):
+            return records["body"]
+        return records["body"].take(pa.array(np.argsort(at, kind="stable")))
 
     def take_inline_where_retained(self) -> None:
         """``take_inline_where_retained`` for this writer's view, by its settings' retention."""
@@ -249,7 +259,7 @@ class KVWriter:
         table, resolve_s = resolved
         t1 = time.monotonic()
         if self.changelog is not None:  # before the view: a crash in between re-sends, never loses
-            self.changelog.publish(table)
+            self.changelog.publish(table, self._read_bodies)
             crash_point("changelogged")
         t2 = time.monotonic()
         self._hold_retention(table)

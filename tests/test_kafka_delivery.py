@@ -100,6 +100,58 @@ def test_a_round_of_expiries_sent_again_sends_only_what_kafka_lacks(conf):
     assert {k for _p, k, pos in records if pos == 2000} == {f"k{n:04d}".encode() for n in range(50)}
 
 
+def test_the_changelog_sends_a_batch_a_slice_at_a_time_reading_the_bodies_it_lacks(conf):
+    """A batch whose large values the KV view keeps in the tier reaches the changelog without those
+    bodies; the sink reads them a slice of about ``slice_bytes`` at a time, in physical order, and
+    every key's record (a tombstone for a delete) arrives once, in physical order."""
+    import random
+
+    import numpy as np
+    import pyarrow as pa
+
+    from connectors.changes import CHANGE_ROW
+
+    rnd = random.Random(7)
+    rows, stored, expected = [], {}, {}
+    for n in range(300):
+        phy = 1000 + 1100 * n
+        deleted = n % 17 == 0
+        body = None if deleted else bytes([n % 251]) * rnd.randint(200, 1000)
+        referenced = body is not None and n % 3 != 0
+        if referenced:
+            stored[phy] = body
+        expected[f"k{n:04d}".encode()] = (phy, body)  # the oracle: what each key's record must hold
+        rows.append(("t0", f"k{n:04d}", phy, n % 4, n, 1_700_000_000_000 + n, deleted,
+                     None if referenced else body, referenced, 1100))
+    rnd.shuffle(rows)  # a batch's changed keys come in no order of their own
+    columns = list(zip(*rows))
+    table = pa.table({name: list(column) for name, column in zip((*CHANGE_ROW, "referenced", "size"), columns)},
+                     schema=pa.schema([("topic", pa.string()), ("key", pa.string()), ("phy_offset", pa.int64()),
+                                       ("queue_id", pa.int32()), ("queue_offset", pa.int64()),
+                                       ("store_ts", pa.int64()), ("deleted", pa.bool_()), ("body", pa.binary()),
+                                       ("referenced", pa.bool_()), ("size", pa.int64())]))
+    asked: list[list[int]] = []
+
+    def read_bodies(phy_offsets: np.ndarray) -> pa.Array:
+        asked.append(phy_offsets.tolist())
+        return pa.array([stored[p] for p in phy_offsets.tolist()], pa.binary())
+
+    sink = ChangelogSink(kafka_settings(conf))
+    sink.publish(table, read_bodies, slice_bytes=20 * 1100)
+    sink.close()
+    assert len(asked) >= 10 and all(len(offsets) <= 20 for offsets in asked)
+    flat = [p for offsets in asked for p in offsets]
+    assert flat == sorted(stored)  # each body read once, in physical order
+    got = {}
+    for records in read_topic(conf.kafka.bootstrap, conf.kafka.changelog_topic.replace("{topic}", "t0")).values():
+        positions = [int(dict(r.headers)["tierlog.phy"]) for r in records]
+        assert positions == sorted(positions)
+        for r in records:
+            assert r.key not in got
+            got[r.key] = (int(dict(r.headers)["tierlog.phy"]), r.value)
+    assert got == expected
+
+
 def test_a_missing_topic_is_waited_for_and_reported(conf):
     import dataclasses
 

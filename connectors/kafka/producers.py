@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, replace
 
 from kafka import KafkaProducer
@@ -72,8 +73,10 @@ class Producer:
             if self._failed is None:
                 self._failed = (error, position)
 
-    def flush(self, timeout_s: float) -> bool:
-        """Wait until every queued record is taken or failed; False if ``timeout_s`` passed first."""
+    def flush(self, timeout_s: float, leave: int = 0) -> bool:
+        """Wait until every queued record is taken or failed, or all but ``leave`` of them (a
+        producer whose queue bounds itself may return at once then); False if ``timeout_s`` passed
+        first."""
         raise NotImplementedError
 
     def close(self, timeout_s: float) -> None:
@@ -150,7 +153,9 @@ class KafkaPythonProducer(Producer):
         # kafka-python calls an errback as fn(exception)
         future.add_errback(lambda exc: self._fail(position, _send_error(exc)))
 
-    def flush(self, timeout_s: float) -> bool:
+    def flush(self, timeout_s: float, leave: int = 0) -> bool:
+        if leave:  # its buffer (buffer_memory, 32 MB) bounds what it queues: send blocks when full
+            return True
         try:
             self._producer.flush(timeout=timeout_s)
             return True
@@ -288,8 +293,18 @@ class RdKafkaProducer(Producer):
             ck.UNKNOWN_PRODUCER_ID, ck.INVALID_PRODUCER_EPOCH)
         return SendError(f"{err.name()}: {err.str()}", bool(retriable), too_large)
 
-    def flush(self, timeout_s: float) -> bool:
-        return self._producer.flush(timeout_s) == 0
+    def flush(self, timeout_s: float, leave: int = 0) -> bool:
+        if not leave:
+            return self._producer.flush(timeout_s) == 0
+        # Its queue holds up to a GiB by default (queue.buffering.max.kbytes): a caller that sends
+        # a large batch in slices waits here so that no more than a slice or two is queued.
+        deadline = time.monotonic() + timeout_s
+        while len(self._producer) > leave:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._producer.poll(min(0.05, left))
+        return True
 
     def close(self, timeout_s: float) -> None:
         self._producer.flush(timeout_s)

@@ -276,13 +276,14 @@ class KafkaSink:
         if self.on_skip:
             self.on_skip(position, reason)
 
-    def flush(self, report_every_s: float = 5.0) -> None:
-        """Wait until every record sent is acknowledged; report while the broker keeps us waiting."""
+    def flush(self, report_every_s: float = 5.0, leave: int = 0) -> None:
+        """Wait until every record sent is acknowledged, or all but ``leave`` of them; report while
+        the broker keeps us waiting."""
         if self._producer is None:
             return
         started = time.monotonic()
         deadline = started + self.settings.delivery_timeout_s
-        while not self._producer.flush(max(0.05, min(report_every_s, deadline - time.monotonic()))):
+        while not self._producer.flush(max(0.05, min(report_every_s, deadline - time.monotonic())), leave):
             now = time.monotonic()
             waited = now - started
             if now >= deadline:
