@@ -89,6 +89,7 @@ SCHEDULING = ("dag-scheduler", "dispatcher-", "spark-listener", "task-result", "
 DRIVER_PARTS = (
     ("kv-apply", "driver: KV view apply thread (changelog, KV view writes)"),
     ("kv-resolve", "driver: KV view resolve thread (the changed keys' messages, read from the tier)"),
+    ("changelog-read", "driver: the changelog's reads of the values the KV view keeps in the tier"),
     ("compaction", "driver: compaction's handler (collecting the changed keys)"),
     ("tiering", "driver: tiering's handler (driver staging, the tier's commit)"),
     ("tier-maintain", "driver: tier maintenance (seals, folds, retention, tables)"),

@@ -284,6 +284,21 @@ def test_librdkafka_reports_each_record_that_fails_and_none_that_arrive(kafka_bo
     producer.discard()
 
 
+def test_librdkafka_flush_can_leave_records_queued():
+    """``flush(leave=n)`` waits until at most ``n`` records are queued (the changelog's slices): with
+    no broker nothing leaves the queue, so it returns at once while 40 <= n, and times out below."""
+    from connectors.kafka.producers import RdKafkaProducer
+    from connectors.kafka.settings import KafkaSettings
+
+    producer = RdKafkaProducer(KafkaSettings(client={"bootstrap_servers": f"127.0.0.1:{free_port()}"}))
+    for position in range(40):
+        producer.send("t0", 0, b"k", b"v", [], None, position)
+    started = time.monotonic()
+    assert producer.flush(5, leave=40) and time.monotonic() - started < 1
+    assert not producer.flush(0.5, leave=39)
+    producer.discard()
+
+
 def test_a_record_the_broker_refuses_as_too_large_stops_the_sink_with_what_to_set(conf):
     """A topic whose max.message.bytes is below kafka.max_request_size: the broker, not the sink,
     refuses the record.  kafka-python says which record it was; librdkafka does not, so that
