@@ -212,8 +212,7 @@ class CompactionConfig:
     max_batch_bytes: int = setting(
         0, "At most this many commitlog bytes a compaction micro-batch takes while it is behind (at least one "
         "tier batch). Over many keys a larger batch holds more repeats of each, so the KV view and the changelog "
-        "write fewer changes, for the driver's memory of the bodies the changelog sends. 0: "
-        "source.max_bytes_per_trigger, four times it while the changelog is off.", size=True)
+        "write fewer changes. 0: four times source.max_bytes_per_trigger (1 GiB by default).", size=True)
 
 
 @dataclass(frozen=True)

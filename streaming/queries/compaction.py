@@ -27,27 +27,25 @@ def changelog_enabled(conf: cfg.Config) -> bool:
 
 
 # How many times the commitlog source's cap a compaction batch takes while it is behind, when
-# compaction.max_batch_bytes is not set and the changelog is off.  Its rows are keys and offsets,
-# and the view references values of 1 KiB and more; with 900-byte values copied into the view, a
-# 1 GiB batch raised the driver's peak by 170 MB.  Over many keys a larger batch holds more
-# repeats of each.  Catching up 621 MB of 2 KB values over 100,000 keys, one
-# batch wrote 211,000 changes against three batches' 260,000 (docs/benchmarks.md, "Compaction's
-# batches four times the source's cap").  With the changelog on, a batch's changed bodies are held
-# in memory on their way to Kafka: catching up 16 KiB values over a million keys at 1 GiB, the
-# driver peaked at 4.5 GB against 1.6-2.4 GB, so there compaction keeps the source's cap.
-CHANGELOG_OFF_FACTOR = 4
+# compaction.max_batch_bytes is not set.  Its rows are keys and offsets, and the view references
+# values of 1 KiB and more; with 900-byte values copied into the view, a 1 GiB batch raised the
+# driver's peak by 170 MB.  Over many keys a larger batch holds more repeats of each.  Catching up
+# 621 MB of 2 KB values over 100,000 keys, one batch wrote 211,000 changes against three batches'
+# 260,000 (docs/benchmarks.md, "Compaction's batches four times the source's cap").  The changelog
+# sends a batch's bodies a slice at a time (connectors.kafka.changelog), so with it on, catching
+# up 16 KiB values over a million keys at 1 GiB, the driver peaked at 2.0 GB against 2.2 GB for
+# the source's cap before (6.6 GB at 1 GiB before the slices).
+SOURCE_CAP_FACTOR = 4
 
 
 def batch_cap(conf: cfg.Config, source_options: dict) -> int | None:
     """The ``tierfeed`` source's ``maxBytesPerTrigger``: ``compaction.max_batch_bytes`` when set;
-    else the commitlog source's own cap (``source.max_bytes_per_trigger``; None: none), times
-    ``CHANGELOG_OFF_FACTOR`` while the changelog is off."""
+    else the commitlog source's own cap (``source.max_bytes_per_trigger``; None: none) times
+    ``SOURCE_CAP_FACTOR``."""
     if conf.compaction.max_batch_bytes:
         return conf.compaction.max_batch_bytes
     source = source_options.get("maxBytesPerTrigger")
-    if source is None or changelog_enabled(conf):
-        return source
-    return int(source) * CHANGELOG_OFF_FACTOR
+    return None if source is None else int(source) * SOURCE_CAP_FACTOR
 
 
 class CompactionQuery(Query):
