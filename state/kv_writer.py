@@ -79,15 +79,14 @@ RECORD_COLUMNS = ("queue_id", "queue_offset", "store_ts", "op", "body")
 HEAD_COLUMNS = ("queue_id", "queue_offset", "store_ts", "op", "size")
 
 
-def resolve(changes: pa.Table, reader, references: ReferencePolicy | None = None, bodies: bool = True) -> pa.Table:
+def resolve(changes: pa.Table, reader, references: ReferencePolicy | None = None) -> pa.Table:
     """Changed keys (``CHANGE_REF``) with their latest message's fields: ``CHANGE_ROW``s, for
     ``KVView.apply_table`` and the changelog; ``reader``: a ``CommitLogReader`` or ``FeedMessages``.
-    With ``references``, also ``referenced``: whether the view keeps the value as a reference, and
-    ``size``, the message's stored size; without ``bodies``, those values' bodies are not read
-    (null), only the others'."""
+    With ``references``, also ``referenced``: whether the view keeps the value as a reference (its
+    body is not read: null), and ``size``, the message's stored size."""
     # The rows come in the order the reader stores them, and the changed keys are put in that
     # order: the keys are a few bytes a row, the bodies hundreds of MB a batch (records_as_stored).
-    columns = RECORD_COLUMNS if not references else (*RECORD_COLUMNS, "size") if bodies else HEAD_COLUMNS
+    columns = RECORD_COLUMNS if not references else HEAD_COLUMNS
     records, at = reader.records_as_stored(changes["phy_offset"].to_numpy(), columns)
     table = changes.select(list(CHANGE_REF)).take(pa.array(at))
     for name in ("queue_id", "queue_offset", "store_ts"):
@@ -96,8 +95,7 @@ def resolve(changes: pa.Table, reader, references: ReferencePolicy | None = None
     if not references:
         return table.append_column("body", records["body"]).select(list(CHANGE_ROW))
     referenced = references.mask(table["topic"], records["size"], table["deleted"])
-    body = records["body"] if bodies else _bodies_of(table, reader, ~referenced & ~table["deleted"].to_numpy(
-        zero_copy_only=False))
+    body = _bodies_of(table, reader, ~referenced & ~table["deleted"].to_numpy(zero_copy_only=False))
     return table.append_column("body", body).select(list(CHANGE_ROW)).append_column(
         "referenced", pa.array(referenced)).append_column("size", records["size"])
 
@@ -226,15 +224,11 @@ class KVWriter:
         another thread while this writer applies the batch before (the compaction handler's
         resolve thread).  The values the view keeps in the tier are not read: the changelog reads
         those it sends itself, a slice at a time (``ChangelogSink.publish``)."""
-        return resolve(changes, self._messages, self.references, bodies=False)
+        return resolve(changes, self._messages, self.references)
 
     def _read_bodies(self, phy_offsets: np.ndarray) -> pa.ChunkedArray:
-        """The bodies of the messages at ``phy_offsets``, in that order: for the changelog, which
-        asks in physical order, the order they are stored in, so they are left where they lie."""
-        records, at = self._messages.records_as_stored(phy_offsets, ["body"])
-        if np.array_equal(at, np.arange(len(at))):
-            return records["body"]
-        return records["body"].take(pa.array(np.argsort(at, kind="stable")))
+        """The bodies of the messages at ``phy_offsets``, in that order: for the changelog."""
+        return self._messages.records_at(phy_offsets, ["body"])["body"]
 
     def take_inline_where_retained(self) -> None:
         """``take_inline_where_retained`` for this writer's view, by its settings' retention."""

@@ -431,3 +431,12 @@ class BodyViews:
         views = held.buffers()[1][held.offset * 16 : (held.offset + n) * 16]
         body = pa.Array.from_buffers(pa.binary_view(), n, [None, views, *self.buffers]).cast(pa.binary())
         return table.set_column(i, MESSAGE_SCHEMA.field("body"), body)
+
+
+def in_given_order(records: pa.Table, at: np.ndarray) -> pa.Table:
+    """``records`` (as a ``records_as_stored`` gave them, with ``at``) in the order their offsets
+    were asked in: the ``records_at`` of both readers.  Offsets asked in stored order (the KV
+    writer's reads are) are left where they lie: a take copies every body of them."""
+    if np.array_equal(at, np.arange(len(at))):
+        return records
+    return records.take(pa.array(np.argsort(at, kind="stable")))

@@ -700,10 +700,9 @@ class CommitLogReader:
         Each record is re-checked where it lies (magic, size, stored physical
         offset), so a reference into a replaced or moved file fails loudly.
         """
-        import pyarrow as pa
+        from connectors.commitlog.arrow import in_given_order
 
-        records, at = self.records_as_stored(phy_offsets, columns)
-        return records.take(pa.array(np.argsort(at, kind="stable")))
+        return in_given_order(*self.records_as_stored(phy_offsets, columns))
 
     def records_as_stored(self, phy_offsets: "np.ndarray",
                           columns: "Sequence[str]") -> "tuple[pa.Table, np.ndarray]":

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from connectors.commitlog.arrow import MESSAGE_SCHEMA, project_schema
+from connectors.commitlog.arrow import MESSAGE_SCHEMA, in_given_order, project_schema
 from connectors.errors import TierlogError
 from connectors.tier.backend import Backend
 
@@ -174,8 +174,7 @@ class FeedMessages:
     def records_at(self, phy_offsets: np.ndarray, columns) -> pa.Table:
         """``columns`` of the messages at ``phy_offsets`` (distinct), in that order; raises
         TierlogError naming an offset the tier's listed batches do not hold."""
-        records, at = self.records_as_stored(phy_offsets, columns)
-        return records.take(pa.array(np.argsort(at, kind="stable")))
+        return in_given_order(*self.records_as_stored(phy_offsets, columns))
 
     def records_as_stored(self, phy_offsets: np.ndarray, columns) -> tuple[pa.Table, np.ndarray]:
         """``columns`` of the messages at ``phy_offsets`` (distinct) in the order the tier stores
