@@ -67,8 +67,8 @@ class ChangelogSink(KafkaSink):
             raise ValueError("changes marked referenced have no body, and no read_bodies was given")
         sizes = heads["size"] if "size" in heads.column_names else \
             pc.binary_length(changes.column("body")).take(pa.array(order))
-        cuts = _cuts(np.nan_to_num(sizes.to_numpy(zero_copy_only=False).astype(np.float64)).astype(np.int64),
-                     slice_bytes)
+        cuts = _cuts(pc.fill_null(sizes, 0).to_numpy(), slice_bytes)
+        slices = list(zip(cuts[:-1], cuts[1:]))
         phy = heads["phy_offset"].to_numpy()
 
         def bodies_of(a: int, b: int) -> list:
@@ -85,20 +85,16 @@ class ChangelogSink(KafkaSink):
             # million keys with Apache Kafka, reading each slice before sending it took 1.2 times
             # as long as the code before, which read the whole batch on the resolve thread.
             with ThreadPoolExecutor(1, thread_name_prefix="changelog-read", initializer=name_native) as pool:
-                slices = list(zip(cuts[:-1], cuts[1:]))
                 ahead = pool.submit(bodies_of, *slices[0])
                 for k, (a, b) in enumerate(slices):
                     bodies = ahead.result()
                     if k + 1 < len(slices):
                         ahead = pool.submit(bodies_of, *slices[k + 1])
-                    columns = [None if c == "body" else heads.column(c).slice(a, b - a).to_pylist()
-                               for c in CHANGE_ROW]
-                    columns[CHANGE_ROW.index("body")] = bodies
-                    columns[1] = pc.cast(heads.column("key").slice(a, b - a), pa.binary()).to_pylist()  # as Kafka takes them
-                    columns[5] = epoch_ms(heads.column("store_ts").slice(a, b - a))
+                    part = heads.slice(a, b - a)
+                    columns = [bodies if c == "body" else _as_sent(part, c) for c in CHANGE_ROW]
                     del bodies
                     self._send_columns(columns)
-                    del columns
+                    del columns  # the slice's bodies go before the wait
                     if b < n:  # this slice queued while the one before is delivered, no more
                         self.flush(leave=b - a)
 
@@ -164,6 +160,16 @@ class ChangelogSink(KafkaSink):
 
 
 _PUT, _DELETE, _EXPIRE = (OP, b"put"), (OP, b"delete"), (OP, b"expire")
+
+
+def _as_sent(table: pa.Table, name: str) -> list:
+    """Column ``name`` of ``table`` as ``_send_columns`` takes it: keys as bytes (as Kafka takes
+    them), store times as epoch ms."""
+    if name == "key":
+        return pc.cast(table.column("key"), pa.binary()).to_pylist()
+    if name == "store_ts":
+        return epoch_ms(table.column("store_ts"))
+    return table.column(name).to_pylist()
 
 
 def _take_pylist(column: pa.ChunkedArray, rows: np.ndarray) -> list:
