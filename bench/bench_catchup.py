@@ -83,6 +83,31 @@ def commitlog_bytes(directory: str) -> int:
         return reader.end_offset() - reader.first_offset()
 
 
+def write_config(work: str, log_dir: str, settings: dict[str, str] | None = None, **sections) -> str:
+    """The path of a new config file in ``work`` for a service over ``log_dir``: its state,
+    checkpoints and tier (unless ``sections`` give one) in ``work``, no metrics port, ``sections``
+    (``cfg.Config`` fields), then ``settings`` (``{"spark.jit_c1_only": "false"}``) applied as
+    ``tierlog``'s own flags are (``streaming.config.load``'s overrides, which check them)."""
+    conf = cfg.Config(**{
+        "commitlog": cfg.CommitlogConfig(dir=log_dir),
+        "state": cfg.StateConfig(dir=os.path.join(work, "state")),
+        "checkpoint": cfg.CheckpointConfig(dir=os.path.join(work, "checkpoints")),
+        "tier": cfg.TierConfig(location=os.path.join(work, "tier")),
+        "metrics": cfg.MetricsConfig(port=0),
+        **sections})
+    path = os.path.join(work, "tierlog.toml")
+    with open(path, "w") as fh:
+        fh.write(cfg.to_toml(conf, with_docs=False))
+    if settings:
+        try:
+            conf = cfg.load(path, env={}, overrides=settings)
+        except ConfigError as exc:
+            raise SystemExit(f"--set: {exc}") from None
+        with open(path, "w") as fh:
+            fh.write(cfg.to_toml(conf, with_docs=False))
+    return path
+
+
 def run_service(root: str, log_dir: str, tiering_only: bool, max_batch_bytes: int | None = None,
                 in_processes: bool = True, ledger: bool = False,
                 settings: dict[str, str] | None = None) -> tuple[float, float | None, dict | None]:
@@ -93,25 +118,10 @@ def run_service(root: str, log_dir: str, tiering_only: bool, max_batch_bytes: in
     ``settings``: more settings, ``{"spark.jit_c1_only": "false"}``, put in its config file as
     ``tierlog``'s own flags are applied (``streaming.config.load``'s overrides, which check them)."""
     work = tempfile.mkdtemp(dir=root, prefix="run-")
-    conf = cfg.Config(
-        commitlog=cfg.CommitlogConfig(dir=log_dir),
-        state=cfg.StateConfig(dir=os.path.join(work, "state")),
-        checkpoint=cfg.CheckpointConfig(dir=os.path.join(work, "checkpoints")),
-        compaction=cfg.CompactionConfig(enabled=not tiering_only),
-        tier=cfg.TierConfig(location=os.path.join(work, "tier"), stage_in_processes=in_processes),
-        source=cfg.SourceConfig(**({} if max_batch_bytes is None else {"max_bytes_per_trigger": max_batch_bytes})),
-        metrics=cfg.MetricsConfig(port=0),
-    )
-    path = os.path.join(work, "tierlog.toml")
-    with open(path, "w") as fh:
-        fh.write(cfg.to_toml(conf, with_docs=False))
-    if settings:  # as the command line's flags are: the config's own overrides check and convert them
-        try:
-            conf = cfg.load(path, env={}, overrides=settings)
-        except ConfigError as exc:
-            raise SystemExit(f"--set: {exc}") from None
-        with open(path, "w") as fh:
-            fh.write(cfg.to_toml(conf, with_docs=False))
+    path = write_config(work, log_dir, settings, compaction=cfg.CompactionConfig(enabled=not tiering_only),
+                        tier=cfg.TierConfig(location=os.path.join(work, "tier"), stage_in_processes=in_processes),
+                        source=cfg.SourceConfig(**({} if max_batch_bytes is None
+                                                   else {"max_bytes_per_trigger": max_batch_bytes})))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
     command = [sys.executable, "-m", "streaming.cli", "run", "--until-caught-up", "--config", path]
     log_path = os.path.join(work, "service.log")

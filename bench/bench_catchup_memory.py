@@ -27,9 +27,8 @@ import sys
 import tempfile
 import time
 
-from bench.bench_catchup import write_log
+from bench.bench_catchup import write_config, write_log
 from bench.common import descendants, kafka_broker, report
-from streaming import config as cfg
 
 DEFAULT_VARIANTS = {"default": {}, "cap-256mib": {"compaction.max_batch_bytes": str(256 << 20)}}
 SAMPLE_S = 0.1
@@ -46,24 +45,12 @@ def rss_mb(pid: int) -> float:
 def run(root: str, log_dir: str, bootstrap: str | None, settings: dict, tree: str | None, tag: str) -> dict:
     """One ``tierlog run --until-caught-up``; its peaks and seconds."""
     work = tempfile.mkdtemp(dir=root, prefix="run-")
-    conf = cfg.Config(
-        commitlog=cfg.CommitlogConfig(dir=log_dir),
-        state=cfg.StateConfig(dir=os.path.join(work, "state")),
-        checkpoint=cfg.CheckpointConfig(dir=os.path.join(work, "checkpoints")),
-        tier=cfg.TierConfig(location=os.path.join(work, "tier")),
-        metrics=cfg.MetricsConfig(port=0),
-    )
-    path = os.path.join(work, "tierlog.toml")
-    with open(path, "w") as fh:
-        fh.write(cfg.to_toml(conf, with_docs=False))
     overrides = dict(settings)
     if bootstrap:
         prefix = f"mem{os.getpid()}{tag}"
         overrides.update({"kafka.bootstrap": bootstrap, "kafka.mirror_topic": prefix + "-mirror-{topic}",
                           "kafka.changelog_topic": prefix + "-changelog-{topic}"})
-    conf = cfg.load(path, env={}, overrides=overrides)
-    with open(path, "w") as fh:
-        fh.write(cfg.to_toml(conf, with_docs=False))
+    path = write_config(work, log_dir, overrides)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
     command = [sys.executable, "-m", "streaming.cli", "run", "--until-caught-up", "--config", path]
     driver = whole = 0.0
