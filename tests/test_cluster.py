@@ -37,43 +37,68 @@ def master_state(ui_port: int) -> dict:
         return json.loads(response.read())
 
 
-@pytest.fixture
-def standalone_cluster(tmp_path):
-    """A master and one 2-core worker on loopback; yields (master URL, master web UI port)."""
+def start_cluster(tmp_path: Path, attempt: int):
+    """A master and one 2-core worker; returns (procs, logs, master port, UI port), or None if the master
+    lost a port it was given to another process before it bound it."""
     env = cluster_env(tmp_path)
+    # Without retries the master fails at once on a port taken since free_port() saw it free, where by
+    # default it binds the next port and the test asks someone else's server (CI met another test's Spark
+    # UI there, which answered HTML).
+    env["SPARK_MASTER_OPTS"] = "-Dspark.port.maxRetries=0"
     port, ui = free_port(), free_port()
-    logs = (tmp_path / "master.log").open("w"), (tmp_path / "worker.log").open("w")
+    logs = (tmp_path / f"master-{attempt}.log").open("w"), (tmp_path / f"worker-{attempt}.log").open("w")
     procs = [subprocess.Popen([str(spark_class()), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                "--port", str(port), "--webui-port", str(ui)], env=env, stdout=logs[0],
                               stderr=subprocess.STDOUT)]
+    procs.append(subprocess.Popen(
+        [str(spark_class()), "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
+         "--host", "127.0.0.1", "--cores", "2", "--memory", "2g", "--webui-port", str(free_port()),
+         "--work-dir", str(tmp_path / "work")], env=env, stdout=logs[1], stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if master_state(ui).get("aliveworkers", 0) >= 1:
+                return procs, logs, port, ui
+        except OSError:
+            pass
+        text = (tmp_path / f"master-{attempt}.log").read_text()
+        if "BindException" in text:  # the master may live on without its UI, so its log says
+            stop_cluster(procs, logs)
+            return None
+        if procs[0].poll() is not None or time.monotonic() > deadline or procs[1].poll() is not None:
+            stop_cluster(procs, logs)
+            raise AssertionError("the standalone cluster did not come up: " + text[-2000:]
+                                 + (tmp_path / f"worker-{attempt}.log").read_text()[-2000:])
+        time.sleep(0.5)
+
+
+def stop_cluster(procs, logs) -> None:
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    for f in logs:
+        f.close()
+
+
+@pytest.fixture
+def standalone_cluster(tmp_path):
+    """A master and one 2-core worker on loopback; yields (master URL, master web UI port)."""
+    for attempt in range(3):
+        started = start_cluster(tmp_path, attempt)
+        if started is not None:
+            break
+    else:
+        raise AssertionError("the standalone master lost its free ports to other processes three times")
+    procs, logs, port, ui = started
     try:
-        procs.append(subprocess.Popen(
-            [str(spark_class()), "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
-             "--host", "127.0.0.1", "--cores", "2", "--memory", "2g", "--webui-port", str(free_port()),
-             "--work-dir", str(tmp_path / "work")], env=env, stdout=logs[1], stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if master_state(ui).get("aliveworkers", 0) >= 1:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                raise AssertionError("the standalone cluster did not come up: "
-                                     + (tmp_path / "master.log").read_text()[-2000:]
-                                     + (tmp_path / "worker.log").read_text()[-2000:])
-            time.sleep(0.5)
         yield f"spark://127.0.0.1:{port}", ui
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for f in logs:
-            f.close()
+        stop_cluster(procs, logs)
 
 
 def test_tiering_on_a_standalone_cluster_equals_the_commitlog(tmp_path, standalone_cluster):
