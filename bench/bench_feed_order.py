@@ -5,8 +5,9 @@
 A staging object holds its rows in queue order (topic, queue, offset); the mirror sends them in
 physical order, each body as a Python object.  Measured, per GB of bodies: the CPU of the process
 (user and kernel) to read the object (``pq.read_table`` of its bytes, the mirror's columns), put
-it in physical order and turn its bodies into Python objects, as ``feed.read_unsorted`` and
-``mirror_sink._taken`` do: the other columns taken in order, the bodies reordered as Python objects.
+it in physical order and turn its bodies into Python objects, as ``feed.read_unsorted`` and the
+mirror did from stop 86 until its records went to librdkafka from the Arrow buffers: the other
+columns taken in order, the bodies reordered as Python objects (``_taken``, kept here).
 
 Baseline in the same run: the code before, which sorted the whole table (``Table.sort_by``, the
 bodies copied in order by Arrow) and then turned the sorted bodies into Python objects.  Before
@@ -29,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.common import report
-from connectors.kafka.mirror_sink import ROW, _taken, in_order
+from connectors.kafka.mirror_sink import ROW, in_order
 from connectors.tier.feed import Unsorted
 
 
@@ -63,6 +64,15 @@ def unsorted_then_python(data: bytes) -> list:
     for batch, unsorted in in_order(Unsorted.of(pq.read_table(pa.BufferReader(data)))):  # as the mirror sends them
         bodies += _taken(unsorted, batch.column(ROW))
     return bodies
+
+
+def _taken(bodies: pa.ChunkedArray, rows: pa.Array) -> list[bytes]:
+    """``bodies.take(rows).to_pylist()``, every body made a Python object and the list reordered."""
+    index = rows.to_numpy(zero_copy_only=False)
+    if 2 * len(index) < len(bodies):
+        return bodies.take(rows).to_pylist()
+    flat = bodies.to_pylist()
+    return [flat[i] for i in index.tolist()]
 
 
 def cpu_s() -> float:

@@ -63,6 +63,8 @@ import statistics
 import tempfile
 import time
 
+import numpy as np
+
 from bench.common import report, tree_cpu_s
 from connectors.commitlog.format import Message
 from connectors.commitlog.reader import CommitLogReader
@@ -94,8 +96,10 @@ def produce(directory: str, n: int, body: int, random_bodies: bool = False) -> i
 
 
 def settings(bootstrap: str, prefix: str, producer: str) -> KafkaSettings:
+    # The process id too: runs against one --bootstrap broker must not find each other's topics
+    # (the sink would read their positions back and send nothing).
     return KafkaSettings(client={"bootstrap_servers": bootstrap, "client_id": "bench"},
-                         mirror_topic=f"{prefix}.{{topic}}", partitions=PARTITIONS, producer=producer)
+                         mirror_topic=f"{prefix}-{os.getpid()}.{{topic}}", partitions=PARTITIONS, producer=producer)
 
 
 def capture_sends(sink) -> list[tuple]:
@@ -104,8 +108,9 @@ def capture_sends(sink) -> list[tuple]:
     sent: list[tuple] = []
     sink.send = lambda topic, p, key, value, headers, position, ts=None, **_: sent.append(
         (topic, p, key, value, headers, ts)) or True
-    sink.send_rows = lambda rows: sent.extend(
-        (topic, p, key, value, headers, ts) for topic, p, key, value, headers, _position, ts in rows)
+    sink.send_records = lambda records: sent.extend(
+        (topic, p, key, value, headers, ts) for topic, p, key, value, headers, _position, ts
+        in records.python_rows(np.arange(len(records))))
     return sent
 
 

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from connectors.kafka.mirror_sink import ROW, _taken, in_order
+from connectors.kafka.mirror_sink import ROW, in_order
 from connectors.tier.feed import read_batches, read_unsorted
 from connectors.errors import TierlogError
 from connectors.tier.backend import open_backend
@@ -25,7 +25,8 @@ from tests.test_tier_writer import assert_tier_equals_ledger, drive
 
 def read_back(run, start: int, end: int) -> list[dict]:
     """What a consumer reads back, both ways: sorted (``read_batches``), and as the mirror reads it
-    (``read_unsorted``, each part's bodies put in order as Python objects), which must agree."""
+    (``read_unsorted``, each part's bodies left where they were read, each row pointing at its
+    own: ``Records.value_rows``), which must agree."""
     backend = open_backend(run.location)
     batches = run.store.feed.batches(start, end)
     rows = [normalize_arrow_row(r) for b in read_batches(backend, batches, start, end, broker=run.writer.settings.broker)
@@ -39,7 +40,8 @@ def read_back(run, start: int, end: int) -> list[dict]:
                 mirrored += batch.to_pylist()
                 continue
             others = batch.drop_columns([ROW]).to_pylist()
-            mirrored += [{**r, "body": body} for r, body in zip(others, _taken(bodies, batch.column(ROW)))]
+            taken = bodies.take(batch.column(ROW)).to_pylist()
+            mirrored += [{**r, "body": body} for r, body in zip(others, taken)]
     assert [normalize_arrow_row(r) for r in mirrored] == rows
     backend.close()
     return rows
@@ -450,14 +452,3 @@ def test_the_tierfeed_reduced_to_each_keys_last_message_equals_the_oracle_with_o
                     got[(r["topic"], r["key"])] = max(r["phy_offset"], got.get((r["topic"], r["key"]), -1))
         assert got == oracle
     run.close()
-
-
-def test_the_mirrors_bodies_in_order_are_the_takes_whether_it_keeps_most_or_few():
-    """``mirror_sink._taken`` turns every body into Python and reorders the list where it keeps
-    most rows, and takes in Arrow where it keeps few (another slot's partitions, other topics)."""
-    import pyarrow as pa
-
-    bodies = pa.chunked_array([[b"a", b"bb", None], [b"", b"e" * 20000]], type=pa.binary())
-    for rows in ([4, 0, 3, 1, 2], [2, 4, 1], [3], []):
-        index = pa.array(rows, type=pa.uint64())
-        assert _taken(bodies, index) == bodies.take(index).to_pylist()

@@ -73,6 +73,19 @@ class Producer:
             if self._failed is None:
                 self._failed = (error, position)
 
+    def send_records(self, records, rows) -> tuple[int, str | None]:
+        """Queue the records ``rows`` (indexes, in order) of ``records`` (a
+        ``connectors.kafka.columns.Records``) as ``send`` queues one; returns how many were queued,
+        and, where that is fewer than asked, why the next one was refused as too large (``TooLarge``'s
+        text): the caller skips or fails it, and asks again from the one after.  This one turns
+        each row into Python objects for ``send``; the native producer reads the columns."""
+        for n, (topic, partition, key, value, headers, position, ts) in enumerate(records.python_rows(rows)):
+            try:
+                self.send(topic, partition, key, value, headers, ts, position)
+            except TooLarge as exc:
+                return n, str(exc)
+        return len(rows), None
+
     def flush(self, timeout_s: float, leave: int = 0) -> bool:
         """Wait until every queued record is taken or failed, or all but ``leave`` of them (a
         producer whose queue bounds itself may return at once then); False if ``timeout_s`` passed
@@ -89,8 +102,17 @@ class Producer:
         raise NotImplementedError
 
 
-def open_producer(settings: KafkaSettings) -> Producer:
+def open_producer(settings: KafkaSettings, *, records: bool = False) -> Producer:
+    """The producer ``kafka.producer`` names.  ``records``: the caller sends ``Records`` batches
+    (the mirror), so librdkafka is called through ctypes where the library can be loaded so
+    (``connectors.kafka.native_producer``), else through its binding, one call a record."""
     if settings.producer == "librdkafka":
+        if records:
+            from connectors.kafka.native_producer import open_native
+
+            native = open_native(settings)
+            if native is not None:
+                return native
         return RdKafkaProducer(settings)
     return KafkaPythonProducer(settings)
 
@@ -226,6 +248,22 @@ def rdkafka_options(s: KafkaSettings) -> dict:
             "logger": logging.getLogger("kafka.librdkafka"), "log.connection.close": False}
 
 
+# librdkafka's error codes (rdkafka.h; confluent_kafka.KafkaError has them by name).
+QUEUE_FULL, MSG_SIZE_TOO_LARGE, RECORD_LIST_TOO_LARGE = -184, 10, 18
+_RD_RETRIABLE = frozenset((
+    -192, -195, -187, -185,  # _MSG_TIMED_OUT, _TRANSPORT, _ALL_BROKERS_DOWN, _TIMED_OUT
+    7, 19, 6,  # REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS, NOT_LEADER_FOR_PARTITION
+    45, 59, 47,  # OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID, INVALID_PRODUCER_EPOCH
+))
+
+
+def rd_send_error(code: int, text: str, *, fatal: bool = False, retriable: bool = False) -> SendError:
+    """A librdkafka error as the sinks judge it.  A fatal one (the idempotent producer's sequence
+    lost) is cured by a new producer, so it counts as retriable."""
+    too_large = code in (MSG_SIZE_TOO_LARGE, RECORD_LIST_TOO_LARGE)
+    return SendError(text, bool(retriable or fatal or code in _RD_RETRIABLE), too_large)
+
+
 class RdKafkaProducer(Producer):
     """librdkafka's producer.  Only a record that fails is reported (``delivery.report.only.error``),
     with its topic and partition but not its position (-1): the binding gives a report no headers.
@@ -284,14 +322,7 @@ class RdKafkaProducer(Producer):
             self._fail(-1, replace(failure, text=failure.text + where))
 
     def _send_error(self, err) -> SendError:
-        ck = self._ck.KafkaError
-        too_large = err.code() in (ck.MSG_SIZE_TOO_LARGE, ck.RECORD_LIST_TOO_LARGE)
-        # A fatal error (the idempotent producer's sequence lost) is cured by a new producer.
-        retriable = err.retriable() or err.fatal() or err.code() in (
-            ck._MSG_TIMED_OUT, ck._TRANSPORT, ck._ALL_BROKERS_DOWN, ck._TIMED_OUT, ck.REQUEST_TIMED_OUT,
-            ck.NOT_ENOUGH_REPLICAS, ck.NOT_LEADER_FOR_PARTITION, ck.OUT_OF_ORDER_SEQUENCE_NUMBER,
-            ck.UNKNOWN_PRODUCER_ID, ck.INVALID_PRODUCER_EPOCH)
-        return SendError(f"{err.name()}: {err.str()}", bool(retriable), too_large)
+        return rd_send_error(err.code(), f"{err.name()}: {err.str()}", fatal=err.fatal(), retriable=err.retriable())
 
     def flush(self, timeout_s: float, leave: int = 0) -> bool:
         if not leave:

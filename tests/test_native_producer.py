@@ -1,0 +1,158 @@
+"""The native producer (librdkafka through ctypes, ``connectors.kafka.native_producer``) against a
+real Apache Kafka: the records it sends from ``Records``' Arrow buffers, read back, equal record
+for record what kafka-python sends of the same rows as Python objects (``Records.python_rows``),
+on the shapes where an address or a size could go wrong; and its reports, queue and discard
+behave as the binding's producer's do."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from connectors.kafka import native
+from connectors.kafka.columns import Records, constant, digits
+from connectors.kafka.embedded import free_port
+from connectors.kafka.native_producer import CHUNK_ROWS, NativeProducer
+from connectors.kafka.producers import KafkaPythonProducer, open_producer
+from connectors.kafka.settings import KafkaSettings
+from tests.kafka_helpers import read_topic
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no librdkafka loadable through ctypes")
+
+PARTITIONS = 3
+
+
+def make_topic(bootstrap: str, name: str, partitions: int = PARTITIONS) -> str:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.create_topics([NewTopic(name, partitions, 1)])
+    admin.close()
+    return name
+
+
+def varied_records(topics: tuple[str, ...], n: int, seed: int) -> Records:
+    """Rows of every shape a sink hands over: null, empty and long keys and values (never both
+    null, which Kafka refuses), null and empty property maps, names outside ASCII, values in
+    several chunks taken out of order (``value_rows``), a sliced key column, and
+    dictionary-encoded headers."""
+    rng = random.Random(seed)
+
+    def blob(i: int):
+        kind = i % 7
+        return (b"x" if i % 5 == 0 else None) if kind == 0 else b"" if kind == 1 else bytes(rng.randrange(256) for _ in range(rng.choice([1, 9, 300, 5000])))
+
+    keys = pa.array([None if i % 5 == 0 else "" if i % 5 == 1 else f"key-{i}-ü" for i in range(-3, n)]).slice(3)
+    values = [blob(i) for i in range(n)]
+    order = list(range(n))
+    rng.shuffle(order)
+    chunked = pa.chunked_array([pa.array(values[:n // 3], pa.binary()), pa.array([], pa.binary()),
+                                pa.array(values[n // 3:], pa.binary())])
+    stored = pa.chunked_array([chunked.take(pa.array(order))])  # the bodies as read, out of order
+    value_rows = np.argsort(order)  # row i's value is stored at value_rows[i]
+    maps = [None if i % 6 == 0 else [] if i % 6 == 1 else
+            [("KEYS", f"k{i}"), ("UNIQ_KEY", "7F00%012d" % i), ("TAGS", "" if i % 4 == 0 else "t"), ("ñame", "v")]
+            for i in range(n)]
+    return Records(
+        topics=topics, topic=np.array([i % len(topics) for i in range(n)], np.int64),
+        partition=np.array([i % PARTITIONS for i in range(n)], np.int64), key=keys, value=stored,
+        value_rows=value_rows, timestamp=np.array([1764633600000 + i for i in range(n)], np.int64),
+        position=np.arange(n, dtype=np.int64) * 100,
+        pairs=pa.array(maps, pa.map_(pa.string(), pa.string())),
+        headers=(("tierlog.phy", digits(pa.array(np.arange(n) * 100))), ("tierlog.broker", constant(b"broker-a", n)),
+                 ("tierlog.op", pa.DictionaryArray.from_arrays(pa.array(np.arange(n, dtype=np.int32) % 2),
+                                                             pa.array([b"put", b"delete"]))),
+                 ("empty", pa.array([b""] * n, pa.binary()))))
+
+
+def sent(bootstrap: str, topics, expected: int) -> list[tuple]:
+    """Every record of ``topics``, read again until there are ``expected`` (a consumer new to a
+    topic just made may not see its partitions yet, and reads nothing there)."""
+    deadline = time.monotonic() + 60
+    while True:
+        out = []
+        for topic in topics:
+            for partition, records in sorted(read_topic(bootstrap, topic).items()):
+                out += [(topic, partition, r.key, r.value, list(r.headers), r.timestamp) for r in records]
+        if len(out) >= expected or time.monotonic() > deadline:
+            return out
+        time.sleep(0.5)
+
+
+def test_records_sent_from_arrow_buffers_equal_those_sent_as_python_objects(kafka_bootstrap, kafka_prefix):
+    settings = KafkaSettings(client={"bootstrap_servers": kafka_bootstrap})
+    n = CHUNK_ROWS + 300  # two chunks of arguments
+    got = {}
+    for name, cls in (("native", NativeProducer), ("python", KafkaPythonProducer)):
+        topics = tuple(make_topic(kafka_bootstrap, f"{kafka_prefix}-{name}-{t}") for t in range(2))
+        records = varied_records(topics, n, seed=5)
+        producer = cls(settings) if cls is KafkaPythonProducer else cls(settings, native.library())
+        rows = np.flatnonzero(np.arange(n) % 11 != 3)  # rows skipped, as read-back positions do
+        done, too_large = producer.send_records(records, rows)
+        assert (done, too_large) == (len(rows), None)
+        assert producer.flush(60) and producer.failure() is None
+        producer.close(5)
+        got[name] = [(topics.index(topic), *rest) for topic, *rest in sent(kafka_bootstrap, topics, len(rows))]
+    assert len(got["native"]) == len(rows)
+    assert got["native"] == got["python"]
+    nulls = [r for r in got["native"] if r[2] is None]
+    empties = [r for r in got["native"] if r[2] == b""]
+    tombstones = [r for r in got["native"] if r[3] is None]
+    assert nulls and empties and tombstones  # each shape was sent, not left out of both
+
+
+def test_a_record_over_the_size_limit_is_counted_out_and_named(kafka_bootstrap, kafka_prefix):
+    """``send_records`` stops before a record librdkafka refuses as too large and says why; the
+    caller sends the rest from the next one (``KafkaSink.send_records``)."""
+    settings = KafkaSettings(client={"bootstrap_servers": kafka_bootstrap}, max_request_size=8192)
+    topic = make_topic(kafka_bootstrap, f"{kafka_prefix}-large", 1)
+    values = pa.array([b"a", b"b", b"x" * 20000, b"c"], pa.binary())
+    records = Records(topics=(topic,), topic=np.zeros(4, np.int64), partition=np.zeros(4, np.int64),
+                      key=pa.nulls(4, pa.binary()), value=values, timestamp=np.zeros(4, np.int64),
+                      position=np.arange(4, dtype=np.int64))
+    producer = NativeProducer(settings, native.library())
+    done, why = producer.send_records(records, np.arange(4))
+    assert done == 2 and "MSG_SIZE_TOO_LARGE" in why
+    assert producer.send_records(records, np.array([3])) == (1, None)
+    assert producer.flush(30) and producer.failure() is None
+    producer.close(5)
+    assert [r.value for r in read_topic(kafka_bootstrap, topic)[0]] == [b"a", b"b", b"c"]
+
+
+def test_with_no_broker_records_wait_until_purged_then_each_is_reported_with_where_it_went():
+    """As the binding's producer: no timeout of its own, so nothing leaves the queue; ``flush(leave=)``
+    returns at once while enough may stay; a purge fails every record, each reported (only
+    failures are) with its topic and partition; ``discard`` ignores those reports."""
+    settings = KafkaSettings(client={"bootstrap_servers": f"127.0.0.1:{free_port()}"}, delivery_timeout_s=2.0)
+    producer = NativeProducer(settings, native.library())
+    reports = []
+    producer._handle.on_report = lambda code, topic, partition: reports.append((topic, partition))
+    for position in range(40):
+        producer.send(f"t{position % 2}", position % 3, b"k", b"v", [("h", b"1")], None, position)
+    started = time.monotonic()
+    assert producer.flush(5, leave=40) and time.monotonic() - started < 1
+    assert not producer.flush(0.5, leave=39)
+    producer._handle.purge()
+    assert producer.flush(30)
+    assert sorted(reports) == sorted((f"t{p % 2}", p % 3) for p in range(40))
+    producer._handle.on_report = producer._report
+    producer.send("t0", 0, b"k", b"v", [], None, 99)
+    producer._handle.purge()
+    assert producer.flush(30)
+    error, position = producer.failure()
+    assert position == -1 and "PURGE" in error.text and "topic 't0', partition 0" in error.text
+    producer.discard()
+    producer.discard()  # twice: the second finds nothing to do
+
+
+def test_the_mirror_sink_sends_through_the_native_producer_with_librdkafka(kafka_bootstrap):
+    from connectors.kafka.mirror_sink import MirrorSink
+
+    settings = KafkaSettings(client={"bootstrap_servers": kafka_bootstrap}, producer="librdkafka")
+    sink = MirrorSink(settings)
+    assert isinstance(sink.producer, NativeProducer)
+    sink.close()
+    assert not isinstance(open_producer(settings), NativeProducer)  # one record a call: the binding's
