@@ -148,11 +148,13 @@ def test_with_no_broker_records_wait_until_purged_then_each_is_reported_with_whe
     producer.discard()  # twice: the second finds nothing to do
 
 
-def test_the_mirror_sink_sends_through_the_native_producer_with_librdkafka(kafka_bootstrap):
+def test_both_sinks_send_through_the_native_producer_with_librdkafka(kafka_bootstrap):
+    from connectors.kafka.changelog import ChangelogSink
     from connectors.kafka.mirror_sink import MirrorSink
 
     settings = KafkaSettings(client={"bootstrap_servers": kafka_bootstrap}, producer="librdkafka")
-    sink = MirrorSink(settings)
-    assert isinstance(sink.producer, NativeProducer)
-    sink.close()
+    for cls in (MirrorSink, ChangelogSink):
+        sink = cls(settings)
+        assert isinstance(sink.producer, NativeProducer)
+        sink.close()
     assert not isinstance(open_producer(settings), NativeProducer)  # one record a call: the binding's

@@ -23,10 +23,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.changes import CHANGE_ROW
-from connectors.commitlog.arrow import epoch_ms
-from connectors.kafka.records import OP, key_hashes, source_headers
+from connectors.commitlog.arrow import epoch_ms_array
+from connectors.kafka.columns import Records, constant, digits
+from connectors.kafka.records import OP, QUEUE, QUEUE_OFFSET, STORE_TS, TOPIC, key_hashes
 from connectors.kafka.settings import TopicRouter
-from connectors.kafka.sink import KafkaSink, LastRecord
+from connectors.kafka.sink import BROKER, POSITION, KafkaSink, LastRecord
 from connectors.threads import name_native
 
 
@@ -38,6 +39,7 @@ SLICE_BYTES = 64 << 20
 class ChangelogSink(KafkaSink):
     name = "changelog"
     compacted = True
+    sends_records = True
 
     def __init__(self, settings, **kwargs):
         super().__init__(settings, **kwargs)
@@ -58,9 +60,9 @@ class ChangelogSink(KafkaSink):
         order = pc.sort_indices(changes.column("phy_offset")).to_numpy()
         heads = changes.drop_columns(["body"]).take(pa.array(order))
         n = heads.num_rows
+        deleted = heads["deleted"].to_numpy(zero_copy_only=False)
         if "referenced" in heads.column_names:
-            wanted = heads["referenced"].to_numpy(zero_copy_only=False) & ~heads["deleted"].to_numpy(
-                zero_copy_only=False)
+            wanted = heads["referenced"].to_numpy(zero_copy_only=False) & ~deleted
         else:
             wanted = np.zeros(n, dtype=bool)
         if wanted.any() and read_bodies is None:
@@ -70,14 +72,19 @@ class ChangelogSink(KafkaSink):
         cuts = _cuts(pc.fill_null(sizes, 0).to_numpy(), slice_bytes)
         slices = list(zip(cuts[:-1], cuts[1:]))
         phy = heads["phy_offset"].to_numpy()
+        stored = changes.column("body")
 
-        def bodies_of(a: int, b: int) -> list:
-            bodies = _take_pylist(changes.column("body"), order[a:b])
+        def bodies_of(a: int, b: int) -> tuple[pa.ChunkedArray, np.ndarray]:
+            """Rows a..b's values and where each is in them: the bodies ``changes`` holds, where
+            they lie, then those read from the tier, then a null for the deletes' tombstones."""
             need = np.flatnonzero(wanted[a:b])
-            if len(need):
-                for i, body in zip(need.tolist(), read_bodies(phy[a:b][need]).to_pylist()):
-                    bodies[i] = body
-            return bodies
+            read = read_bodies(phy[a:b][need]) if len(need) else pa.chunked_array([], pa.binary())
+            read = [chunk.cast(stored.type) for chunk in _chunks(read)]
+            values = pa.chunked_array([*stored.chunks, *read, pa.nulls(1, stored.type)], stored.type)
+            rows = order[a:b].astype(np.int64)
+            rows[need] = len(stored) + np.arange(len(need))
+            rows[deleted[a:b]] = len(values) - 1
+            return values, rows
 
         def send() -> None:
             # The next slice's bodies are read on a thread of their own while this one is sent: a
@@ -87,14 +94,11 @@ class ChangelogSink(KafkaSink):
             with ThreadPoolExecutor(1, thread_name_prefix="changelog-read", initializer=name_native) as pool:
                 ahead = pool.submit(bodies_of, *slices[0])
                 for k, (a, b) in enumerate(slices):
-                    bodies = ahead.result()
+                    values, rows = ahead.result()
                     if k + 1 < len(slices):
                         ahead = pool.submit(bodies_of, *slices[k + 1])
-                    part = heads.slice(a, b - a)
-                    columns = [bodies if c == "body" else _as_sent(part, c) for c in CHANGE_ROW]
-                    del bodies
-                    self._send_columns(columns)
-                    del columns  # the slice's bodies go before the wait
+                    self._send(heads.slice(a, b - a), values, rows)
+                    del values  # the slice's bodies go before the wait
                     if b < n:  # this slice queued while the one before is delivered, no more
                         self.flush(leave=b - a)
 
@@ -102,39 +106,60 @@ class ChangelogSink(KafkaSink):
 
     def publish_rows(self, rows: list[tuple]) -> None:
         """``publish`` for rows already in ``CHANGE_ROW`` order, sorted by physical offset."""
-        self.deliver(lambda: self._send_columns(_columns(rows)))
+        self.publish(_table(rows))
 
-    def _send_columns(self, columns: list[list], op: str | None = None, floor: int = -1) -> None:
-        """Send the rows of ``columns`` (``CHANGE_ROW`` order, keys as bytes).  Columns, not a tuple
-        a row: a batch's rows stay alive through the whole send, and Python's collector walks
-        every tuple that does, again and again."""
-        kafka_topics = {topic: self.route(topic) for topic in dict.fromkeys(columns[0])}
-        self.learn(list(kafka_topics.values()))
-        routes = {topic: (kafka_topic, self.partitions(kafka_topic)) for topic, kafka_topic in kafka_topics.items()}
-        broker = self.settings.broker
-        hashes = key_hashes(columns[1])
-        expired_through = {} if op is None else self._expired_already(columns, routes, hashes, floor)
-        for i, (topic, key, phy, queue_id, queue_offset, ts, deleted, body, hashed) in enumerate(zip(*columns, hashes)):
-            kafka_topic, partitions = routes[topic]
-            partition = hashed % partitions  # key_partition's, hashed for all rows at once
-            headers = source_headers(phy, topic, queue_id, queue_offset, ts, broker)
-            value = None if deleted else body
-            if op is None:
-                headers.append(_DELETE if deleted else _PUT)
-                if self.send(kafka_topic, partition, key, value, headers, phy, ts):
-                    self._last.pop((kafka_topic, partition), None)
-            elif i <= expired_through.get((kafka_topic, partition), -1):
-                self.stats.skipped += 1
-            else:
-                # An expiry has no message of its own: it takes the highest position its partition
-                # has seen, or one below where the view has applied, so positions never go back.
-                position = max(floor, self.position(kafka_topic, partition))
-                headers[0] = (headers[0][0], b"%d" % position)
-                headers.append((OP, op.encode()))
-                if self.send(kafka_topic, partition, key, value, headers, position, force=True):
-                    self._last[(kafka_topic, partition)] = LastRecord(position, key, tuple(headers))
+    def _send(self, heads: pa.Table, values: pa.ChunkedArray, value_rows: np.ndarray, op: str | None = None,
+              floor: int = -1) -> None:
+        """Send the changes ``heads`` (``CHANGE_ROW`` without the body, in physical order), row i's
+        value ``values[value_rows[i]]``, as one ``Records`` (``KafkaSink.send_records``).  With ``op``
+        (an expiry round), each goes at its partition's position, forced, past the rows an
+        interrupted round sent already (``_expired_already``)."""
+        n = heads.num_rows
+        if not n:
+            return
+        source = pc.dictionary_encode(heads["topic"].combine_chunks())
+        kafka_topics = [self.route(topic) for topic in source.dictionary.to_pylist()]
+        self.learn(kafka_topics)
+        unique = list(dict.fromkeys(kafka_topics))
+        counts = np.array([self.partitions(t) for t in unique], np.int64)
+        topic = np.array([unique.index(t) for t in kafka_topics], np.int64)[
+            source.indices.to_numpy(zero_copy_only=False)]
+        keys = pc.cast(heads["key"], pa.binary())
+        partition = np.array(key_hashes(keys.to_pylist()), np.int64) % counts[topic]
+        position = heads["phy_offset"].to_numpy().astype(np.int64)
+        ts = epoch_ms_array(heads["store_ts"].combine_chunks())
+        deleted = heads["deleted"].to_numpy(zero_copy_only=False)
+        if op is None:
+            ops = pa.DictionaryArray.from_arrays(pa.array(deleted.astype(np.int32)), pa.array([b"put", b"delete"]))
+        else:
+            ops = constant(op.encode(), n)
+            places = [(unique[t], p) for t, p in zip(topic.tolist(), partition.tolist())]
+            position = np.array([max(floor, self.position(*tp)) for tp in places], np.int64)
+            through = self._expired_already(places, keys.to_pylist(), floor)
+            keep = np.array([i > through.get(tp, -1) for i, tp in enumerate(places)], bool)
+            self.stats.skipped += int((~keep).sum())
+        records = Records(
+            topics=tuple(unique), topic=topic, partition=partition, key=keys, value=values,
+            value_rows=value_rows, timestamp=ts.to_numpy(zero_copy_only=False).astype(np.int64),
+            position=position,
+            headers=((POSITION, digits(pa.array(position))), (BROKER, constant(self.settings.broker.encode(), n)),
+                     (TOPIC, pa.DictionaryArray.from_arrays(source.indices, pc.cast(source.dictionary, pa.binary()))),
+                     (QUEUE, digits(heads["queue_id"])), (QUEUE_OFFSET, digits(heads["queue_offset"])),
+                     (STORE_TS, digits(ts)), (OP, ops)))
+        if op is None:
+            sent = self.send_records(records)
+            for t, p in set(zip(topic[sent].tolist(), partition[sent].tolist())):
+                self._last.pop((unique[t], p), None)
+            return
+        sent = self.send_records(records.select(np.flatnonzero(keep)), force=True)
+        last: dict = {}
+        for i in np.flatnonzero(keep)[sent].tolist():
+            last[(unique[topic[i]], int(partition[i]))] = i
+        for tp, i in last.items():
+            _t, _p, key, _v, headers, pos, _ts = next(records.python_rows(np.array([i])))
+            self._last[tp] = LastRecord(pos, key, tuple(headers))
 
-    def _expired_already(self, columns: list[list], routes: dict, hashes: list[int], floor: int) -> dict:
+    def _expired_already(self, places: list[tuple[str, int]], keys: list[bytes], floor: int) -> dict:
         """For a round of expiries sent again (the service died, or Kafka went away, between
         sending them and the view forgetting the keys): per partition, the index of the row whose
         tombstone is the partition's last record.  The round's rows come in the view's expiry
@@ -143,48 +168,32 @@ class ChangelogSink(KafkaSink):
         round share one position per partition, the highest it had, so the position alone cannot
         tell them apart (the Kafka crash test found them sent twice)."""
         out = {}
-        for i, (topic, key, hashed) in enumerate(zip(columns[0], columns[1], hashes)):
-            kafka_topic, partitions = routes[topic]
-            tp = (kafka_topic, hashed % partitions)
+        for i, (tp, key) in enumerate(zip(places, keys)):
             last = self._last.get(tp)
             if (last is not None and last.key == key and last.position >= floor
-                    and dict(last.headers).get(OP) == _EXPIRE[1]):
+                    and dict(last.headers).get(OP) == b"expire"):
                 out[tp] = i
         return out
 
     def expire(self, changes: list, applied_through: int | None) -> None:
         """Tombstones for keys whose time to live passed (``state.kv.Change`` deletes)."""
-        rows = [(c.topic, c.key, c.phy_offset, c.queue_id, c.queue_offset, c.store_ts, True, None) for c in changes]
+        heads = _table([(c.topic, c.key, c.phy_offset, c.queue_id, c.queue_offset, c.store_ts, True, None)
+                        for c in changes]).drop_columns(["body"])
         floor = -1 if applied_through is None else applied_through - 1
-        self.deliver(lambda: self._send_columns(_columns(rows), op="expire", floor=floor))
+        nothing = pa.chunked_array([pa.nulls(1, pa.binary())])
+        self.deliver(lambda: self._send(heads, nothing, np.zeros(heads.num_rows, np.int64), op="expire",
+                                        floor=floor))
 
 
-_PUT, _DELETE, _EXPIRE = (OP, b"put"), (OP, b"delete"), (OP, b"expire")
+def _chunks(array) -> list[pa.Array]:
+    return list(array.chunks) if isinstance(array, pa.ChunkedArray) else [array]
 
 
-def _as_sent(table: pa.Table, name: str) -> list:
-    """Column ``name`` of ``table`` as ``_send_columns`` takes it: keys as bytes (as Kafka takes
-    them), store times as epoch ms."""
-    if name == "key":
-        return pc.cast(table.column("key"), pa.binary()).to_pylist()
-    if name == "store_ts":
-        return epoch_ms(table.column("store_ts"))
-    return table.column(name).to_pylist()
-
-
-def _take_pylist(column: pa.ChunkedArray, rows: np.ndarray) -> list:
-    """``column[rows]`` as Python objects, chunk by chunk.  Why not ``column.take(rows)``: Arrow
-    joins a chunked binary column into one buffer first, and a batch's bodies (as the tier reader
-    left them, in many chunks) are hundreds of MB, copied again for every slice."""
-    out: list = [None] * len(rows)
-    ends = np.cumsum([len(chunk) for chunk in column.chunks])
-    which = np.searchsorted(ends, rows, side="right")
-    for c in np.unique(which).tolist():
-        at = np.flatnonzero(which == c)
-        start = int(ends[c - 1]) if c else 0
-        for i, value in zip(at.tolist(), column.chunk(c).take(pa.array(rows[at] - start)).to_pylist()):
-            out[i] = value
-    return out
+def _table(rows: list[tuple]) -> pa.Table:
+    """``CHANGE_ROW`` tuples (keys as text, store times as epoch ms) as a table ``publish`` takes."""
+    columns = list(zip(*rows)) if rows else [[] for _ in CHANGE_ROW]
+    types = (pa.string(), pa.string(), pa.int64(), pa.int32(), pa.int64(), pa.int64(), pa.bool_(), pa.binary())
+    return pa.table([pa.array(list(c), t) for c, t in zip(columns, types)], names=list(CHANGE_ROW))
 
 
 def _cuts(sizes: np.ndarray, slice_bytes: int) -> list[int]:
@@ -198,10 +207,3 @@ def _cuts(sizes: np.ndarray, slice_bytes: int) -> list[int]:
         done = ends[cuts[-1] - 1] if cuts[-1] else 0
         cuts.append(max(cuts[-1] + 1, int(np.searchsorted(ends, done + slice_bytes, side="right"))))
     return cuts
-
-
-def _columns(rows: list[tuple]) -> list[list]:
-    """``CHANGE_ROW`` tuples (keys as text) as the columns ``_send_columns`` takes."""
-    columns = [list(column) for column in zip(*rows)] if rows else [[] for _ in CHANGE_ROW]
-    columns[1] = [key.encode() for key in columns[1]]
-    return columns
