@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 from collections import deque
 
-from bench.common import BROKERS, kafka_broker, report
+from bench.common import BROKERS, kafka_broker, paired_medians, report, warmed_rounds
 from connectors.kafka.producers import RdKafkaProducer, rdkafka_options
 from connectors.kafka.records import source_headers
 from connectors.kafka.settings import KafkaSettings
@@ -90,27 +89,18 @@ def main() -> None:
     parser.add_argument("--broker", choices=BROKERS, default="apache-kafka")
     args = parser.parse_args()
     rows = records(args.records, args.body)
-    names = list(PRODUCERS)
-    got: dict = {name: [] for name in names}
     with kafka_broker(args.broker) as (bootstrap, _pid):
         settings = KafkaSettings(client={"bootstrap_servers": bootstrap}, partitions=PARTITIONS)
-        for r in range(args.rounds + 1):
-            for name in (names if r % 2 == 0 else names[::-1]):
-                topic = f"bench-producer-{os.getpid()}-{r}-{names.index(name)}"
-                ensure_topic(settings, topic, compacted=False)
-                result = send_all(PRODUCERS[name], settings, topic, rows)
-                if r:  # the first round warms up
-                    got[name].append(result)
+
+        def run(name: str, r: int) -> dict:
+            topic = f"bench-producer-{os.getpid()}-{r}-{list(PRODUCERS).index(name)}"
+            ensure_topic(settings, topic, compacted=False)
+            return send_all(PRODUCERS[name], settings, topic, rows)
+
+        got = warmed_rounds(list(PRODUCERS), args.rounds, run)
     out = {"benchmark": "producer", "broker": args.broker, "records": args.records, "body_bytes": args.body,
            "rounds": args.rounds}
-    for name in names:
-        for measure in ("thread_us", "process_us"):
-            values = [g[measure] for g in got[name]]
-            out[f"{name}: {measure}"] = {"median": round(statistics.median(values), 2),
-                                         "rounds": [round(v, 2) for v in values]}
-    for measure in ("thread_us", "process_us"):
-        out[f"ratio_{measure}"] = round(out[f"failures only: {measure}"]["median"]
-                                        / out[f"every record: {measure}"]["median"], 3)
+    out.update(paired_medians(got, ("thread_us", "process_us"), "failures only", "every record"))
     report(out)
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 import statistics
 import sys
+import tempfile
 import time
 
 
@@ -64,6 +64,33 @@ def percentiles(seconds: list[float]) -> dict:
 def report(result: dict) -> None:
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def warmed_rounds(names: list[str], rounds: int, run) -> dict[str, list]:
+    """``run(name, r)`` for each of ``names`` in ``rounds + 1`` rounds, the order reversed every
+    other round; the first round warms up (the broker, the JIT) and is not kept.  Returns each
+    name's kept results."""
+    got: dict[str, list] = {name: [] for name in names}
+    for r in range(rounds + 1):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            result = run(name, r)
+            if r:
+                got[name].append(result)
+    return got
+
+
+def paired_medians(got: dict[str, list[dict]], measures, new: str, old: str) -> dict:
+    """Each way's median and rounds of each of ``measures`` (``got``: way -> its rounds' figures),
+    and each measure's ratio of way ``new`` to way ``old``."""
+    out = {}
+    for name, rounds in got.items():
+        for measure in measures:
+            values = [r[measure] for r in rounds]
+            out[f"{name}: {measure}"] = {"median": round(statistics.median(values), 2),
+                                         "rounds": [round(v, 2) for v in values]}
+    for measure in measures:
+        out[f"ratio_{measure}"] = round(out[f"{new}: {measure}"]["median"] / out[f"{old}: {measure}"]["median"], 3)
+    return out
 
 
 def descendants(root: int) -> list[int]:
