@@ -17,6 +17,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from connectors.kafka import native
 from connectors.kafka.columns import Records, constant, digits
 from connectors.kafka.embedded import free_port
+from connectors.kafka.errors import KafkaSinkError
 from connectors.kafka.native_producer import CHUNK_ROWS, NativeProducer
 from connectors.kafka.producers import KafkaPythonProducer, open_producer
 from connectors.kafka.settings import KafkaSettings
@@ -146,6 +147,8 @@ def test_with_no_broker_records_wait_until_purged_then_each_is_reported_with_whe
     assert position == -1 and "PURGE" in error.text and "topic 't0', partition 0" in error.text
     producer.discard()
     producer.discard()  # twice: the second finds nothing to do
+    with pytest.raises(KafkaSinkError, match="discarded"):  # not a call into a freed client
+        producer.send("t0", 0, b"k", b"v", [], None, 100)
 
 
 def test_both_sinks_send_through_the_native_producer_with_librdkafka(kafka_bootstrap):

@@ -174,10 +174,16 @@ class Handle:
         self.on_report, self.on_error = on_report, on_error
         self._topics: dict[str, int] = {}
 
+    def live(self) -> int:
+        """The ``rd_kafka_t``; raises once destroyed (a call with NULL would crash the process)."""
+        if self.rk is None:
+            raise NativeError(-1, "this librdkafka producer was discarded")
+        return self.rk
+
     def topic(self, name: str) -> int:
         rkt = self._topics.get(name)
         if rkt is None:
-            rkt = self._topics[name] = self.lib.fast.rd_kafka_topic_new(self.rk, name.encode(), None)
+            rkt = self._topics[name] = self.lib.fast.rd_kafka_topic_new(self.live(), name.encode(), None)
             if not rkt:
                 raise NativeError(-1, f"librdkafka could not open topic {name!r}")
         return rkt
@@ -194,18 +200,18 @@ class Handle:
             fast.rd_kafka_error_destroy(err)
 
     def poll(self, timeout_ms: int) -> None:
-        self.lib.slow.rd_kafka_poll(self.rk, timeout_ms)
+        self.lib.slow.rd_kafka_poll(self.live(), timeout_ms)
 
     def flush(self, timeout_ms: int) -> None:
-        self.lib.slow.rd_kafka_flush(self.rk, timeout_ms)
+        self.lib.slow.rd_kafka_flush(self.live(), timeout_ms)
 
     def queued(self) -> int:
         """Records not yet delivered or failed (``rd_kafka_outq_len``)."""
-        return self.lib.fast.rd_kafka_outq_len(self.rk)
+        return self.lib.fast.rd_kafka_outq_len(self.live())
 
     def purge(self) -> None:
         """Fail every record queued or in flight (each reported, as ``_PURGE_*``, by the next poll)."""
-        self.lib.slow.rd_kafka_purge(self.rk, PURGE_QUEUE | PURGE_INFLIGHT)
+        self.lib.slow.rd_kafka_purge(self.live(), PURGE_QUEUE | PURGE_INFLIGHT)
 
     def destroy(self) -> None:
         rk, self.rk = self.rk, None

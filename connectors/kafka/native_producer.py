@@ -74,9 +74,13 @@ class NativeProducer(Producer):
             raise TooLarge(too_large)
 
     def send_records(self, records: Records, rows: np.ndarray) -> tuple[int, str | None]:
-        columns = self._columns(records)
         handle = self._handle
-        produceva, rk = handle.lib.fast.rd_kafka_produceva, handle.rk
+        try:
+            rk = handle.live()
+        except native.NativeError as exc:
+            raise KafkaSinkError(str(exc)) from None
+        columns = self._columns(records)
+        produceva = handle.lib.fast.rd_kafka_produceva
         done = 0
         for lo in range(0, len(rows), CHUNK_ROWS):
             vus, starts, counts = columns.arguments(rows[lo: lo + CHUNK_ROWS])
