@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
+from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from connectors.kafka import native
@@ -21,7 +22,6 @@ from connectors.kafka.errors import KafkaSinkError
 from connectors.kafka.native_producer import CHUNK_ROWS, NativeProducer
 from connectors.kafka.producers import KafkaPythonProducer, open_producer
 from connectors.kafka.settings import KafkaSettings
-from tests.kafka_helpers import read_topic
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no librdkafka loadable through ctypes")
 
@@ -69,18 +69,26 @@ def varied_records(topics: tuple[str, ...], n: int, seed: int) -> Records:
                  ("empty", pa.array([b""] * n, pa.binary()))))
 
 
-def sent(bootstrap: str, topics, expected: int) -> list[tuple]:
-    """Every record of ``topics``, read again until there are ``expected`` (a consumer new to a
-    topic just made may not see its partitions yet, and reads nothing there)."""
-    deadline = time.monotonic() + 60
-    while True:
-        out = []
-        for topic in topics:
-            for partition, records in sorted(read_topic(bootstrap, topic).items()):
-                out += [(topic, partition, r.key, r.value, list(r.headers), r.timestamp) for r in records]
-        if len(out) >= expected or time.monotonic() > deadline:
-            return out
-        time.sleep(0.5)
+def sent(bootstrap: str, topics, partitions: int = PARTITIONS) -> list[tuple]:
+    """Every record of ``topics`` (of ``partitions`` each), partition by partition, to the end offsets
+    the broker lists.  The partitions are assigned by number: a consumer new to a topic just made
+    may not learn its partitions in time (a loaded CI run read nothing for a minute)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for topic in topics for p in range(partitions)]
+        consumer.assign(tps)
+        ends = consumer.end_offsets(tps)
+        consumer.seek_to_beginning(*tps)
+        got: dict = {tp: [] for tp in tps}
+        deadline = time.monotonic() + 120
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            assert time.monotonic() < deadline, "the topics were not read to their end in 120 s"
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                got[tp].extend(records)
+    finally:
+        consumer.close()
+    return [(topics.index(tp.topic), tp.partition, r.key, r.value, list(r.headers), r.timestamp)
+            for tp in tps for r in got[tp]]
 
 
 def test_records_sent_from_arrow_buffers_equal_those_sent_as_python_objects(kafka_bootstrap, kafka_prefix):
@@ -96,7 +104,7 @@ def test_records_sent_from_arrow_buffers_equal_those_sent_as_python_objects(kafk
         assert (done, too_large) == (len(rows), None)
         assert producer.flush(60) and producer.failure() is None
         producer.close(5)
-        got[name] = [(topics.index(topic), *rest) for topic, *rest in sent(kafka_bootstrap, topics, len(rows))]
+        got[name] = sent(kafka_bootstrap, topics)
     assert len(got["native"]) == len(rows)
     assert got["native"] == got["python"]
     nulls = [r for r in got["native"] if r[2] is None]
@@ -120,7 +128,7 @@ def test_a_record_over_the_size_limit_is_counted_out_and_named(kafka_bootstrap, 
     assert producer.send_records(records, np.array([3])) == (1, None)
     assert producer.flush(30) and producer.failure() is None
     producer.close(5)
-    assert [r.value for r in read_topic(kafka_bootstrap, topic)[0]] == [b"a", b"b", b"c"]
+    assert [r[3] for r in sent(kafka_bootstrap, (topic,), 1)] == [b"a", b"b", b"c"]
 
 
 def test_with_no_broker_records_wait_until_purged_then_each_is_reported_with_where_it_went():
