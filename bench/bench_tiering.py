@@ -245,6 +245,8 @@ def freshness(args) -> dict:
 def _freshness(args, root: str, bootstrap: str | None) -> dict:
     kafka = {"bootstrap": bootstrap, "partitions": 4} if bootstrap else {}
     compaction = {"enabled": False} if args.no_compaction else {}
+    if args.compaction_nice is not None:
+        compaction["nice"] = args.compaction_nice
     if args.no_hold:  # compaction and the mirror at every trigger (the defaults before issue 53)
         kafka, compaction = {**kafka, "mirror_min_batch_bytes": 0}, {**compaction, "min_batch_bytes": 0}
     if bootstrap and args.mirror_driver_bytes is not None:
@@ -349,6 +351,7 @@ def _freshness(args, root: str, bootstrap: str | None) -> dict:
         "first_tiering_batches_s": first_tiering,
         "commit_maintain_s": {"p50": statistics.median(commit_maintain), "mean": round(statistics.mean(commit_maintain), 3),
                               "max": max(commit_maintain), "first_10": commit_maintain[:10]},
+        "compaction_nice": conf.compaction.nice,
         "tables": conf.tables.enabled,  # the service's environment has no TIERLOG_* (ServiceProcess): its config says
         "target_p99_ms": 1000,
     }
@@ -541,6 +544,8 @@ def main() -> None:
                    help="the Kafka broker: tansu (--kafka's) or a real Apache Kafka (the tests' KRaft node); "
                         "implies --kafka")
     p.add_argument("--no-compaction", action="store_true", help="compaction off (with --kafka: no changelog either)")
+    p.add_argument("--compaction-nice", type=int, default=None, metavar="N",
+                   help="compaction.nice (default: the product's, 10; 0 runs compaction as every other thread)")
     p.add_argument("--body", type=int, default=1024, help="body size in bytes of the messages appended")
     p.add_argument("--keys", type=int, default=1000, help="distinct keys of the messages appended")
     p.add_argument("--generator", choices=["pre-encoded", "tierlog"], default="pre-encoded",

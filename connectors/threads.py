@@ -12,6 +12,10 @@ the ledger put them all in the tiering handler's part.  With ``TIERLOG_NAMED_THR
 set (the ledger sets it), ``name_native`` adds one line ``pid tid name`` for each thread it names;
 a thread of that name the file does not list is one started natively.  Unset (the default), it
 writes nothing.
+
+``lower_priority`` gives a thread a higher niceness (``compaction.nice``: the compaction query's
+threads run behind the tier's, the mirror's and the broker's when the cores are full); a thread it
+starts afterwards inherits it, so ``start_arrow_pool`` starts Arrow's shared pool beforehand.
 """
 
 from __future__ import annotations
@@ -46,6 +50,43 @@ def name_native(name: str | None = None) -> None:
             _listed.add(line)
             with open(path, "a") as fh:
                 fh.write(line)
+
+
+def lower_priority(nice: int, tid: int | None = None) -> bool:
+    """Give thread ``tid`` (default: the calling one) niceness ``nice`` if its own is lower.
+
+    The scheduler then runs it behind threads of niceness 0 while the cores are full, and as
+    before while they are not.  A niceness is never lowered (that takes a privilege), and a thread
+    the thread starts afterwards inherits it (Linux's niceness is a thread's).  False where the OS
+    has no per-thread niceness, or the thread has ended."""
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return False
+    tid = threading.get_native_id() if tid is None else tid
+    try:
+        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        return True
+    except OSError:  # the thread ended between a listing and here
+        return False
+
+
+def start_arrow_pool() -> None:
+    """Start every thread of Arrow's CPU pool now, at the calling thread's niceness.
+
+    Why: the pool starts its threads when a task first needs one, from whichever thread asked, and
+    they inherit that thread's niceness.  Started from a compaction thread (``lower_priority``),
+    every Parquet read and compute call of the process, the mirror's and the tier's too, would run
+    behind the rest.  A read of two columns a thread, in several row groups, starts them all."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    width = 2 * pa.cpu_count()
+    table = pa.table({f"c{i}": pa.array(range(4096)) for i in range(width)})
+    out = io.BytesIO()
+    pq.write_table(table, out, row_group_size=1024)
+    pq.read_table(pa.BufferReader(out.getvalue()), use_threads=True)
 
 
 def named_threads(path: str) -> set[tuple[int, int]]:

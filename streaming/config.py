@@ -213,6 +213,11 @@ class CompactionConfig:
         0, "At most this many commitlog bytes a compaction micro-batch takes while it is behind (at least one "
         "tier batch). Over many keys a larger batch holds more repeats of each, so the KV view and the changelog "
         "write fewer changes. 0: four times source.max_bytes_per_trigger (1 GiB by default).", size=True)
+    nice: int = setting(
+        10, "The niceness (0-19) of compaction's threads: the KV view's, and on a local master Spark's task "
+        "threads. On a full machine they run behind the tier, the mirror and the broker, and the KV view and "
+        "the changelog trail instead; with idle cores it changes nothing. 0: as every other thread.",
+        check=lambda v: None if v <= 19 else f"{v} is not a niceness: use 0 to 19")
 
 
 @dataclass(frozen=True)
@@ -446,6 +451,9 @@ def _coerce(f: dataclasses.Field, value: Any, name: str, origin: str) -> Any:
             raise ConfigError(f"{where}: expected a whole number{hint}, got {value!r}")
         if out < 0:
             raise ConfigError(f"{where}: must not be negative, got {out}")
+        problem = f.metadata["check"](out) if f.metadata.get("check") else None
+        if problem:
+            raise ConfigError(f"{where}: {problem}")
         return out
     if kind is float:
         try:

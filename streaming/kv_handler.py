@@ -23,7 +23,7 @@ from typing import Callable
 from connectors.faults import crash_point
 from state.kv import KVView
 from state.kv_writer import CompactionReport, CompactionSettings, KVWriter
-from connectors.threads import name_native
+from connectors.threads import lower_priority, name_native
 from streaming.checkpoints import Batch
 from streaming.latest_per_key import REDUCED_COLUMNS, max_per_key
 
@@ -63,16 +63,21 @@ class CompactionHandler:
     def __init__(self, settings: CompactionSettings, kv: KVView, metadata=None,
                  on_batch: Callable[[CompactionReport], None] | None = None,
                  changelog=None, messages=None, on_applied: Callable[[int], None] | None = None,
-                 start_at: int | None = None):
+                 start_at: int | None = None, nice: int = 0):
         self.writer = KVWriter(settings, kv, metadata, changelog, messages)
         self.on_batch = on_batch
         self.on_applied = on_applied  # called with a batch's start once it is applied: Spark will not run below it
         self.start_at = start_at  # where a batch starts whose start the offset log lacks (a new checkpoint's first)
         self.applied_end: int | None = None  # where the last batch this process applied ends
         self.lock = threading.RLock()  # held while a batch is handed over; a graceful stop waits on it
-        self._apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-apply", initializer=name_native)
-        self._resolve_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-resolve",
-                                                  initializer=name_native)
+        # ``nice``: both threads, and what they start (the changelog's reads and librdkafka's threads),
+        # run behind the tier and the mirror when the cores are full (``streaming.priority``).
+        def started() -> None:
+            name_native()
+            lower_priority(nice)
+
+        self._apply_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-apply", initializer=started)
+        self._resolve_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-resolve", initializer=started)
         self._pending: list[Future] = []  # the batches on the apply thread, oldest first
         self._failed: BaseException | None = None  # what an apply raised: no later batch is applied
 

@@ -140,7 +140,8 @@ class Service:
                                 movable=("commitlog.dir",) if moved_from else ())
             ctx = RunContext(conf=conf, settings=settings, metadata=metadata, kv=kv, metrics=self.metrics,
                              should_stop=self.stopping.is_set,
-                             source_options=settings.source, kafka=settings.kafka, until_caught_up=until_caught_up)
+                             source_options=settings.source, kafka=settings.kafka, until_caught_up=until_caught_up,
+                             compaction_nice=conf.compaction.nice if own_jvm else 0)
             self._ctx = ctx
             for kind in kinds:
                 query = self.queries[kind.name] = kind(ctx)

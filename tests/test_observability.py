@@ -50,6 +50,33 @@ def wait_for(condition, timeout_s: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def thread_niceness(pid: int) -> dict[str, set[int]]:
+    """Each thread name of process ``pid`` (``/proc``'s comm) with the niceness its threads have."""
+    out: dict[str, set[int]] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+                out.setdefault(fh.read().strip(), set()).add(os.getpriority(os.PRIO_PROCESS, int(tid)))
+        except OSError:
+            continue  # ended meanwhile
+    return out
+
+
+def spark_jvm(parent: int) -> int:
+    """The pid of the Spark JVM that process ``parent`` started."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and b"SparkSubmit" in cmdline:
+            return int(pid)
+    raise AssertionError(f"process {parent} has no Spark JVM")
+
+
 def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafka_prefix):
     port = free_port()
     config = write_config(tmp_path, source={"max_bytes_per_trigger": 60000}, tier={"segment_messages": 200},
@@ -84,6 +111,15 @@ def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafk
             return scrape(port)
 
         s = wait_for(caught_up, 240, "the service to tier, mirror and apply every message")
+        # compaction.nice at its default: the KV view's threads and the JVM's task threads run at
+        # niceness 10, the tier's, the mirror's, the main thread and Arrow's pool (named after it)
+        # at 0, as Spark's stream threads (streaming/priority.py).
+        driver, jvm = thread_niceness(proc.pid), thread_niceness(spark_jvm(proc.pid))
+        main = open(f"/proc/{proc.pid}/comm").read().strip()
+        assert driver["kv-apply_0"] == driver["kv-resolve_0"] == {10}, driver
+        assert driver[main] == driver["tiering"] == driver["mirror"] == {0}, driver
+        assert {n for name, ns in jvm.items() if name.startswith("Executor task") for n in ns} == {10}, jvm
+        assert {n for name, ns in jvm.items() if name.startswith("stream executio") for n in ns} == {0}, jvm
         status = [json.loads(line) for line in tierlog("status", "--format", "json", "--config", str(config)).stdout.splitlines()]
         store = MetadataStore(metadata_path(conf), read_only=True)
         try:

@@ -65,6 +65,9 @@ class RunContext:
     source_options: dict  # the commitlog source's options
     kafka: object | None  # connectors.kafka.settings.KafkaSettings, None when Kafka is off
     until_caught_up: bool = False  # `tierlog run --until-caught-up`: no query holds a batch back
+    # compaction.nice where this run started the process's JVM; 0 in a caller's session, whose
+    # process is the caller's to prioritise (streaming.priority)
+    compaction_nice: int = 0
 
 
 class Query:

@@ -10,12 +10,14 @@ import logging
 
 from connectors.kafka.changelog import ChangelogSink
 from connectors.sinks import CHANGELOG, KV
+from connectors.threads import start_arrow_pool
 from connectors.tier.backend import open_backend
 from connectors.tier.feed import FeedMessages
 from streaming import config as cfg
 from streaming.checkpoints import SHUFFLE_PARTITIONS, STATE_PROVIDER, Batch
 from streaming.hold import hold_options
 from streaming.kv_handler import CompactionReport, CompactionHandler, compaction_stream
+from streaming.priority import JvmThreads
 from streaming.queries.base import Query, RunContext, open_feed
 from streaming.settings import compaction_settings
 
@@ -82,13 +84,18 @@ class CompactionQuery(Query):
                                  metadata.feed.batches, conf.broker.name)
         self.handler = CompactionHandler(compaction_settings(ctx.settings), ctx.kv, metadata, on_batch=self.report,
                                          changelog=changelog, messages=self.feed,
-                                         on_applied=lambda start: metadata.feed.release(self.name, start))
+                                         on_applied=lambda start: metadata.feed.release(self.name, start),
+                                         nice=ctx.compaction_nice)
+        if ctx.compaction_nice:
+            start_arrow_pool()  # before the KV threads could start it at their niceness
+        self.jvm_threads = JvmThreads(None, 0)  # the JVM's, once the stream is made
         self.start_at = 0
         self.lock = self.handler.lock
         self._kafka_counts = {"sent": 0, "retries": 0}  # the changelog's, as last counted
 
     def stream(self, spark):
         conf, copies = self.ctx.conf, self.ctx.settings.copies
+        self.jvm_threads = JvmThreads.of(spark, self.ctx.compaction_nice)
         hold = hold_options(conf.compaction.min_batch_bytes, conf.compaction.max_batch_delay_s,
                             self.ctx.until_caught_up)
         return compaction_stream(spark, {"metadata": self.ctx.metadata.path, "startingOffset": self.start_at,
@@ -127,6 +134,7 @@ class CompactionQuery(Query):
 
     def process(self, batch: Batch) -> None:
         self.handler.process(batch)
+        self.jvm_threads.lower()  # the task threads this batch's Spark job started
 
     def tick(self) -> None:
         self.handler.sweep()  # a quiet stream runs no batches, but keys still expire
