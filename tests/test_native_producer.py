@@ -69,22 +69,32 @@ def varied_records(topics: tuple[str, ...], n: int, seed: int) -> Records:
                  ("empty", pa.array([b""] * n, pa.binary()))))
 
 
-def sent(bootstrap: str, topics, partitions: int = PARTITIONS) -> list[tuple]:
-    """Every record of ``topics`` (of ``partitions`` each), partition by partition, to the end offsets
-    the broker lists.  The partitions are assigned by number: a consumer new to a topic just made
-    may not learn its partitions in time (a loaded CI run read nothing for a minute)."""
+def sent(bootstrap: str, topics, expected: int, partitions: int = PARTITIONS) -> list[tuple]:
+    """Every record of ``topics`` (of ``partitions`` each), partition by partition: at least the
+    ``expected`` records sent, then on to the end offsets the broker lists, so none sent twice is
+    missed.  The partitions are assigned by number, and the end offsets asked only once records
+    arrive: a consumer new to a topic just made may not learn its partitions in time (a loaded CI
+    run read nothing for a minute), and its first end offsets may be none (another listed 0)."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     try:
         tps = [TopicPartition(topic, p) for topic in topics for p in range(partitions)]
         consumer.assign(tps)
-        ends = consumer.end_offsets(tps)
         consumer.seek_to_beginning(*tps)
         got: dict = {tp: [] for tp in tps}
         deadline = time.monotonic() + 120
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
-            assert time.monotonic() < deadline, "the topics were not read to their end in 120 s"
+
+        def poll() -> None:
             for tp, records in consumer.poll(timeout_ms=500).items():
                 got[tp].extend(records)
+
+        while sum(map(len, got.values())) < expected:
+            assert time.monotonic() < deadline, (
+                f"read {sum(map(len, got.values()))} of the {expected} records sent in 120 s")
+            poll()
+        ends = consumer.end_offsets(tps)
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            assert time.monotonic() < deadline, "the topics were not read to their end in 120 s"
+            poll()
     finally:
         consumer.close()
     return [(topics.index(tp.topic), tp.partition, r.key, r.value, list(r.headers), r.timestamp)
@@ -104,7 +114,7 @@ def test_records_sent_from_arrow_buffers_equal_those_sent_as_python_objects(kafk
         assert (done, too_large) == (len(rows), None)
         assert producer.flush(60) and producer.failure() is None
         producer.close(5)
-        got[name] = sent(kafka_bootstrap, topics)
+        got[name] = sent(kafka_bootstrap, topics, len(rows))
     assert len(got["native"]) == len(rows)
     assert got["native"] == got["python"]
     nulls = [r for r in got["native"] if r[2] is None]
@@ -128,7 +138,7 @@ def test_a_record_over_the_size_limit_is_counted_out_and_named(kafka_bootstrap, 
     assert producer.send_records(records, np.array([3])) == (1, None)
     assert producer.flush(30) and producer.failure() is None
     producer.close(5)
-    assert [r[3] for r in sent(kafka_bootstrap, (topic,), 1)] == [b"a", b"b", b"c"]
+    assert [r[3] for r in sent(kafka_bootstrap, (topic,), 3, partitions=1)] == [b"a", b"b", b"c"]
 
 
 def test_with_no_broker_records_wait_until_purged_then_each_is_reported_with_where_it_went():
