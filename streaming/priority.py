@@ -8,7 +8,8 @@ retention and Kafka's readers wait for.  At 100 MB/s of 16 KiB on 2 cores with A
 the service, compaction's threads at niceness 10 took the p99 append -> tier from 9.2-11.4 s to
 6.2-6.6 s and append -> consumed from the mirror topic from 16.9-17.3 s to 11.8-13.9 s, while the KV
 view's went from 30-32 s to 33-39 s; at 50,000 msgs/s of 1 KiB the tier's from 9.0 to 6.3 s
-(docs/benchmarks.md, "Compaction behind the tier and the mirror").  While the cores are not full, niceness changes nothing.
+(docs/benchmarks.md, "Compaction behind the tier and the mirror").  While the cores are not full,
+niceness changes nothing.
 
 What runs at ``compaction.nice``:
 
