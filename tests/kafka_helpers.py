@@ -7,7 +7,8 @@ import time
 import zlib
 from collections.abc import Iterator
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
 
 from connectors.kafka.records import key_partition
 from connectors.kafka.sink import position_of
@@ -34,18 +35,43 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> dict[int,
     return out
 
 
+def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[int]:
+    """The partition numbers of ``topic``, or [] when the broker says it does not exist or cannot.
+
+    A broker's own answer for the one topic, not a consumer's metadata cache: a consumer new to a
+    topic just made can fail its first refresh ('Metadata refresh: failed Cancelled') and report no
+    partitions, which a read would take for an empty topic, so read nothing of records that are there.
+    """
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                (described,) = admin.describe_topics([topic])
+                code = described["error_code"]
+            except KafkaError as e:
+                code = e
+            if code == 0:
+                return sorted(p["partition_index"] for p in described["partitions"])
+            if code in (3, 17):  # UNKNOWN_TOPIC_OR_PARTITION; INVALID_TOPIC_EXCEPTION, a name no topic can have
+                return []
+            assert time.monotonic() < deadline, f"could not describe {topic} in {timeout_s} s: {code!r}"
+            time.sleep(0.2)
+    finally:
+        admin.close()
+
+
 def iter_topic(bootstrap: str, topic: str, timeout_s: float = 60.0, on_partition=None) -> Iterator[tuple[int, object]]:
     """``(partition, record)`` for every record of ``topic``, each partition in offset order, without
     holding them (the soak reads millions); ``on_partition(p)`` is called for each partition first."""
+    tps = [TopicPartition(topic, p) for p in topic_partitions(bootstrap, topic)]
+    for tp in tps:
+        if on_partition is not None:
+            on_partition(tp.partition)
+    if not tps:
+        return
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, allow_auto_create_topics=False)
     try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        for tp in tps:
-            if on_partition is not None:
-                on_partition(tp.partition)
-        if not tps:
-            return
         consumer.assign(tps)
         for tp in tps:
             consumer.seek_to_beginning(tp)

@@ -175,6 +175,39 @@ def test_a_missing_topic_is_waited_for_and_reported(conf):
     assert mirror_contents(conf, ["t0"]) == mirror_oracle(conf)
 
 
+def test_a_topic_that_exists_is_found_when_a_client_fails_to_learn_it(conf, monkeypatch):
+    """With kafka.auto_create_topics off, a topic that exists must never be reported missing. Faults
+    injected: every consumer's metadata cache comes back empty (a new client's first refresh can be
+    cancelled; the topic was then taken for absent), and the first ask of the broker is cut off."""
+    import dataclasses
+
+    from kafka import KafkaConsumer
+    from kafka import errors as kerr
+
+    from connectors.kafka.sink import ensure_topic
+
+    topic = conf.kafka.mirror_topic.replace("{topic}", "exists")
+    admin = KafkaAdminClient(bootstrap_servers=conf.kafka.bootstrap)
+    admin.create_topics([NewTopic(topic, 3, 1)])
+    admin.close()
+    monkeypatch.setattr(KafkaConsumer, "partitions_for_topic", lambda self, t: set())
+    asked = []
+    describe = KafkaAdminClient.describe_topics
+
+    def cut_off_once(self, topics=None):
+        asked.append(topics)
+        if len(asked) == 1:
+            raise kerr.KafkaConnectionError("injected: the connection was cut")
+        return describe(self, topics)
+
+    monkeypatch.setattr(KafkaAdminClient, "describe_topics", cut_off_once)
+    settings = kafka_settings(dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, auto_create_topics=False)))
+    assert ensure_topic(settings, topic, compacted=False) == 3
+    assert len(asked) == 2
+    with pytest.raises(Exception, match="does not exist and kafka.auto_create_topics is off"):
+        ensure_topic(settings, topic + "-absent", compacted=False)
+
+
 def test_an_unreachable_broker_is_reported_and_a_stop_is_not_held_up(conf):
     import dataclasses
 

@@ -421,6 +421,9 @@ def backoff(attempt: int, error: BaseException, health: Health, should_stop: Cal
     return attempt + 1
 
 
+UNKNOWN_TOPIC = kerr.UnknownTopicOrPartitionError.errno
+
+
 def _wrap(exc: BaseException, what: str) -> KafkaSinkError:
     """A kafka-python error of the consumer and admin clients (read-back, topics) as ours."""
     return (KafkaUnavailable if retriable(exc) else KafkaSinkError)(f"{what}: {describe(exc)}")
@@ -434,12 +437,36 @@ def _consumer(settings: KafkaSettings, **extra) -> KafkaConsumer:
         raise KafkaUnavailable(f"no Kafka broker reachable at kafka.bootstrap = {settings.bootstrap!r}") from None
 
 
-def _partitions_for(settings: KafkaSettings, topic: str) -> set | None:
-    consumer = _consumer(settings)  # a new client each time: no stale metadata
-    try:
-        return consumer.partitions_for_topic(topic)
-    finally:
-        consumer.close()
+def _partitions_for(settings: KafkaSettings, topic: str, wait_s: float = 30.0) -> set | None:
+    """The partitions of ``topic`` by the broker's own answer for it; None when it does not exist.
+
+    Asked of a new admin client each time, not read from a consumer's metadata cache: a client's
+    first refresh can fail ('Metadata refresh: failed Cancelled') and leave a topic that exists
+    looking absent, which with ``kafka.auto_create_topics`` off reports it missing and waits for nothing.
+    Retriable answers are asked again for up to ``wait_s``.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            admin = KafkaAdminClient(**settings.client)
+        except kerr.KafkaTimeoutError:
+            raise KafkaUnavailable(f"no Kafka broker reachable at kafka.bootstrap = {settings.bootstrap!r}") from None
+        code = None
+        try:
+            (described,) = admin.describe_topics([topic])
+            code = described["error_code"]
+            error = None if code in (0, UNKNOWN_TOPIC) else kerr.for_code(code)()
+        except kerr.KafkaError as e:
+            error = e
+        finally:
+            admin.close()
+        if code == UNKNOWN_TOPIC:
+            return None
+        if error is None:
+            return {p["partition_index"] for p in described["partitions"]} or None
+        if not retriable(error) or time.monotonic() > deadline:
+            raise _wrap(error, f"describing Kafka topic {topic!r} at kafka.bootstrap = {settings.bootstrap!r}")
+        time.sleep(0.2)
 
 
 def ensure_topic(settings: KafkaSettings, topic: str, *, compacted: bool, wait_s: float = 30.0) -> int:
