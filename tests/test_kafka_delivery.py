@@ -201,7 +201,8 @@ def test_a_topic_that_exists_is_found_when_a_client_fails_to_learn_it(conf, monk
         return describe(self, topics)
 
     monkeypatch.setattr(KafkaAdminClient, "describe_topics", cut_off_once)
-    settings = kafka_settings(dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, auto_create_topics=False)))
+    off = dataclasses.replace(conf.kafka, auto_create_topics=False)
+    settings = kafka_settings(dataclasses.replace(conf, kafka=off))
     assert ensure_topic(settings, topic, compacted=False) == 3
     assert len(asked) == 2
     with pytest.raises(Exception, match="does not exist and kafka.auto_create_topics is off"):
