@@ -60,7 +60,7 @@ from bench.bench_quiet import service_under_load, variant_conf
 from bench.bench_sustained import sink_lags
 from bench.bench_tiering import batch_lines
 from connectors.task_cpu import TASK_CPU
-from connectors.threads import NAMED_THREADS, named_threads
+from connectors.threads import ARROW_POOL, NAMED_THREADS, named_threads
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -95,6 +95,8 @@ DRIVER_PARTS = (
     ("tier-maintain", "driver: tier maintenance (seals, folds, retention, tables)"),
     ("mirror", "driver: the mirror's handler"),
     ("tier-meta", "driver: tier metadata I/O pool"), ("tier-read", "driver: tier metadata I/O pool"),
+    (ARROW_POOL, "driver: Arrow's thread pools and other native threads (Parquet reads and writes, compute: "
+                 "shared by every driver thread, named after the one that started them)"),
 )
 
 
@@ -102,8 +104,7 @@ _NAMED_PARTS = {part for _prefix, part in DRIVER_PARTS}
 
 # A driver thread with the name of a part above that ``name_native`` did not name: one that thread
 # started natively (``connectors.threads``), Arrow's pools for the most part.
-DRIVER_NATIVE = ("driver: Arrow's thread pools and other native threads (Parquet reads and writes, compute: "
-                 "shared by every driver thread, named after the one that started them)")
+DRIVER_NATIVE = DRIVER_PARTS[-1][1]  # connectors.threads.start_arrow_pool names its starter ARROW_POOL
 
 
 def _part(role: str, comm: str) -> str:

@@ -69,6 +69,7 @@ NUMBERED = {
     "compaction-min-mib-": ("compaction", "min_batch_bytes", 1 << 20),
     "max-batch-mib-": ("source", "max_bytes_per_trigger", 1 << 20),
     "compaction-max-mib-": ("compaction", "max_batch_bytes", 1 << 20),
+    "compaction-nice-": ("compaction", "nice", 1),
 }
 
 

@@ -70,13 +70,19 @@ def lower_priority(nice: int, tid: int | None = None) -> bool:
         return False
 
 
+ARROW_POOL = "arrow-pool"
+
+
 def start_arrow_pool() -> None:
-    """Start every thread of Arrow's CPU pool now, at the calling thread's niceness.
+    """Start every thread of Arrow's CPU pool now, at the calling thread's niceness, from a thread
+    named ``ARROW_POOL``.
 
     Why: the pool starts its threads when a task first needs one, from whichever thread asked, and
     they inherit that thread's niceness.  Started from a compaction thread (``lower_priority``),
     every Parquet read and compute call of the process, the mirror's and the tier's too, would run
-    behind the rest.  A read of two columns a thread, in several row groups, starts them all."""
+    behind the rest.  A read of two columns a thread, in several row groups, starts them all.  They
+    inherit the starter's name too: started from the main thread they carried the process's name,
+    and the cost ledger counted them as the driver's other Python threads, not as Arrow's pools."""
     import io
 
     import pyarrow as pa
@@ -86,7 +92,20 @@ def start_arrow_pool() -> None:
     table = pa.table({f"c{i}": pa.array(range(4096)) for i in range(width)})
     out = io.BytesIO()
     pq.write_table(table, out, row_group_size=1024)
-    pq.read_table(pa.BufferReader(out.getvalue()), use_threads=True)
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        name_native(ARROW_POOL)
+        try:
+            pq.read_table(pa.BufferReader(out.getvalue()), use_threads=True)
+        except BaseException as e:  # raised on the caller's thread below
+            errors.append(e)
+
+    starter = threading.Thread(target=read, name=ARROW_POOL, daemon=True)
+    starter.start()
+    starter.join()
+    if errors:
+        raise errors[0]
 
 
 def named_threads(path: str) -> set[tuple[int, int]]:

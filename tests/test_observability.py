@@ -112,12 +112,12 @@ def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafk
 
         s = wait_for(caught_up, 240, "the service to tier, mirror and apply every message")
         # compaction.nice at its default: the KV view's threads and the JVM's task threads run at
-        # niceness 10, the tier's, the mirror's, the main thread and Arrow's pool (named after it)
-        # at 0, as Spark's stream threads (streaming/priority.py).
+        # niceness 10, the tier's, the mirror's, the main thread and Arrow's pool (started from a
+        # thread named arrow-pool: connectors/threads.py) at 0, as Spark's stream threads.
         driver, jvm = thread_niceness(proc.pid), thread_niceness(spark_jvm(proc.pid))
         main = open(f"/proc/{proc.pid}/comm").read().strip()
         assert driver["kv-apply_0"] == driver["kv-resolve_0"] == {10}, driver
-        assert driver[main] == driver["tiering"] == driver["mirror"] == {0}, driver
+        assert driver[main] == driver["tiering"] == driver["mirror"] == driver["arrow-pool"] == {0}, driver
         assert {n for name, ns in jvm.items() if name.startswith("Executor task") for n in ns} == {10}, jvm
         assert {n for name, ns in jvm.items() if name.startswith("stream executio") for n in ns} == {0}, jvm
         status = [json.loads(line) for line in tierlog("status", "--format", "json", "--config", str(config)).stdout.splitlines()]

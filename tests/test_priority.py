@@ -79,13 +79,15 @@ def test_arrow_pool_started_before_stays_at_niceness_0_when_a_niced_thread_reads
         t.start()
         t.join()
         print(json.dumps({"started": len(pool), "cpus": pa.cpu_count(), "new": new,
-                          "nices": sorted(os.getpriority(os.PRIO_PROCESS, tid) for tid in pool)}))
+                          "nices": sorted(os.getpriority(os.PRIO_PROCESS, tid) for tid in pool),
+                          "names": sorted({open(f"/proc/self/task/{tid}/comm").read().strip() for tid in pool})}))
     """)
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert got["started"] >= got["cpus"]  # the pool's threads, all of them
     assert set(got["nices"]) == {0}
+    assert got["names"] == ["arrow-pool"]  # the ledger counts them as Arrow's pools by that name
     assert got["new"] == []  # the niced read started none at its niceness
 
 
