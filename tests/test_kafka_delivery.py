@@ -184,6 +184,7 @@ def test_a_topic_that_exists_is_found_when_a_client_fails_to_learn_it(conf, monk
     from kafka import KafkaConsumer
     from kafka import errors as kerr
 
+    from connectors.kafka.errors import KafkaUnavailable
     from connectors.kafka.sink import ensure_topic
 
     topic = conf.kafka.mirror_topic.replace("{topic}", "exists")
@@ -205,7 +206,7 @@ def test_a_topic_that_exists_is_found_when_a_client_fails_to_learn_it(conf, monk
     settings = kafka_settings(dataclasses.replace(conf, kafka=off))
     assert ensure_topic(settings, topic, compacted=False) == 3
     assert len(asked) == 2
-    with pytest.raises(Exception, match="does not exist and kafka.auto_create_topics is off"):
+    with pytest.raises(KafkaUnavailable, match="does not exist and kafka.auto_create_topics is off"):
         ensure_topic(settings, topic + "-absent", compacted=False)
 
 
