@@ -87,8 +87,8 @@ def poll_partitions(bootstrap: str, tps: list[TopicPartition], more: Callable[[K
                     consumer.seek_to_beginning(tp)
             last = time.monotonic()
             while more(consumer):
-                named = what() if callable(what) else what
-                assert time.monotonic() < deadline, f"could not read {named} in {timeout_s} s"
+                assert time.monotonic() < deadline, (  # the message, with what() in it, only on failure
+                    f"could not read {what() if callable(what) else what} in {timeout_s} s")
                 if time.monotonic() - last > STALL_S:
                     break  # a new consumer
                 for tp, records in consumer.poll(timeout_ms=300).items():
