@@ -67,7 +67,7 @@ def _tier(root: str, brokers: list[str]) -> str:
     """A posix tier with ``brokers``, each with topics t0-t2 and one of its own (``own-<broker>``), 4
     queues x 2,000 messages each, committed as staging objects through the tier's commit log."""
     from connectors.tier import layout
-    from connectors.tier.backend import open_backend
+    from connectors.tier.location import open_backend
     from connectors.tier.log import TierLog
     from connectors.tier.manifest import StagingObject
 
@@ -125,7 +125,7 @@ def bench_reader(root: str, rounds: int) -> dict:
 
 
 def bench_fingerprint(root: str, rounds: int) -> dict:
-    from connectors.tier.backend import open_backend
+    from connectors.tier.location import open_backend
     from connectors.tier.log import TierLog
 
     directory = os.path.join(root, "commitlog")

@@ -43,10 +43,10 @@ from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.format import Message
 from connectors.commitlog.writer import CommitLogWriter
 from state.kv import KVView
-from streaming.latest_per_key import SOURCE_COLUMNS, latest_per_key
-from streaming.checkpoints import foreach_batch
+from streaming.queries.compaction.latest_per_key import SOURCE_COLUMNS, latest_per_key
+from streaming.runtime.checkpoints import foreach_batch
 from state.kv_writer import CompactionSettings
-from streaming.kv_handler import CompactionHandler
+from streaming.queries.compaction.handler import CompactionHandler
 
 
 def produce(directory: str, keys: int, updates: int, body: int) -> int:
@@ -196,8 +196,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of read, state and full, order alternating")
     args = parser.parse_args()
 
-    from streaming.checkpoints import LOCAL_FILE_MANAGER  # as the service's session (plan.session_conf)
-    from streaming.session import build_session
+    from streaming.runtime.checkpoints import LOCAL_FILE_MANAGER  # as the service's session (plan.session_conf)
+    from streaming.runtime.session import build_session
 
     root = tempfile.mkdtemp(prefix="tierlog-bench-compaction-")
     try:

@@ -70,7 +70,8 @@ from connectors.commitlog.format import Message
 from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.writer import CommitLogWriter
 from connectors.kafka.mirror_sink import MIRROR_COLUMNS, MirrorSink
-from connectors.kafka.producers import kafka_python_options, rdkafka_options
+from connectors.kafka.kafka_python import kafka_python_options
+from connectors.kafka.rdkafka import rdkafka_options
 from connectors.kafka.settings import KafkaSettings
 
 TOPICS, QUEUES, PARTITIONS = 2, 8, 8
@@ -198,11 +199,11 @@ def run_query(spark, directory: str, s: KafkaSettings, workdir: str, tier_batch_
               driver_bytes: int | None = None, skip_pid: int | None = None) -> dict:
     """The mirror as the service runs it: steps on the driver (``MirrorQuery.step``'s range, with no
     hold: a drain), each sending the tier's committed batches past the last, on the driver up to
-    ``driver_bytes`` (the default: the product's) or from Spark's tasks (``streaming.mirror_handler``).
+    ``driver_bytes`` (the default: the product's) or from Spark's tasks (``streaming.queries.mirror.handler``).
     ``cpu_s``: the process tree's CPU past the first batch, the broker's left out."""
     from streaming import config as cfg
-    from streaming.mirror_handler import MirrorHandler
-    from streaming.queries.mirror import FeedRange, step_end
+    from streaming.queries.mirror.handler import MirrorHandler
+    from streaming.queries.mirror.query import FeedRange, step_end
     from state.metadata import MetadataStore
 
     location, metadata, start = tier_for_mirror(directory, workdir, tier_batch_bytes)
@@ -254,7 +255,7 @@ def run_spark_kafka(spark, directory: str, s: KafkaSettings, workdir: str) -> di
 
     from connectors.kafka.records import QUEUE, QUEUE_OFFSET, STORE_TS, TOPIC, queue_partitions
     from connectors.kafka.sink import BROKER, POSITION, ensure_topic
-    from streaming.latest_per_key import dispatched
+    from streaming.queries.compaction.latest_per_key import dispatched
 
     routes = {f"t{i}": s.mirror_topic.replace("{topic}", f"t{i}") for i in range(TOPICS)}
     topics = list(routes.values())
@@ -345,8 +346,8 @@ def main() -> None:
 
             broker = EmbeddedBroker(log_path=os.path.join(workdir, "tansu.log")).start()
             bootstrap = broker.bootstrap
-        from streaming.checkpoints import LOCAL_FILE_MANAGER  # as the service's session (plan.session_conf)
-        from streaming.session import build_session
+        from streaming.runtime.checkpoints import LOCAL_FILE_MANAGER  # as the service's session (plan.session_conf)
+        from streaming.runtime.session import build_session
 
         conf = {"spark.sql.shuffle.partitions": "2", **LOCAL_FILE_MANAGER}
         if args.spark_kafka:

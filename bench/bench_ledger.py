@@ -163,7 +163,7 @@ def _role(pid: int, root: int) -> str:
         return "other"
     if "java" in cmd.split(" ", 1)[0]:
         return "jvm"
-    if "streaming.mirror_process" in cmd:
+    if "streaming.queries.mirror.sender_process" in cmd:
         return "mirror-sender"
     if "from multiprocessing." in cmd:  # spawn_main and resource_tracker: only the stage pool spawns
         return "stage-pool"

@@ -39,7 +39,7 @@ import pyarrow as pa
 from bench.common import report
 from connectors.commitlog.arrow import MESSAGE_SCHEMA
 from connectors.tier import layout
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from connectors.tier.log import TierLog
 from connectors.tier.reader import TierReader
 from connectors.brokers import DEFAULT_BROKER

@@ -89,8 +89,8 @@ def main() -> None:
     parser.add_argument("--tier", choices=["posix", "s3"], default="posix")
     parser.add_argument("--dir", default=None)
     args = parser.parse_args()
-    from streaming.checkpoints import LOCAL_FILE_MANAGER  # as the service's session (plan.session_conf)
-    from streaming.session import build_session
+    from streaming.runtime.checkpoints import LOCAL_FILE_MANAGER  # as the service's session (plan.session_conf)
+    from streaming.runtime.session import build_session
 
     root = tempfile.mkdtemp(prefix="bench-metadata-e2e-", dir=args.dir)
     moto = None

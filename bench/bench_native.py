@@ -30,7 +30,7 @@ from connectors.commitlog.writer import CommitLogWriter
 from connectors.kafka import native
 from connectors.kafka.mirror_sink import MIRROR_COLUMNS, MirrorSink
 from connectors.kafka.native_producer import NativeProducer
-from connectors.kafka.producers import RdKafkaProducer
+from connectors.kafka.rdkafka import RdKafkaProducer
 from connectors.kafka.settings import KafkaSettings
 from tests.kafka_helpers import read_topic
 

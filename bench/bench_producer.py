@@ -22,7 +22,7 @@ import time
 from collections import deque
 
 from bench.common import BROKERS, kafka_broker, paired_medians, report, warmed_rounds
-from connectors.kafka.producers import RdKafkaProducer, rdkafka_options
+from connectors.kafka.rdkafka import RdKafkaProducer, rdkafka_options
 from connectors.kafka.records import source_headers
 from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.sink import ensure_topic

@@ -8,7 +8,7 @@ the ``PYTHONPATH`` Spark gives it (the installed pyspark's ``pyspark.zip`` and p
 
 zip         ``sys.executable`` as Spark started it before (the baseline): pyspark compiled
             from the zip at every start;
-launcher    ``streaming.session.worker_python``'s launcher, which takes the zip off the path.
+launcher    ``streaming.runtime.session.worker_python``'s launcher, which takes the zip off the path.
 
 Both idle and with ``--load`` busy processes on the machine (a broker host's load, issue 33),
 ``--rounds`` rounds in alternating order; CPU seconds (user + system of the child) and wall
@@ -28,7 +28,7 @@ import time
 
 from bench.common import report
 
-IMPORTS = "import pyspark.sql.streaming.python_streaming_source_runner, streaming.source"
+IMPORTS = "import pyspark.sql.streaming.python_streaming_source_runner, streaming.sources.commitlog"
 
 
 def spark_pythonpath() -> str:
@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--load", type=int, default=30, help="busy processes for the loaded runs (default 30)")
     args = ap.parse_args()
-    from streaming.session import worker_python
+    from streaming.runtime.session import worker_python
 
     launcher = worker_python("local[2]")
     if launcher == sys.executable:

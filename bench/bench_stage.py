@@ -37,7 +37,7 @@ from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.workload import Workload, append_in_chunks
 from connectors.commitlog.writer import CommitLogWriter
 from connectors.tier import layout
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from connectors.tier.staging import StageSettings, read_rows, stage, stage_range
 
 

@@ -16,7 +16,7 @@ tier only, 4 shuffle partitions).
 
 Shapes:
 
-reduced   ``topic, key, phy_offset``, ``streaming.latest_per_key.max_per_key``: the service's.
+reduced   ``topic, key, phy_offset``, ``streaming.queries.compaction.latest_per_key.max_per_key``: the service's.
 filtered  the same with ``sysflag`` and the filter ``latest_per_key`` puts before the aggregation
           (``keyed_messages``): the code before.
 joined    one string column ``topic + NUL + key``: a state of another shape, for what such a
@@ -99,7 +99,7 @@ def jvm_cpu_s(pid: int) -> dict:
 def query(spark, root: str, shape: str):
     from pyspark.sql import functions as F
 
-    from streaming.latest_per_key import latest_per_key, max_per_key
+    from streaming.queries.compaction.latest_per_key import latest_per_key, max_per_key
 
     schema = {"reduced": "topic string, key string, phy_offset long",
               "filtered": "topic string, key string, phy_offset long, sysflag int",
@@ -140,7 +140,7 @@ def main() -> None:
     if not shapes or set(shapes) - set(SHAPES):
         parser.error(f"--shapes: of {', '.join(SHAPES)}, comma-separated")
 
-    from streaming.session import build_session
+    from streaming.runtime.session import build_session
 
     root = tempfile.mkdtemp(prefix="tierlog-bench-state-")
     try:

@@ -71,7 +71,7 @@ from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.workload import Workload, append_in_chunks
 from connectors.commitlog.writer import CommitLogWriter
 from connectors.tier import layout
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from connectors.tier.reader import TierReader
 from streaming import config as cfg
 
@@ -105,7 +105,7 @@ def produce(conf: cfg.Config, messages: int, queues: int, body: int = 1024, topi
 def run_service(conf: cfg.Config):
     from streaming.service import Service
 
-    from streaming.queries.tiering import TieringQuery
+    from streaming.queries.tiering.query import TieringQuery
 
     reports = []
     original = TieringQuery.report

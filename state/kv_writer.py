@@ -1,6 +1,6 @@
 """The KV writer: a micro-batch's changed keys -> the KV view, the changelog, compacted snapshots.
 
-No engine in it: the compaction query (``streaming.kv_handler``) hands it each batch's changed keys
+No engine in it: the compaction query (``streaming.queries.compaction.handler``) hands it each batch's changed keys
 as Arrow (``CHANGE_REF``: topic, key, the physical offset of its latest message) and the offset the
 batch ends at; a test, a benchmark or an offline tool can do the same.  Per batch (``apply``):
 
@@ -40,7 +40,7 @@ from connectors.errors import ConfigError, TierlogError
 from connectors.faults import crash_point
 from connectors.sinks import CHANGELOG, KV
 from connectors.tier import snapshots
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from state.kv import Change, KVView
 from state.kv_refs import ReferencePolicy
 

@@ -31,7 +31,7 @@ from connectors.commitlog.reader import CommitLogReader
 from connectors.commitlog.topics import TopicFilter
 from connectors.errors import TierlogError
 from connectors.tier import snapshots
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from connectors.tier.reader import TierReader
 from state.kv import KVView
 from state.kv_refs import ReferencePolicy

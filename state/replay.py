@@ -22,7 +22,7 @@ REPLAY_COLUMNS = ("topic", "key", "phy_offset", "queue_id", "queue_offset", "sto
 
 
 def keyed_mask(table) -> pa.Array:
-    """The Arrow twin of ``streaming.latest_per_key.keyed_messages``: true for a keyed message that
+    """The Arrow twin of ``streaming.queries.compaction.latest_per_key.keyed_messages``: true for a keyed message that
     entered a queue."""
     return pc.and_(pc.is_valid(table["key"]), dispatched_mask(table["sysflag"]))
 

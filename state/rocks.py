@@ -77,7 +77,7 @@ def open_rdict(path: str, *, read_only: bool = False, raw_mode: bool = False, se
         access = AccessType.read_only() if read_only else AccessType.read_write()
     if not read_only or secondary is not None:
         # The writer's open holds the lock; a secondary's caller tries again with a new scratch
-        # directory (streaming.feed_source).
+        # directory (streaming.sources.tierfeed).
         return Rdict(path, opts, access_type=access)
     return tried_again(lambda: Rdict(path, opts, access_type=access),
                        f"RocksDB store {path} (its writer may be replacing its MANIFEST)")

@@ -22,9 +22,9 @@ def register(spark) -> None:
     Also turns on ``spark.sql.python.filterPushdown.enabled`` in that session: the ``tier`` source
     prunes by its pushed filters, and Spark refuses a source that accepts filters while it is off
     (``DATA_SOURCE_PUSHDOWN_DISABLED``)."""
-    from streaming.feed_source import TierFeedDataSource
-    from streaming.source import CommitLogDataSource
-    from streaming.tier_source import TierDataSource
+    from streaming.sources.tierfeed import TierFeedDataSource
+    from streaming.sources.commitlog import CommitLogDataSource
+    from streaming.sources.tier import TierDataSource
 
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(CommitLogDataSource)

@@ -13,9 +13,9 @@ import os
 from connectors.errors import TierlogError
 from streaming import config as cfg
 from streaming.queries.base import Query
-from streaming.queries.compaction import CompactionQuery
-from streaming.queries.mirror import MirrorQuery
-from streaming.queries.tiering import TieringQuery
+from streaming.queries.compaction.query import CompactionQuery
+from streaming.queries.mirror.query import MirrorQuery
+from streaming.queries.tiering.query import TieringQuery
 
 QUERIES: tuple[type[Query], ...] = (TieringQuery, CompactionQuery, MirrorQuery)
 
@@ -65,7 +65,7 @@ def safepoint(conf: cfg.Config, sinks: dict[str, int]) -> int | None:
 
 
 def _committed_end(checkpoint: str) -> int | None:
-    from streaming.checkpoints import Checkpoint
+    from streaming.runtime.checkpoints import Checkpoint
 
     try:
         return Checkpoint(checkpoint).last_committed_end()
@@ -87,7 +87,7 @@ def checkpoint_path(conf: cfg.Config, query: str) -> str:
 
 def session_conf(conf: cfg.Config) -> dict:
     """The Spark settings of the run's session."""
-    from streaming.checkpoints import LOCAL_FILE_MANAGER, is_local, s3a_settings
+    from streaming.runtime.checkpoints import LOCAL_FILE_MANAGER, is_local, s3a_settings
 
     out = {
         "spark.sql.shuffle.partitions": str(conf.spark.shuffle_partitions),

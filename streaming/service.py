@@ -9,7 +9,7 @@ application.  It knows a query only through ``streaming.queries.base.Query``.
 It stops gracefully on SIGTERM or SIGINT: the batches in flight finish and
 are committed, and no new one starts.  When one query fails, the others stop
 the same way and the failure is raised; except that a query Spark could not start
-because its Python worker was late is started again, with backoff (``streaming.late_start``).
+because its Python worker was late is started again, with backoff (``streaming.runtime.late_start``).
 """
 
 from __future__ import annotations
@@ -26,18 +26,18 @@ from contextlib import contextmanager
 
 from connectors.errors import ConfigError, StopRequested, TierlogError
 from connectors.faults import DRIVER_PID, late_worker_fault
-from connectors.tier.backend import STOP_FILE, clear_stop
+from connectors.stopping import STOP_FILE, clear_stop
 from connectors.sinks import KV
 from state.kv import KVView
 from state.kv_writer import retained_topics, take_inline_where_retained
 from state.metadata import MetadataStore
 from streaming import config as cfg
 from streaming import plan
-from streaming.checkpoints import Checkpoint, check_or_record, foreach_batch
-from streaming.follower import Follower
-from streaming.metrics import Metrics
+from streaming.runtime.checkpoints import Checkpoint, check_or_record, foreach_batch
+from streaming.runtime.follower import Follower
+from streaming.runtime.metrics import Metrics
 from streaming.queries.base import Query, RunContext
-from streaming.late_start import LateStarts
+from streaming.runtime.late_start import LateStarts
 from streaming.settings import derive
 
 log = logging.getLogger("tierlog.service")
@@ -95,7 +95,7 @@ class Service:
                 f"commitlog.dir {conf.commitlog.dir!r} does not exist: produce to it first "
                 "(`tierlog produce`) or point it at a broker's store/commitlog"
             )
-        from streaming.checkpoints import location_problem
+        from streaming.runtime.checkpoints import location_problem
 
         problem = location_problem(conf)
         if problem:
@@ -117,7 +117,7 @@ class Service:
             elif retained_topics(metadata.journal.references(), settings.retention):
                 self._release_retention_holds(metadata)
             if spark is None:
-                from streaming.session import build_session, jvm_running
+                from streaming.runtime.session import build_session, jvm_running
 
                 # Spark's Python workers inherit it from the JVM this session starts: a crash point
                 # (connectors.faults) in a task kills this process, as a real crash would.  Only
@@ -182,12 +182,12 @@ class Service:
 
     def _check_commitlog(self, spark, committed: dict[str, int | None]) -> str | None:
         """Check ``commitlog.dir`` holds the tier's last committed record and reaches ``committed``
-        (query -> where its last committed batch ends; ``streaming.failover``); the directory the
+        (query -> where its last committed batch ends; ``streaming.runtime.failover``); the directory the
         checkpoints were made on when it is another one (a replica took over)."""
-        from connectors.tier.backend import open_backend
+        from connectors.tier.location import open_backend
         from connectors.tier.log import TierLog
-        from streaming.checkpoints import recorded_settings
-        from streaming.failover import check_commitlog
+        from streaming.runtime.checkpoints import recorded_settings
+        from streaming.runtime.failover import check_commitlog
 
         conf = self.conf
         here = os.path.abspath(conf.commitlog.dir)
@@ -264,8 +264,8 @@ class Service:
 
     @staticmethod
     def _end_jvm() -> None:
-        """The JVM this run started has exited before the run returns (``streaming.session.end_jvm``)."""
-        from streaming.session import end_jvm
+        """The JVM this run started has exited before the run returns (``streaming.runtime.session.end_jvm``)."""
+        from streaming.runtime.session import end_jvm
 
         status = end_jvm()
         if status is None:
@@ -324,7 +324,7 @@ class Service:
         return 0
 
     def _restart(self, spark, name: str, until_caught_up: bool):
-        """Start query ``name`` again after its Python worker was late (``streaming.late_start``).
+        """Start query ``name`` again after its Python worker was late (``streaming.runtime.late_start``).
         One that ran batches may have failed inside one, with what it holds in memory half a batch
         on: it is closed and built afresh, and resumes from its checkpoint and its sinks' records
         as a new process would; the batch that failed runs again, as after a crash."""
@@ -487,7 +487,7 @@ class Service:
         return None
 
     def _install_signals(self) -> None:
-        from connectors.tier.backend import request_stop
+        from connectors.stopping import request_stop
 
         clear_stop()  # a stop an earlier service of this process was asked for is not this one's
 

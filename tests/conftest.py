@@ -56,8 +56,8 @@ def spark(tmp_path_factory, s3_endpoint):
 
     It starts after the S3 endpoint, so that its Python workers inherit the AWS_* variables.
     """
-    from streaming.checkpoints import LOCAL_FILE_MANAGER
-    from streaming.session import build_session
+    from streaming.runtime.checkpoints import LOCAL_FILE_MANAGER
+    from streaming.runtime.session import build_session
 
     warehouse = tmp_path_factory.mktemp("warehouse")
     session = build_session(

@@ -7,9 +7,9 @@ import random
 from connectors.commitlog.format import Message
 from connectors.commitlog.writer import CommitLogWriter
 from connectors.tier import snapshots
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from state.kv import KVView
-from streaming.latest_per_key import read_state
+from streaming.queries.compaction.latest_per_key import read_state
 from streaming import config as cfg
 from streaming.plan import checkpoint_path, kv_path
 from tests import ledger

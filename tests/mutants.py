@@ -131,7 +131,7 @@ MUTANTS = (
     Mutant(
         "compaction_decodes_the_commitlog_again",
         "the KV writer reads the changed keys' messages from the commitlog instead of the tier's committed batches",
-        "streaming/queries/compaction.py",
+        "streaming/queries/compaction/query.py",
         """                                         changelog=changelog, messages=self.feed,""",
         """                                         changelog=changelog, messages=None,""",
         ("tests/test_one_read.py",),
@@ -190,7 +190,7 @@ MUTANTS = (
         "replica_behind_read_as_a_complete_range",
         "the start check walks a replica to a query's checkpoint as a range known to be complete, so the "
         "zeros of a replica still catching up read as corruption",
-        "streaming/failover.py",
+        "streaming/runtime/failover.py",
         """            end = reader.scan(start, max_bytes=target - start).end if start is not None else reader.end_offset()""",
         """            end = reader.scan(start, target).end if start is not None else reader.end_offset()""",
         ("tests/test_failover.py",),
@@ -209,7 +209,7 @@ MUTANTS = (
         "tier_source_skips_staging_that_straddles_a_time_bound",
         "the tier Spark source plans a staging object only if all of it is past a store-time lower bound, "
         "so a time-bounded read of a topic misses the unsealed messages after the bound",
-        "streaming/tier_source.py",
+        "streaming/sources/tier.py",
         """                if info.first < hi and info.last >= unsealed and info.max_ts >= b.ts[0] and info.min_ts <= b.ts[1]:""",
         """                if info.first < hi and info.last >= unsealed and info.min_ts >= b.ts[0] and info.min_ts <= b.ts[1]:""",
         ("tests/test_tier_queues_added.py",),

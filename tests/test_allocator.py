@@ -1,7 +1,7 @@
 """The service's processes reset the memory Arrow's allocator hands back instead of decommitting it
 (``streaming/__init__.py`` says why): set as the package is imported, before anything of it loads
 pyarrow (mimalloc reads its options once, as it loads), and a value the user set wins; a cluster's
-executors are given it through ``spark.executorEnv.*`` (``streaming/session.py``)."""
+executors are given it through ``spark.executorEnv.*`` (``streaming/runtime/session.py``)."""
 
 from __future__ import annotations
 

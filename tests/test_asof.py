@@ -237,7 +237,7 @@ def test_the_command_line_answers_and_refuses_in_one_line(tier, tmp_path):
 
 def test_a_snapshot_written_before_snapshots_said_their_time_is_passed_over(tier, tmp_path):
     from connectors.tier import snapshots
-    from connectors.tier.backend import open_backend
+    from connectors.tier.location import open_backend
 
     location, written, ends = tier
     kv = view_through(tmp_path / "kv-old", written, ends[4])

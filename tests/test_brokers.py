@@ -14,7 +14,7 @@ import pytest
 
 from connectors.commitlog.workload import Workload
 from connectors.commitlog.writer import CommitLogWriter
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from connectors.tier.reader import AmbiguousBrokerError, GetStatus, TierReader
 from streaming import config as cfg
 from streaming.service import Service
@@ -337,7 +337,7 @@ def copy_log(source: str, target: str, cut_at: int | None = None) -> None:
 @pytest.mark.timeout(1200)
 def test_failover_to_a_replica_goes_on_exactly_once_and_a_wrong_one_is_refused(spark, tmp_path, kafka_bootstrap,
                                                                                 kafka_prefix):
-    from streaming.failover import ReplicaMismatchError
+    from streaming.runtime.failover import ReplicaMismatchError
     from tests.kafka_helpers import kafka_conf
 
     master = kafka_conf(broker_conf(tmp_path, str(tmp_path / "tier"), "broker-a", segment_messages=50),

@@ -11,7 +11,7 @@ import pytest
 from connectors.errors import ConfigError
 from connectors.tier.reader import TierReader
 from streaming import config as cfg
-from streaming.checkpoints import FINGERPRINT, LOCAL_FILE_MANAGER, SHUFFLE_PARTITIONS
+from streaming.runtime.checkpoints import FINGERPRINT, LOCAL_FILE_MANAGER, SHUFFLE_PARTITIONS
 from streaming.service import Service
 from streaming.plan import checkpoint_path, session_conf
 from tests.tiering_helpers import assert_tier_equals_commitlog, make_conf, produce

@@ -161,9 +161,9 @@ def test_a_view_behind_the_checkpoint_catches_up_from_the_commitlog(spark, tmp_p
 
 def test_the_state_stores_run_on_rocksdb_in_a_jvm_that_trims_its_c_heap_and_compiles_with_c1_only(spark):
     """Bounded RocksDB memory is only half of flat memory: glibc keeps what RocksDB frees unless
-    the JVM trims it (streaming/session.py), and an old JVM would ignore the flag silently.  The
+    the JVM trims it (streaming/runtime/session.py), and an old JVM would ignore the flag silently.  The
     JIT's first tier only is the default (``spark.jit_c1_only``); false leaves the flag out."""
-    from streaming.session import C1_ONLY, java_options
+    from streaming.runtime.session import C1_ONLY, java_options
 
     jvm = spark.sparkContext._jvm
     assert spark.conf.get("spark.sql.streaming.stateStore.providerClass").endswith("RocksDBStateStoreProvider")
@@ -186,7 +186,7 @@ def test_the_session_and_the_jvm_it_starts_run_without_transparent_huge_pages(sp
     JVM starts, so the JVM inherits it; and so does a process started later, in a process of its own."""
     assert _thp_enabled("self") == "0"
     assert _thp_enabled(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()) == "0"
-    code = ("import subprocess; from streaming.session import no_huge_pages; assert no_huge_pages(); "
+    code = ("import subprocess; from streaming.runtime.session import no_huge_pages; assert no_huge_pages(); "
             "print(subprocess.run(['cat', '/proc/self/status'], capture_output=True, text=True).stdout)")
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            cwd=ROOT)

@@ -1,4 +1,4 @@
-"""The start check of a failover (``streaming.failover``), without Spark: a replica that is behind a
+"""The start check of a failover (``streaming.runtime.failover``), without Spark: a replica that is behind a
 query's checkpoint, though not behind the tier's last record, ends in zeros (a pre-allocated file)
 and must be told it is behind, not that its log is corrupt, whatever ``commitlog.on_corrupt`` says."""
 
@@ -11,7 +11,7 @@ import pytest
 from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.workload import Workload
 from connectors.commitlog.writer import CommitLogWriter
-from streaming.failover import ReplicaMismatchError, check_commitlog
+from streaming.runtime.failover import ReplicaMismatchError, check_commitlog
 from tests import ledger
 from tests.test_brokers import copy_log
 

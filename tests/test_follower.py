@@ -9,7 +9,7 @@ import time
 
 from connectors.errors import StopRequested
 from connectors.kafka.errors import KafkaSinkError
-from streaming.follower import Follower
+from streaming.runtime.follower import Follower
 from streaming.service import _root_cause
 
 HOUR = 3600.0  # a clock that never fires within a test: every step after the first is a wake's
@@ -103,7 +103,7 @@ def test_a_stop_requested_ends_the_thread_without_an_error():
 
 def test_a_mirror_behind_sends_driver_sized_batches_and_only_a_backfill_goes_to_spark_whole():
     from connectors.tier.feed import FeedBatch
-    from streaming.mirror_handler import driver_sized_end
+    from streaming.queries.mirror.handler import driver_sized_end
 
     def batches(*sizes, start=0, step=100):
         return [FeedBatch(start + i * step, start + (i + 1) * step, ((f"o{i}", size, start + i * step),))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from connectors.tier.log import TierLog
 from state.metadata import MetadataStore
 

@@ -278,7 +278,7 @@ def test_librdkafka_reports_each_record_that_fails_and_none_that_arrive(kafka_bo
     each): none for records Kafka took, and with no broker each record waits (the client never
     times one out itself) until a purge fails every one, each reported with its topic and
     partition."""
-    from connectors.kafka.producers import RdKafkaProducer
+    from connectors.kafka.rdkafka import RdKafkaProducer
     from connectors.kafka.settings import KafkaSettings
 
     class Recording(RdKafkaProducer):
@@ -322,7 +322,7 @@ def test_librdkafka_reports_each_record_that_fails_and_none_that_arrive(kafka_bo
 def test_librdkafka_flush_can_leave_records_queued():
     """``flush(leave=n)`` waits until at most ``n`` records are queued (the changelog's slices): with
     no broker nothing leaves the queue, so it returns at once while 40 <= n, and times out below."""
-    from connectors.kafka.producers import RdKafkaProducer
+    from connectors.kafka.rdkafka import RdKafkaProducer
     from connectors.kafka.settings import KafkaSettings
 
     producer = RdKafkaProducer(KafkaSettings(client={"bootstrap_servers": f"127.0.0.1:{free_port()}"}))

@@ -241,8 +241,8 @@ def test_the_driver_sends_from_a_process_of_its_own_and_one_killed_mid_step_lose
     import signal
 
     from state.metadata import MetadataStore
-    from streaming.mirror_handler import MirrorHandler
-    from streaming.queries.mirror import FeedRange, step_end
+    from streaming.queries.mirror.handler import MirrorHandler
+    from streaming.queries.mirror.query import FeedRange, step_end
     from streaming.settings import kafka_settings
     from tests.kafka_helpers import assert_mirror_equals_oracle
     from tests.tiering_helpers import tier_in_batches
@@ -286,8 +286,8 @@ def test_the_sender_process_raises_the_childs_error_and_ends_on_close(tmp_path):
 
     from connectors.errors import TierlogError
     from connectors.tier.feed import FeedBatch
-    from streaming.mirror_handler import SendTask
-    from streaming.mirror_process import SenderProcess
+    from streaming.queries.mirror.send import SendTask
+    from streaming.queries.mirror.sender_process import SenderProcess
     from streaming.settings import kafka_settings
 
     conf = kafka_conf(make_conf(tmp_path, str(tmp_path / "tier")), "127.0.0.1:9", "p")

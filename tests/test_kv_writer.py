@@ -142,7 +142,7 @@ def handler_batches(tmp_path, fail_batch: int | None = None):
 
     from connectors.commitlog.reader import ReaderOptions
     from state.kv_writer import CompactionSettings
-    from streaming.kv_handler import CompactionHandler
+    from streaming.queries.compaction.handler import CompactionHandler
 
     conf = make_conf(tmp_path, str(tmp_path / "tier"), compaction=cfg.CompactionConfig(enabled=True))
     os.makedirs(conf.commitlog.dir)

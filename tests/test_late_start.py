@@ -1,8 +1,8 @@
-"""The backoff of queries whose Python worker was late (``streaming.late_start``), on a test clock."""
+"""The backoff of queries whose Python worker was late (``streaming.runtime.late_start``), on a test clock."""
 
 from __future__ import annotations
 
-from streaming.late_start import LateStarts
+from streaming.runtime.late_start import LateStarts
 
 LATE = "org.apache.spark.SparkException: Python worker failed to connect back."
 
@@ -45,7 +45,7 @@ def test_a_query_that_ran_a_batch_starts_its_budget_afresh():
 
 
 def test_spark_python_processes_import_the_installed_pyspark_not_its_zip(spark):
-    """``streaming.session.worker_python``: Spark's Python processes compile nothing from
+    """``streaming.runtime.session.worker_python``: Spark's Python processes compile nothing from
     pyspark.zip (0.8 s of CPU at every start, against 0.37 s from the installed package), so the
     runner that must connect back within Spark's 10 s starts in half the CPU on a busy host."""
     import os
@@ -85,7 +85,7 @@ def test_a_streaming_source_runner_whose_jvm_end_closes_exits_without_a_tracebac
 
     import pytest
 
-    from streaming.session import worker_python
+    from streaming.runtime.session import worker_python
 
     launcher = worker_python("local[2]")
     if launcher == sys.executable:

@@ -20,7 +20,8 @@ from connectors.kafka.columns import Records, constant, digits
 from connectors.kafka.embedded import free_port
 from connectors.kafka.errors import KafkaSinkError
 from connectors.kafka.native_producer import CHUNK_ROWS, NativeProducer
-from connectors.kafka.producers import KafkaPythonProducer, open_producer
+from connectors.kafka.kafka_python import KafkaPythonProducer
+from connectors.kafka.producers import open_producer
 from connectors.kafka.settings import KafkaSettings
 from tests.kafka_helpers import poll_partitions
 

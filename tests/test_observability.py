@@ -183,7 +183,7 @@ def test_the_cache_hit_ratio_metric_reads_the_caches_of_the_process(tmp_path):
 
     from connectors.commitlog.format import Message
     from connectors.tier.cache import ReadAheadCache
-    from streaming.metrics import register_read_cache_metrics
+    from streaming.runtime.metrics import register_read_cache_metrics
     from tests.tiering_helpers import make_conf
 
     conf = make_conf(tmp_path, str(tmp_path / "tier"))

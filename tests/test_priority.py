@@ -18,7 +18,7 @@ import pytest
 
 from connectors.threads import lower_priority
 from streaming import config as cfg
-from streaming.priority import JvmThreads
+from streaming.runtime.priority import JvmThreads
 from tests.cli_runner import ROOT
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")

@@ -131,7 +131,7 @@ def test_a_bad_kafka_setting_is_refused_with_the_rest_before_spark_starts(tmp_pa
 
 
 def test_compactions_batch_cap_is_its_own_or_from_the_sources(tmp_path):
-    from streaming.queries.compaction import batch_cap
+    from streaming.queries.compaction.query import batch_cap
 
     own = load(tmp_path, rest='[compaction]\nmax_batch_bytes = "1GiB"\n[source]\nmax_bytes_per_trigger = "64MiB"\n')
     assert batch_cap(own, {"maxBytesPerTrigger": 64 * MIB}) == GIB

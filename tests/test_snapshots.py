@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from connectors.commitlog.reader import ReaderOptions
 from connectors.tier import snapshots
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from state.kv import Change, KVView
 
 

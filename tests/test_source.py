@@ -10,7 +10,7 @@ import pytest
 from connectors.commitlog import CommitLogReader, CommitLogWriter, Message
 from connectors.commitlog.arrow import MESSAGE_SCHEMA
 from connectors.errors import ConfigError
-from streaming.source import SourceOptions, plan_partitions
+from streaming.sources.commitlog import SourceOptions, plan_partitions
 from tests import ledger
 from tests.oracle import normalize_arrow_row, written_rows
 
@@ -173,7 +173,7 @@ def test_a_small_batch_waits_for_bytes_or_its_delay_and_a_drain_never_waits(log_
     or one that waited its delay goes at once, and availableNow drains without waiting."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-    from streaming.source import CommitLogStreamReader
+    from streaming.sources.commitlog import CommitLogStreamReader
 
     clock = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
@@ -208,7 +208,7 @@ def test_a_batch_near_the_head_holds_follow_bytes_and_a_catch_up_takes_max_bytes
     maxBytesPerTrigger; without a byte cap (ReadAllAvailable), or in a drain, nothing is held."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
-    from streaming.source import CommitLogStreamReader
+    from streaming.sources.commitlog import CommitLogStreamReader
 
     produce(log_dir, 2000)
     with CommitLogReader(log_dir) as r:

@@ -15,7 +15,7 @@ from connectors.commitlog.workload import Workload
 from connectors.commitlog.writer import CommitLogWriter
 from connectors.faults import DRIVER_PID
 from connectors.tier import layout
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from connectors.tier.stage_pool import StagePool
 from connectors.tier.staging import StageSettings
 from tests import ledger

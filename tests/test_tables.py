@@ -19,7 +19,7 @@ import duckdb
 import pytest
 
 from connectors.brokers import DEFAULT_BROKER
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from state.metadata import MetadataStore
 from connectors.tables import messages as tables_module
 from connectors.tables.catalog import data_location, default_settings

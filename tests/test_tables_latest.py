@@ -17,7 +17,7 @@ from connectors.tables.catalog import data_location, default_settings
 from connectors.tables.base import data_files
 from connectors.tables.latest import LatestTables
 from connectors.tier import snapshots
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from state.kv import KVView
 from state.replay import replay_messages
 from streaming import config as cfg

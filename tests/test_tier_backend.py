@@ -8,7 +8,7 @@ import threading
 import boto3
 import pytest
 
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from connectors.tier.errors import AccessDenied, BucketNotFound, InvalidObjectName, ObjectNotFound
 from connectors.tier.s3 import S3Backend
 

@@ -17,7 +17,7 @@ import pytest
 from connectors.kafka.mirror_sink import ROW, in_order
 from connectors.tier.feed import read_batches, read_unsorted
 from connectors.errors import TierlogError
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from state.tier_feed import FeedGapError
 from tests.oracle import entered_a_queue, message_row, normalize_arrow_row
 from tests.test_tier_writer import assert_tier_equals_ledger, drive
@@ -300,7 +300,7 @@ def test_a_mirror_batch_run_again_below_the_record_keeps_the_record(tmp_path):
 
     from connectors.sinks import MIRROR
     from state.metadata import MetadataStore
-    from streaming.mirror_handler import MirrorHandler
+    from streaming.queries.mirror.handler import MirrorHandler
 
     store = MetadataStore(str(tmp_path / "metadata"))
     try:
@@ -317,7 +317,7 @@ def test_the_tierfeed_sources_listing_opens_its_secondary_again_when_a_catch_up_
     """The source reads the feed as a RocksDB secondary; a catch-up that fails (here: its handle
     closed under it, as a file the primary replaced would) opens a new one instead of failing the query."""
     from state.metadata import MetadataStore
-    from streaming.feed_source import _Listing
+    from streaming.sources.tierfeed import _Listing
 
     store = MetadataStore(str(tmp_path / "metadata"))
     store.feed.open("mirror", None)
@@ -340,7 +340,7 @@ def test_the_tierfeed_sources_listing_tries_a_refused_secondary_again_in_a_new_s
     leaves none of the refused ones behind."""
     from state import rocks
     from state.metadata import MetadataStore
-    from streaming.feed_source import _Listing
+    from streaming.sources.tierfeed import _Listing
 
     store = MetadataStore(str(tmp_path / "metadata"))
     store.feed.open("mirror", None)
@@ -369,7 +369,7 @@ def test_the_tierfeed_sources_listing_tries_a_refused_secondary_again_in_a_new_s
 def test_the_tierfeed_partitions_group_staging_objects_and_read_every_message_once(tmp_path, max_bytes):
     """``feed_partitions`` hands a task several small staging objects (a task's own cost is most of
     a small one's); whatever the grouping, the partitions read every message of the range once."""
-    from streaming.feed_source import feed_partitions, read_partition
+    from streaming.sources.tierfeed import feed_partitions, read_partition
 
     run, _ = drive(tmp_path, 4, feed=True)
     end = run.writer.source_end
@@ -405,7 +405,7 @@ def test_a_secondarys_scratch_directory_removes_those_of_processes_that_have_end
     import subprocess
     import sys
 
-    from streaming.feed_source import SCRATCH_PREFIX, _scratch_dir
+    from streaming.sources.tierfeed import SCRATCH_PREFIX, _scratch_dir
 
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     living = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -429,7 +429,7 @@ def test_the_tierfeed_reduced_to_each_keys_last_message_equals_the_oracle_with_o
     """Under ``latestPerKey`` a partition yields each key's last keyed message and only the columns
     asked for: the compaction query asks for no ``sysflag`` (every row entered a queue), so Spark
     filters nothing; the largest offset per key over the partitions is the oracle's."""
-    from streaming.feed_source import feed_partitions, read_partition
+    from streaming.sources.tierfeed import feed_partitions, read_partition
 
     run, _ = drive(tmp_path, 5, feed=True)
     end = run.writer.source_end

@@ -13,7 +13,7 @@ import random
 import pytest
 
 from connectors.tier import layout
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from connectors.tier.errors import TierRecordError
 from connectors.tier.log import TierLayoutError, TierLog
 from connectors.tier.manifest import bucket_of

@@ -21,11 +21,11 @@ from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In
 from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.format import Message
 from connectors.commitlog.writer import CommitLogWriter
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from connectors.tier.reader import TierReader
 from connectors.tier.staging import CommitLogGaps, StageSettings, stage
 from connectors.tier.writer import TierWriter, WriterSettings
-from streaming.tier_source import TierBatchReader
+from streaming.sources.tier import TierBatchReader
 from state.metadata import MetadataStore
 from tests import ledger
 from tests.oracle import message_row

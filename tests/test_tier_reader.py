@@ -85,7 +85,7 @@ def test_messages_at_scattered_positions_equal_the_oracle(tier, backend):
     """Positions in any order, repeated, across sealed segments and staging objects and several
     queues, with a few the tier does not hold: each row is the ledger's message at that position,
     and a missing one is a null row."""
-    from connectors.tier.backend import open_backend
+    from connectors.tier.location import open_backend
 
     conf = tier[backend]
     queues = oracle_queues(conf)
@@ -187,7 +187,7 @@ class CountingBackend:
 
 @pytest.mark.parametrize("backend", ["posix", "s3"])
 def test_by_key_matches_the_ledger_and_opens_only_segments_holding_the_key(tier, backend):
-    from connectors.tier.backend import open_backend
+    from connectors.tier.location import open_backend
 
     conf = tier[backend]
     reader = TierReader(conf.tier.location)
@@ -280,7 +280,7 @@ def test_spark_tier_source_prunes_by_topic_queue_offset_and_time(spark, tier):
     assert _rows(picked.toArrow()) == rows[100:130]
     from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, LessThan
 
-    from streaming.tier_source import TierBatchReader
+    from streaming.sources.tier import TierBatchReader
 
     pruned = TierBatchReader(location)
     list(pruned.pushFilters([EqualTo(("topic",), "t1"), EqualTo(("queue_id",), 2),

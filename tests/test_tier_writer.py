@@ -18,7 +18,7 @@ import pytest
 from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.workload import Workload
 from connectors.commitlog.writer import CommitLogWriter
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from connectors.tier.reader import TierReader
 from connectors.tier.retention import Retention
 from connectors.tier.staging import CommitLogGaps, StageSettings, stage, stage_range
@@ -309,7 +309,7 @@ def test_a_clean_stop_deletes_what_is_past_its_grace_and_a_failed_delete_does_no
     for deletion, and the next stop or maintenance deletes them."""
     import dataclasses
 
-    from streaming.tier_handler import TieringHandler, TieringSettings
+    from streaming.queries.tiering.handler import TieringHandler, TieringSettings
 
     rng = random.Random(3)
     run = Run(tmp_path, messages=240, seed=3, faults=Faults())
@@ -341,8 +341,8 @@ def test_the_staging_processes_start_with_the_query_only_when_it_starts_behind(t
     driver stages in one batch lies past where tiering resumes (the checkpoint's end, else
     ``source.starting_offset``, never below the tier's end); a stream that starts at the head, or
     resumes there, never starts them."""
-    from streaming.source import starting_offset
-    from streaming.tier_handler import TieringHandler, TieringSettings
+    from streaming.sources.commitlog import starting_offset
+    from streaming.queries.tiering.handler import TieringHandler, TieringSettings
 
     run = Run(tmp_path, messages=240, seed=5, faults=Faults())
     run.writer.close()
@@ -387,7 +387,7 @@ def test_batches_take_what_was_staged_ahead_and_a_wrong_guess_leaves_no_object_b
     tier equals the ledger, and every staging object left is one the tier holds or will delete."""
     from types import SimpleNamespace
 
-    from streaming.tier_handler import TieringHandler, TieringSettings
+    from streaming.queries.tiering.handler import TieringHandler, TieringSettings
 
     run = Run(tmp_path, messages=900, seed=9, faults=Faults())
     run.writer.close()

@@ -11,7 +11,7 @@ import pytest
 
 from connectors.errors import TierlogError
 from connectors.tier import layout
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from connectors.tier.errors import ObjectNotFound
 from connectors.tier.reader import TierReader
 from connectors.tier.writer import TierWriter

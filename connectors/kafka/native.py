@@ -1,6 +1,6 @@
 """librdkafka called through ctypes: the library the confluent-kafka wheel ships, its C API used
 directly, so a batch of records goes from Arrow buffers into librdkafka without a Python object
-per record (``connectors.kafka.producers.NativeProducer`` sends with it).
+per record (``connectors.kafka.native_producer.NativeProducer`` sends with it).
 
 Why: the binding's ``produce`` takes one record's Python objects a call (key, value, and a list of
 header tuples), so a mirror record of 1 KiB cost about 8 µs of the sending thread, most of it

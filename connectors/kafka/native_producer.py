@@ -21,14 +21,8 @@ import pyarrow.compute as pc
 from connectors.kafka import native
 from connectors.kafka.columns import HEADERS_TYPE, Records
 from connectors.kafka.errors import KafkaSinkError, KafkaUnavailable
-from connectors.kafka.producers import (
-    MSG_SIZE_TOO_LARGE,
-    QUEUE_FULL,
-    Producer,
-    TooLarge,
-    rd_send_error,
-    rdkafka_options,
-)
+from connectors.kafka.producer import Producer, TooLarge
+from connectors.kafka.rdkafka import MSG_SIZE_TOO_LARGE, QUEUE_FULL, rd_send_error, rdkafka_options
 from connectors.kafka.settings import KafkaSettings
 
 log = logging.getLogger("tierlog.kafka")

@@ -49,7 +49,9 @@ from connectors.kafka.errors import (
     KafkaUnavailable,
     RecordTooLargeError,
 )
-from connectors.kafka.producers import Producer, TooLarge, describe, open_producer, retriable
+from connectors.kafka.kafka_python import describe, retriable
+from connectors.kafka.producer import Producer, TooLarge
+from connectors.kafka.producers import open_producer
 from connectors.kafka.settings import KafkaSettings
 from connectors.faults import crash_point
 

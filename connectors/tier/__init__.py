@@ -1,5 +1,2 @@
-"""The tier: storage backends (posix, S3), the segment layout and commit log, and readers."""
-
-from connectors.tier.backend import Backend, ObjectInfo, open_backend
-
-__all__ = ["Backend", "ObjectInfo", "open_backend"]
+"""The tier: storage backends (posix, S3; ``location.open_backend`` picks one), the segment layout and
+commit log, and readers."""

@@ -3,27 +3,18 @@
 Like RocketMQ tieredstore's ``FileSegmentProvider``, backends differ only in
 I/O.  Names are ``/``-separated paths relative to the tier root; a backend
 never lets a name escape that root.  ``put`` is atomic: readers see the whole
-new object or none of it, never a part.
+new object or none of it, never a part.  ``connectors.tier.location.open_backend`` picks the
+backend a location names; ``connectors.tier.retry`` is how the backends wait out a store that is away.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import random
 import re
-import threading
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Iterator, TypeVar
+from typing import Iterator
 
-from connectors.errors import StopRequested
 from connectors.tier.errors import InvalidObjectName
-
-log = logging.getLogger(__name__)
-T = TypeVar("T")
-RETRY_DEADLINE_S = 600.0  # how long a backend keeps retrying a transient failure before it gives up
 
 _SEGMENT = re.compile("^[A-Za-z0-9._=%+\\-\u00a0-\U0010ffff]+$")  # escaped topics keep characters above U+009F
 
@@ -48,69 +39,6 @@ def check_name(name: str, *, max_part_bytes: int | None = None, max_bytes: int |
         raise InvalidObjectName(f"object name {name!r} is {len(name.encode())} bytes, more than the {max_bytes} "
                                 f"{where} can hold; use a shorter tier.location prefix")
     return name
-
-
-# Set when the service was asked to stop (SIGTERM, Ctrl-C): a retry gives up at its next wait,
-# raising StopRequested, instead of waiting out its deadline with the stop held behind it.  What it
-# was writing belongs to a batch not committed yet, which the next start runs again.  In the
-# driver an event; Spark's Python workers, other processes, see a file the service names in
-# TIERLOG_STOP_FILE (set before Spark starts, so they inherit it) and creates on the stop.
-_STOPPING = threading.Event()
-STOP_FILE = "TIERLOG_STOP_FILE"
-
-
-def request_stop() -> None:
-    _STOPPING.set()
-    path = os.environ.get(STOP_FILE)
-    if path:
-        open(path, "w").close()
-
-
-def clear_stop() -> None:
-    _STOPPING.clear()
-    path = os.environ.get(STOP_FILE)
-    if path and os.path.exists(path):
-        os.remove(path)
-
-
-def _stop_requested(wait_s: float = 0.0) -> bool:
-    """Whether a stop was requested, waiting up to ``wait_s`` for one."""
-    deadline = time.monotonic() + wait_s
-    path = os.environ.get(STOP_FILE)
-    while True:
-        if _STOPPING.is_set() or (path and os.path.exists(path)):
-            return True
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        _STOPPING.wait(min(0.2, left))
-
-
-def retry_transient(call: Callable[[], T], deadline_s: float = RETRY_DEADLINE_S) -> T:
-    """``call()``, again after each retriable ``TierError`` (S3 throttling, a 5xx, a timeout, a full
-    disk) with jittered exponential backoff, until ``deadline_s`` has passed, or until a stop is
-    requested (``request_stop``: ``StopRequested``).
-
-    Each retry is a warning in the log, so an operator sees why tiering waits.
-    A store that is down for a while delays tiering instead of failing it.
-    """
-    deadline = time.monotonic() + deadline_s
-    attempt = 0
-    while True:
-        try:
-            return call()
-        except InvalidObjectName:
-            raise
-        except Exception as exc:
-            attempt += 1
-            if not getattr(exc, "retriable", False) or time.monotonic() >= deadline:
-                raise
-            if _stop_requested():
-                raise StopRequested(f"stop requested while retrying: {exc}") from None
-            delay = min(30.0, 0.1 * 2**attempt) * (0.5 + random.random() / 2)
-            log.warning("%s; retrying in %.1fs (attempt %d)", exc, delay, attempt)
-            if _stop_requested(delay):
-                raise StopRequested(f"stop requested while retrying: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -172,20 +100,3 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Release connections; the backend must not be used afterwards."""
-
-
-def open_backend(location: str, *, create: bool = True, copies=None) -> Backend:
-    """A backend for ``location``: ``s3://bucket/prefix`` or a directory path; ``create=False``
-    (readers) never makes the directory; ``copies`` (a ``connectors.tier.copies.CopySettings``):
-    keep local copies of the staging objects an S3 tier's consumers read back."""
-    if location.startswith("s3://"):
-        from connectors.tier.s3 import S3Backend
-
-        if copies is not None and copies.max_bytes > 0:
-            from connectors.tier.copies import LocalCopies
-
-            return LocalCopies(S3Backend(location), copies)
-        return S3Backend(location)
-    from connectors.tier.posix import PosixBackend
-
-    return PosixBackend(location, create=create)

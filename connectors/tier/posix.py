@@ -7,7 +7,8 @@ import os
 import uuid
 from typing import Iterator
 
-from connectors.tier.backend import RETRY_DEADLINE_S, Backend, ObjectInfo, check_name, retry_transient
+from connectors.tier.backend import Backend, ObjectInfo, check_name
+from connectors.tier.retry import RETRY_DEADLINE_S, retry_transient
 from connectors.tier.errors import ObjectNotFound, TierError, TransientTierError
 from connectors.faults import disk_full_fault
 

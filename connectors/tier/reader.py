@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 from connectors.brokers import DEFAULT_BROKER
 from connectors.commitlog.arrow import MESSAGE_SCHEMA, epoch_ms_array, project_schema
 from connectors.tier import layout
-from connectors.tier.backend import Backend, open_backend
+from connectors.tier.backend import Backend
+from connectors.tier.location import open_backend
 from connectors.tier.errors import NotFoundInTier, ObjectNotFound, TierError
 from connectors.tier.log import TierLog
 from connectors.threads import name_native

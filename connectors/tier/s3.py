@@ -24,7 +24,8 @@ from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as BotoConnectionError
 from botocore.exceptions import FlexibleChecksumError, HTTPClientError, IncompleteReadError
 
-from connectors.tier.backend import RETRY_DEADLINE_S, Backend, ObjectInfo, check_name, retry_transient
+from connectors.tier.backend import Backend, ObjectInfo, check_name
+from connectors.tier.retry import RETRY_DEADLINE_S, retry_transient
 from connectors.tier.errors import AccessDenied, BucketNotFound, ObjectNotFound, TierError, TransientTierError
 
 S3_MAX_KEY_BYTES = 1024

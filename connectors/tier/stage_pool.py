@@ -40,7 +40,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from connectors.commitlog.reader import CommitLogReader, cut
 from connectors.errors import TierlogError
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from connectors.tier.staging import StagedPart, StageSettings, stage_range
 
 log = logging.getLogger("tierlog.tier")

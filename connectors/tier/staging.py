@@ -25,7 +25,7 @@ from connectors.commitlog.reader import ReaderOptions
 from connectors.errors import TierlogError
 from connectors.faults import crash_point
 from connectors.tier import layout
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from connectors.tier.copies import CopySettings
 from connectors.tier.manifest import StagingObject
 from connectors.tier.records import LastRecord

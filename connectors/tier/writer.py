@@ -39,7 +39,8 @@ from connectors.brokers import DEFAULT_BROKER
 from connectors.errors import TierlogError
 from connectors.faults import crash_point
 from connectors.tier import layout
-from connectors.tier.backend import Backend, open_backend
+from connectors.tier.backend import Backend
+from connectors.tier.location import open_backend
 from connectors.tier.copies import CopySettings
 from connectors.tier.log import TierHead, TierLog
 from connectors.tier.manifest import Segment, add_counts

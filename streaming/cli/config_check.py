@@ -52,7 +52,7 @@ def check_config(conf: cfg.Config) -> list[str]:
                 problems.append(f"{name} {path!r} {problem}")
     if conf.tier.location.startswith("s3://"):
         problems += _s3_problems(conf.tier.location)
-    from streaming.checkpoints import location_problem
+    from streaming.runtime.checkpoints import location_problem
 
     problem = location_problem(conf)
     if problem:

@@ -13,7 +13,7 @@ log = logging.getLogger("tierlog")
 
 
 def cmd_tier(args, conf: cfg.Config) -> int:
-    from connectors.tier.backend import open_backend
+    from connectors.tier.location import open_backend
     from connectors.tier.log import TierLog
     from state.metadata import MetadataStore
     from streaming.plan import metadata_path

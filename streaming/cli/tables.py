@@ -30,7 +30,7 @@ def table_rows(conf: cfg.Config, settings, rebuild: bool = False) -> list[dict]:
     ``rebuild``, each table is first made equal to the tier alone."""
     from connectors.tables.latest import LatestTables
     from connectors.tables.messages import MessageTables
-    from connectors.tier.backend import open_backend
+    from connectors.tier.location import open_backend
     from connectors.tier.log import TierLog
 
     backend = open_backend(conf.tier.location)

@@ -21,7 +21,7 @@ Contract of a query:
   trigger and is stopped once the commitlog's readers are done and it is
   ``caught_up()``.
 - ``guarded_settings(conf, spark)``: the settings its checkpoint depends on;
-  a start with other values is refused (``streaming.checkpoints``).
+  a start with other values is refused (``streaming.runtime.checkpoints``).
 - ``start(committed_end)`` runs before the stream starts (catch up what Spark committed
   but an output has not applied); ``process(batch)`` runs on Spark's
   foreachBatch thread, under ``lock``, and must be idempotent for a batch
@@ -32,7 +32,7 @@ Contract of a query:
 - Each query writes its own batch log line and metrics (``ctx.metrics``).
 
 A query with ``spark_stream`` off has no Spark stream and no checkpoint: the runner calls its
-``step(spark)`` on a thread of its own (``streaming.follower``), under ``lock``, as soon as a query
+``step(spark)`` on a thread of its own (``streaming.runtime.follower``), under ``lock``, as soon as a query
 that reads the commitlog has processed a batch and at least once a trigger interval.  Its progress
 is its sinks' records in the metadata store, and ``step`` applies what the tier committed past
 them (or nothing: a step may find nothing to do, or hold a small batch back).
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 from streaming import config as cfg
-from streaming.checkpoints import Batch
+from streaming.runtime.checkpoints import Batch
 
 log = logging.getLogger("tierlog.service")
 
@@ -60,13 +60,13 @@ class RunContext:
     settings: object  # streaming.settings.Settings: conf's settings, parsed
     metadata: object  # state.metadata.MetadataStore
     kv: object | None  # state.kv.KVView, when the compaction query runs
-    metrics: object  # streaming.metrics.Metrics
+    metrics: object  # streaming.runtime.metrics.Metrics
     should_stop: Callable[[], bool]
     source_options: dict  # the commitlog source's options
     kafka: object | None  # connectors.kafka.settings.KafkaSettings, None when Kafka is off
     until_caught_up: bool = False  # `tierlog run --until-caught-up`: no query holds a batch back
     # compaction.nice where this run started the process's JVM; 0 in a caller's session, whose
-    # process is the caller's to prioritise (streaming.priority)
+    # process is the caller's to prioritise (streaming.runtime.priority)
     compaction_nice: int = 0
 
 

@@ -675,7 +675,7 @@ class ChaosRun:
         # read straight from the checkpoint.  Not compaction's or the mirror's: they read the tier,
         # which keeps what they have not applied (their completeness is checked at the end, against
         # the ledger).
-        from streaming.checkpoints import Checkpoint
+        from streaming.runtime.checkpoints import Checkpoint
         from streaming.plan import checkpoint_path
 
         needed = [self._sinks().get("tier", -1)]

@@ -40,7 +40,7 @@ from connectors.faults import DRIVER_PID
 log = logging.getLogger("tierlog.mirror")
 
 _HEADER = struct.Struct("<I")
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 3))  # the checkout: streaming/queries/mirror/..
 READY = "ready"
 
 
@@ -70,7 +70,7 @@ class SenderProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH", "")) if p)
         # A crash point in the child kills the driver, as one in the driver's own sends did.
         env.setdefault(DRIVER_PID, str(os.getpid()))
-        cmd = [sys.executable, "-m", "streaming.mirror_process"]
+        cmd = [sys.executable, "-m", "streaming.queries.mirror.sender_process"]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=env, cwd=_ROOT)
         threading.Thread(target=_forward_stderr, args=(proc.stderr,), name="mirror-sender-err", daemon=True).start()
@@ -181,8 +181,8 @@ def main() -> None:
     """The child: tasks in on stdin, outcomes out on stdout, until stdin closes."""
     from connectors.kafka.sink import close_shared_producer
     from connectors.threads import name_native
-    from connectors.tier.backend import open_backend
-    from streaming.mirror_handler import send_slot
+    from connectors.tier.location import open_backend
+    from streaming.queries.mirror.send import send_slot
 
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not corrupt the replies

@@ -1,4 +1,4 @@
-"""The tiering query as the runner sees it: commitlog -> the tier (``streaming.tier_handler``)."""
+"""The tiering query as the runner sees it: commitlog -> the tier (``streaming.queries.tiering.handler``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from connectors.sinks import TIER
 from connectors.errors import TierlogError
 from streaming import config as cfg
 from streaming.queries.base import Batch, Query, RunContext
-from streaming.source import SourceOptions, expected_batch, starting_offset
-from streaming.tier_handler import BatchReport, TieringSettings, TieringHandler, refs_stream
+from streaming.sources.commitlog import SourceOptions, expected_batch, starting_offset
+from streaming.queries.tiering.handler import BatchReport, TieringSettings, TieringHandler, refs_stream
 
 log = logging.getLogger("tierlog.service")
 

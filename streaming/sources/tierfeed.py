@@ -7,7 +7,7 @@ them.  With ``columns`` the source yields those columns of the batches' messages
 their staging objects (``connectors.tier.feed``: decoded and CRC-checked once, by the stager), one
 partition per ``PARTITION_BYTES`` of staging objects (or per backfill, or a task's share of a large batch); without, it yields no rows and the query's handler reads the
 objects itself (the mirror's handler, per Kafka partition slot, in ``bench/bench_kafka.py``; the
-service runs the mirror without a Spark stream, ``streaming.follower``).  Spark gives the query its trigger, its
+service runs the mirror without a Spark stream, ``streaming.runtime.follower``).  Spark gives the query its trigger, its
 offset log and its exactly-once bookkeeping, as for every query of ``tierlog run``.
 
 Options:
@@ -17,7 +17,7 @@ Options:
 ``maxBytesPerTrigger``  at most about this many commitlog bytes a batch, as the ``commitlog``
                      source's (at least one tier batch)
 ``minBytesPerTrigger``, ``maxTriggerDelayMs``  hold a smaller batch back, at most this long, as
-                     the ``commitlog`` source's (``streaming.hold``)
+                     the ``commitlog`` source's (``streaming.sources.hold``)
 ``columns``          message columns to yield (comma-separated); none: no rows
 ``location``, ``broker``  the tier and whose part of it (with ``columns``)
 ``localCopies``      ``connectors.tier.copies.CopySettings`` as JSON: read the stagers' local
@@ -51,7 +51,7 @@ from connectors.commitlog.topics import TopicFilter
 from connectors.tier.copies import CopySettings
 from connectors.task_cpu import counted
 from connectors.tier.feed import FeedBatch
-from streaming.hold import BatchHold
+from streaming.sources.hold import BatchHold
 from state.tier_feed import listed_batches, listed_ends, next_end
 
 FEED_DDL = "phy_offset bigint"
@@ -263,7 +263,7 @@ def read_partition(location: str, broker: str | None, columns: tuple[str, ...], 
                    partition: FeedPartition, latest: bool = False, copies: CopySettings | None = None):
     """The rows of one partition: ``columns`` of its messages that ``topics`` takes (with ``latest``,
     each key's last; see the module's options)."""
-    from connectors.tier.backend import open_backend
+    from connectors.tier.location import open_backend
     from connectors.tier.feed import read_batches
 
     read = (*columns, "sysflag") if latest and "sysflag" not in columns else columns  # keyed_mask's

@@ -1,6 +1,6 @@
 """The mirror query: the tier's committed batches -> Kafka, one record per message.
 
-    the tier commits a batch -> MirrorQuery.step (streaming.follower, on the driver)
+    the tier commits a batch -> MirrorQuery.step (streaming.runtime.follower, on the driver)
       -> MirrorHandler.process(the tier's committed batches past the ``mirror`` sink's record)
 
 The mirror never reads the commitlog: the tiering query decoded and CRC-checked each message
@@ -14,9 +14,9 @@ checkpoint); the driver sends every batch, Spark's executors only a backfill.  P
 
 1. take the batch's range (``[start, end)``, whole tier batches), less what the ``mirror`` sink's
    record says was sent, and the tier batches listed in it (``TierFeed.batches``).  The range
-   is ``streaming.queries.mirror.step_end``'s, in the service and in ``bench/bench_kafka.py``;
+   is ``streaming.queries.mirror.query.step_end``'s, in the service and in ``bench/bench_kafka.py``;
 2. send it from the driver as one slot, without a Spark job (with ``kafka.mirror_process``, from
-   a process of its own, ``streaming.mirror_process``; ``kafka.mirror_driver_bytes`` above 0,
+   a process of its own, ``streaming.queries.mirror.sender_process``; ``kafka.mirror_driver_bytes`` above 0,
    the default; a quiet broker's batch costs far less to send than a job does, a busy one's reaches
    Kafka sooner without waiting for a job behind compaction's, and a catch-up costs about 0.6 of
    the CPU a message); or, for a backfill or with ``kafka.mirror_driver_bytes`` 0, run one Spark
@@ -37,7 +37,7 @@ checkpoint); the driver sends every batch, Spark's executors only a backfill.  P
    batch again; Kafka's positions, read back, keep it from being sent twice).
 
 The changelog sink rides on the compaction query instead (see
-``streaming.kv_handler``).
+``streaming.queries.compaction.handler``).
 """
 
 from __future__ import annotations
@@ -47,30 +47,24 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
-
-import pyarrow as pa
+from typing import Callable
 
 from connectors.commitlog.topics import TopicFilter
 from connectors.errors import TierlogError
+from connectors.faults import crash_point
 from connectors.kafka.errors import KafkaSinkError, KafkaUnavailable
-from connectors.kafka.mirror_sink import MIRROR_COLUMNS, MirrorSink, slot_of
 from connectors.kafka.settings import KafkaSettings
 from connectors.kafka.sink import Health, backoff, close_shared_producer
-from connectors.task_cpu import counted
-from connectors.tier.backend import open_backend
-from connectors.tier.copies import CopySettings
-from connectors.tier.feed import FeedBatch, read_unsorted
-from streaming.checkpoints import Batch
-from streaming.mirror_process import SenderProcess
-from connectors.faults import crash_point
-from connectors.threads import name_native
 from connectors.sinks import MIRROR
+from connectors.threads import name_native
+from connectors.tier.location import open_backend
+from connectors.tier.copies import CopySettings
+from connectors.tier.feed import FeedBatch
+from streaming.queries.mirror.send import OUTCOME_DDL, SendTask, make_sender, send_slot
+from streaming.queries.mirror.sender_process import SenderProcess
+from streaming.runtime.checkpoints import Batch
 
 log = logging.getLogger("tierlog.mirror")
-
-OUTCOME_DDL = ("slot int, sent bigint, skipped bigint, bytes bigint, partitions string, positions string, "
-               "too_large string, error string, retriable boolean")
 
 
 @dataclass
@@ -83,52 +77,6 @@ class MirrorReport:
     seconds: float
     attempts: int = 1
     on_driver: bool = False  # sent by the driver (``kafka.mirror_driver_bytes`` above 0), not by Spark's tasks
-
-
-@dataclass(frozen=True)
-class SendTask:
-    """What one sender task needs; pickled into the Spark job."""
-
-    kafka: KafkaSettings
-    location: str  # the tier's
-    batches: tuple[FeedBatch, ...]  # the tier batches of [start, end)
-    start: int
-    end: int
-    slots: int
-    partitions: dict  # Kafka topic -> partition count, where known
-    positions: dict  # "topic\x00partition" -> position, where known
-    topics: TopicFilter | None = None  # the messages of the topics it accepts are sent
-    copies: CopySettings | None = None  # the stagers' local copies, read where they are
-
-
-def send_slot(task: SendTask, slot: int, backend=None) -> dict:
-    """Send the partitions ``slot`` owns of ``[task.start, task.end)``; the outcome as one row.
-    ``backend``: the tier's, open (the driver keeps one); else one is opened and closed here."""
-    too_large: list = []
-    sink = MirrorSink(task.kafka, owns=lambda topic, p: slot_of(topic, p, task.slots) == slot,
-                      on_skip=lambda phy, why: too_large.append([phy, why]), shared_producer=True,
-                      topics=task.topics)
-    sink.seed(task.partitions, {tuple(_split(k)): v for k, v in task.positions.items()})
-    error, retriable = None, False
-    tier = backend or open_backend(task.location, copies=task.copies)
-    try:
-        sink.publish(lambda: read_unsorted(tier, task.batches, task.start, task.end, MIRROR_COLUMNS,
-                                           broker=task.kafka.broker), once=True)
-    except KafkaSinkError as exc:
-        error, retriable = str(exc), exc.retriable
-    except TierlogError as exc:
-        if not exc.retriable:
-            raise
-        error, retriable = f"reading the tier's staging objects back: {exc}", True  # S3 away: waited out as Kafka is
-    finally:
-        sink.close()
-        if backend is None:
-            tier.close()
-    partitions, positions = sink.known()
-    owned = {f"{t}\x00{p}": v for (t, p), v in positions.items() if slot_of(t, p, task.slots) == slot}
-    return {"slot": slot, "sent": sink.stats.sent, "skipped": sink.stats.skipped, "bytes": sink.stats.bytes,
-            "partitions": json.dumps(partitions), "positions": json.dumps(owned),
-            "too_large": json.dumps(too_large), "error": error, "retriable": retriable}
 
 
 def default_slots(kafka: KafkaSettings, parallelism: int) -> int:
@@ -165,27 +113,6 @@ def driver_sized_end(listed: list[FeedBatch], start: int, end: int, driver_bytes
             break
         cut, taken = min(b.end, end), taken + size
     return cut if cut > start else end
-
-
-def _split(key: str) -> tuple[str, int]:
-    topic, _, partition = key.rpartition("\x00")
-    return topic, int(partition)
-
-
-def make_sender(task: SendTask, slots: list[int]):
-    """The mapInArrow function over ``spark.range(len(slots))``: row i sends slot ``slots[i]``."""
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for index in batch.column("id").to_pylist():
-                yield pa.RecordBatch.from_pylist([send_slot(task, slots[index])], schema=_OUTCOME_SCHEMA)
-
-    return lambda batches: counted("mirror send", run(batches))
-
-
-_OUTCOME_SCHEMA = pa.schema([("slot", pa.int32()), ("sent", pa.int64()), ("skipped", pa.int64()),
-                             ("bytes", pa.int64()), ("partitions", pa.string()), ("positions", pa.string()),
-                             ("too_large", pa.string()), ("error", pa.string()), ("retriable", pa.bool_())])
 
 
 class MirrorHandler:

@@ -143,7 +143,7 @@ class TierBatchReader(DataSourceReader):
         if not partition.ranges:
             return
         from connectors.tier import layout
-        from connectors.tier.backend import open_backend
+        from connectors.tier.location import open_backend
 
         backend = open_backend(self.location)
         try:

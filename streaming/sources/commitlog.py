@@ -62,7 +62,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from connectors.commitlog.arrow import MESSAGE_DDL, project_ddl
-from streaming.hold import BatchHold
+from streaming.sources.hold import BatchHold
 from connectors.commitlog.reader import ON_CORRUPT, ON_MISSING, CommitLogReader, ReaderOptions, ScanResult, cut
 from connectors.errors import ConfigError
 from connectors.task_cpu import counted

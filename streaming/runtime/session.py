@@ -156,7 +156,7 @@ def _py4j_zip_case(lib: str) -> str:
 
 
 WORKER_PYTHON = """#!/bin/sh
-# Written by tierlog (streaming/session.py, worker_python): Spark's Python processes import the
+# Written by tierlog (streaming/runtime/session.py, worker_python): Spark's Python processes import the
 # installed pyspark's (and py4j's) compiled modules instead of compiling the same packages from zips.
 set -f
 kept=

@@ -13,7 +13,7 @@ niceness changes nothing.
 
 What runs at ``compaction.nice``:
 
-* the driver's KV view threads (``streaming.kv_handler``: resolve and apply), and what they start:
+* the driver's KV view threads (``streaming.queries.compaction.handler``: resolve and apply), and what they start:
   the changelog's reads and its librdkafka threads;
 * in a local master's JVM, Spark's task threads and the state store's RocksDB threads (this class).
   At steady state compaction's stateful step is the only Spark job the service runs: tiering

@@ -45,7 +45,7 @@ log = logging.getLogger("tierlog.tier")
 
 if TYPE_CHECKING:
     from connectors.commitlog.reader import CommitLogReader
-    from streaming.checkpoints import Batch
+    from streaming.runtime.checkpoints import Batch
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The mirror query as the runner sees it: the tier's committed batches -> one Kafka record per
-message (``streaming.mirror_handler``), sent as soon as the tier commits them, without a Spark
-stream (``streaming.follower``)."""
+message (``streaming.queries.mirror.handler``), sent as soon as the tier commits them, without a Spark
+stream (``streaming.runtime.follower``)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from connectors.sinks import MIRROR
 from streaming import config as cfg
 from state.tier_feed import next_end
-from streaming.hold import BatchHold
+from streaming.sources.hold import BatchHold
 from streaming.queries.base import Query, RunContext, open_feed
-from streaming.mirror_handler import MirrorHandler, MirrorReport, driver_sized_end
+from streaming.queries.mirror.handler import MirrorHandler, MirrorReport, driver_sized_end
 
 log = logging.getLogger("tierlog.service")
 
@@ -41,7 +41,7 @@ def step_end(feed, start: int, max_bytes: int, driver_bytes: int, held=lambda en
 class MirrorQuery(Query):
     name = "mirror"
     reads_commitlog = False
-    spark_stream = False  # woken by the tier's commits (streaming.follower)
+    spark_stream = False  # woken by the tier's commits (streaming.runtime.follower)
 
     @classmethod
     def enabled(cls, conf: cfg.Config) -> bool:

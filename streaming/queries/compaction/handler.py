@@ -1,7 +1,7 @@
 """The compaction query's foreachBatch: Spark finds the changed keys, ``KVWriter`` applies them.
 
     spark.readStream.format("tierfeed")  (the tier's committed batches; only the columns it needs)
-      -> max_per_key (Spark's RocksDB state store; streaming/latest_per_key.py)
+      -> max_per_key (Spark's RocksDB state store; streaming/queries/compaction/latest_per_key.py)
       -> foreachBatch(CompactionHandler.process)
 
 Per micro-batch the handler collects the changed keys (small references, one row per key) to the
@@ -24,8 +24,8 @@ from connectors.faults import crash_point
 from state.kv import KVView
 from state.kv_writer import CompactionReport, CompactionSettings, KVWriter
 from connectors.threads import lower_priority, name_native
-from streaming.checkpoints import Batch
-from streaming.latest_per_key import REDUCED_COLUMNS, max_per_key
+from streaming.runtime.checkpoints import Batch
+from streaming.queries.compaction.latest_per_key import REDUCED_COLUMNS, max_per_key
 
 log = logging.getLogger("tierlog.compaction")
 
@@ -71,7 +71,7 @@ class CompactionHandler:
         self.applied_end: int | None = None  # where the last batch this process applied ends
         self.lock = threading.RLock()  # held while a batch is handed over; a graceful stop waits on it
         # ``nice``: both threads, and what they start (the changelog's reads and librdkafka's threads),
-        # run behind the tier and the mirror when the cores are full (``streaming.priority``).
+        # run behind the tier and the mirror when the cores are full (``streaming.runtime.priority``).
         def started() -> None:
             name_native()
             lower_priority(nice)

@@ -1,6 +1,6 @@
 """The compaction query as the runner sees it: the tier's committed batches -> latest value per key
 -> the KV view, compacted snapshots and, when Kafka is on, the changelog topic
-(``streaming.kv_handler``)."""
+(``streaming.queries.compaction.handler``)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import logging
 from connectors.kafka.changelog import ChangelogSink
 from connectors.sinks import CHANGELOG, KV
 from connectors.threads import start_arrow_pool
-from connectors.tier.backend import open_backend
+from connectors.tier.location import open_backend
 from connectors.tier.feed import FeedMessages
 from streaming import config as cfg
-from streaming.checkpoints import SHUFFLE_PARTITIONS, STATE_PROVIDER, Batch
-from streaming.hold import hold_options
-from streaming.kv_handler import CompactionReport, CompactionHandler, compaction_stream
-from streaming.priority import JvmThreads
+from streaming.runtime.checkpoints import SHUFFLE_PARTITIONS, STATE_PROVIDER, Batch
+from streaming.sources.hold import hold_options
+from streaming.queries.compaction.handler import CompactionReport, CompactionHandler, compaction_stream
+from streaming.runtime.priority import JvmThreads
 from streaming.queries.base import Query, RunContext, open_feed
 from streaming.settings import compaction_settings
 

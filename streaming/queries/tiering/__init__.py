@@ -1,0 +1,1 @@
+"""The tiering query: the commitlog -> the tier (``query`` as the runner sees it, ``handler`` its batches)."""

@@ -1,0 +1,1 @@
+"""The Spark data sources: ``commitlog`` (the broker's log), ``tierfeed`` (the tier's committed batches, for compaction), ``tier`` (a batch read of the committed tier), and the hold both streaming sources share."""
