@@ -50,7 +50,8 @@ from connectors.commitlog.reader import CommitLogReader
 from state.metadata import MetadataStore
 from connectors.kafka.settings import PRODUCERS
 from streaming import config as cfg
-from streaming.plan import enabled_sinks, metadata_path
+from streaming.plan import enabled_sinks
+from streaming.settings import derive
 
 SAMPLE_S = 5.0
 KEEPS_UP_SLOPE = 0.02  # of the append rate
@@ -119,12 +120,12 @@ def lag_samples(root: Root, producer: subprocess.Popen, minutes: float) -> list[
 def sink_lags(conf: cfg.Config, end: int) -> dict[str, int]:
     """Bytes of commitlog each enabled sink has yet to apply: ``end`` (the commitlog's) minus the
     sink's applied offset, from the metadata store read-only, as ``tierlog status`` reads it."""
-    store = MetadataStore(metadata_path(conf), read_only=True)
+    store = MetadataStore(derive(conf).paths.metadata, read_only=True)
     try:
         applied = store.journal.sinks()
     finally:
         store.close()
-    return {sink: end - applied.get(sink, 0) for sink in enabled_sinks(conf)}
+    return {sink: end - applied.get(sink, 0) for sink in enabled_sinks(derive(conf))}
 
 
 def slope(points: list[tuple[float, int]]) -> float:
@@ -141,7 +142,7 @@ def probe(body: int, rate_mb: float, minutes: float, bootstrap: str | None,
         root.start()
         # Warm-up: the first batches start Spark's Python workers and compile plans.
         root.producer(body, 2000, seed=99).communicate()
-        store_path = metadata_path(root.conf)
+        store_path = derive(root.conf).paths.metadata
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if root.proc.poll() is not None:
@@ -149,7 +150,7 @@ def probe(body: int, rate_mb: float, minutes: float, bootstrap: str | None,
             if os.path.exists(store_path):
                 store = MetadataStore(store_path, read_only=True)
                 try:
-                    if all(s in store.journal.sinks() for s in enabled_sinks(root.conf)):
+                    if all(s in store.journal.sinks() for s in enabled_sinks(derive(root.conf))):
                         break
                 finally:
                     store.close()

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 from connectors.errors import ConfigError, StopRequested, TierlogError
 from connectors.faults import DRIVER_PID, late_worker_fault
-from connectors.stopping import STOP_FILE, clear_stop
+from connectors.stopping import STOP_FILE, clear_stop, request_stop
 from connectors.sinks import KV
 from state.kv import KVView
 from state.kv_writer import retained_topics, take_inline_where_retained
@@ -67,9 +67,9 @@ def _state_memory(progress) -> int | None:
 
 class Service:
     def __init__(self, conf: cfg.Config):
-        self.conf = conf
+        self.settings = derive(conf)  # every setting parsed, and refused, before anything opens
         self.stopping = threading.Event()
-        self.metrics = Metrics(conf.broker.name, [q.name for q in plan.QUERIES])
+        self.metrics = Metrics(self.settings.broker, [q.name for q in plan.QUERIES])
         self.queries: dict[str, Query] = {}  # name -> query, while run() runs and after
         self.batches: dict[str, int] = {}  # name -> batches processed
         self._last_batch: dict[str, int] = {}  # name -> the id of the last batch its handler processed
@@ -83,37 +83,36 @@ class Service:
         # second: 0.05 cores at 100 msgs/s after 15 minutes, growing with the file.
         self._log_reader = None
         self._followers: dict[str, Follower] = {}  # the queries without a Spark stream, while they run
-        self.late = LateStarts(conf.spark.late_start_s, self._late_start)
-        self.settings = derive(conf)  # every setting parsed, and refused, before anything opens
+        self.late = LateStarts(self.settings.spark.late_start_s, self._late_start)
 
     # ------------------------------------------------------------ running
 
     def run(self, until_caught_up: bool = False, spark=None) -> int:
-        conf = self.conf
-        if not os.path.isdir(conf.commitlog.dir):
+        settings = self.settings
+        paths = settings.paths
+        if not os.path.isdir(paths.commitlog):
             raise ConfigError(
-                f"commitlog.dir {conf.commitlog.dir!r} does not exist: produce to it first "
+                f"commitlog.dir {paths.commitlog!r} does not exist: produce to it first "
                 "(`tierlog produce`) or point it at a broker's store/commitlog"
             )
         from streaming.runtime.checkpoints import location_problem
 
-        problem = location_problem(conf)
+        problem = location_problem(settings.spark.jars, paths.checkpoints)
         if problem:
             raise ConfigError(problem)
-        settings = self.settings
-        kinds = plan.queries(conf)
-        metadata = self._metadata = MetadataStore(plan.metadata_path(conf))
-        gone = metadata.feed.keep_only(plan.tier_consumers(conf))
+        kinds = plan.queries(settings)
+        metadata = self._metadata = MetadataStore(paths.metadata)
+        gone = metadata.feed.keep_only(plan.tier_consumers(settings))
         if gone:
             log.info("the tier stops keeping its committed batches for %s (off in this configuration)", ", ".join(gone))
-        self.metrics.serve(conf.metrics.host, conf.metrics.port)
+        self.metrics.serve(settings.metrics_host, settings.metrics_port)
         kv = None
         self.queries = {}
         owned = None  # the session this run built, stopped before it returns
         own_jvm = False  # and the JVM it started, ended before it returns
         try:
-            if any(KV in q.sinks(conf) for q in kinds):
-                kv = KVView(plan.kv_path(conf), ttl=settings.ttl, tier=conf.tier.location, broker=conf.broker.name)
+            if any(KV in q.sinks(settings) for q in kinds):
+                kv = KVView(paths.kv, ttl=settings.ttl, tier=paths.tier, broker=settings.broker)
             elif retained_topics(metadata.journal.references(), settings.retention):
                 self._release_retention_holds(metadata)
             if spark is None:
@@ -128,20 +127,18 @@ class Service:
                 os.environ[STOP_FILE] = os.path.join(tempfile.gettempdir(), f"tierlog-stop-{os.getpid()}")
                 clear_stop()  # one an earlier process of this pid left, before any batch can retry
                 own_jvm = not jvm_running()
-                spark = owned = build_session("tierlog", conf.spark.master, plan.session_conf(conf),
-                                              c1_only=conf.spark.jit_c1_only,
-                                              huge_pages=conf.spark.transparent_huge_pages)
+                spark = owned = build_session("tierlog", settings.spark.master, plan.session_conf(settings),
+                                              c1_only=settings.spark.jit_c1_only,
+                                              huge_pages=settings.spark.transparent_huge_pages)
             streamed = [q for q in kinds if q.spark_stream]  # the others keep no checkpoint
-            committed = {q.name: Checkpoint(plan.checkpoint_path(conf, q.name), spark).last_committed_end()
-                         for q in streamed}
+            committed = {q.name: Checkpoint(paths.checkpoint(q.name), spark).last_committed_end() for q in streamed}
             moved_from = self._check_commitlog(spark, {q.name: committed[q.name] for q in kinds if q.reads_commitlog})
             for q in streamed:  # every checkpoint checked before anything starts
-                check_or_record(spark, plan.checkpoint_path(conf, q.name), q.name, q.guarded_settings(conf, spark),
+                check_or_record(spark, paths.checkpoint(q.name), q.name, q.guarded_settings(settings, spark),
                                 movable=("commitlog.dir",) if moved_from else ())
-            ctx = RunContext(conf=conf, settings=settings, metadata=metadata, kv=kv, metrics=self.metrics,
-                             should_stop=self.stopping.is_set,
-                             source_options=settings.source, kafka=settings.kafka, until_caught_up=until_caught_up,
-                             compaction_nice=conf.compaction.nice if own_jvm else 0)
+            ctx = RunContext(settings=settings, metadata=metadata, kv=kv, metrics=self.metrics,
+                             should_stop=self.stopping.is_set, until_caught_up=until_caught_up,
+                             compaction_nice=settings.compaction.nice if own_jvm else 0)
             self._ctx = ctx
             for kind in kinds:
                 query = self.queries[kind.name] = kind(ctx)
@@ -176,8 +173,8 @@ class Service:
         a topic given a tier retention since: this start does, so that retention applies (the tier
         keeps those topics' segments until then, ``TierWriter``'s warning).  Called only when the
         journal lists such a topic: a start with nothing to take in opens no view."""
-        conf = self.settings.conf
-        with KVView(plan.kv_path(conf), tier=conf.tier.location, broker=conf.broker.name) as kv:
+        s = self.settings
+        with KVView(s.paths.kv, tier=s.paths.tier, broker=s.broker) as kv:
             take_inline_where_retained(kv, metadata.journal, self.settings.retention)
 
     def _check_commitlog(self, spark, committed: dict[str, int | None]) -> str | None:
@@ -189,24 +186,23 @@ class Service:
         from streaming.runtime.checkpoints import recorded_settings
         from streaming.runtime.failover import check_commitlog
 
-        conf = self.conf
-        here = os.path.abspath(conf.commitlog.dir)
-        recorded = [recorded_settings(spark, plan.checkpoint_path(conf, q)) for q in committed]
+        s = self.settings
+        here = os.path.abspath(s.paths.commitlog)
+        recorded = [recorded_settings(spark, s.paths.checkpoint(q)) for q in committed]
         before = {r.get("commitlog.dir") for r in recorded}
         moved_from = next((d for d in sorted(before - {None}) if d != here), None)
-        if moved_from and any(r.get("broker.name", conf.broker.name) != conf.broker.name for r in recorded):
+        if moved_from and any(r.get("broker.name", s.broker) != s.broker for r in recorded):
             return None  # the broker changed too: check_or_record refuses, naming broker.name
-        backend = open_backend(conf.tier.location)
+        backend = open_backend(s.paths.tier)
         try:
-            last = TierLog(backend, conf.broker.name).committed().last_record
+            last = TierLog(backend, s.broker).committed().last_record
         finally:
             backend.close()
         check_commitlog(self.settings.reader, last, committed, moved_from)
         return moved_from
 
     def _writer(self, spark, query: Query, until_caught_up: bool):
-        conf = self.conf
-        checkpoint = plan.checkpoint_path(conf, query.name)
+        checkpoint = self.settings.paths.checkpoint(query.name)
 
         def process(batch):
             self._ran(query)
@@ -226,7 +222,7 @@ class Service:
         )
         if until_caught_up and query.reads_commitlog:
             return writer.trigger(availableNow=True)
-        return writer.trigger(processingTime=f"{int(conf.spark.trigger_interval_s * 1000)} milliseconds")
+        return writer.trigger(processingTime=f"{int(self.settings.spark.trigger_interval_s * 1000)} milliseconds")
 
     def _ran(self, query: Query) -> None:
         if query.name not in self._entered:
@@ -276,14 +272,14 @@ class Service:
                         f"signal {-status}" if status < 0 else f"exit code {status}")
 
     def _run_queries(self, spark, until_caught_up: bool) -> int:
-        conf = self.conf
+        s = self.settings
         # Under --until-caught-up, a query that consumes the tier (it cannot know where the tier will
         # end) runs on its trigger beside the others, and is stopped once they are done and it has
         # applied all the tier committed.
         followers = [n for n, q in self.queries.items() if until_caught_up and not q.reads_commitlog]
         streams = {name: self._start(spark, q, until_caught_up) for name, q in self.queries.items()}
         self._install_signals()
-        log.info("%s: %s -> %s (%s)", " + ".join(streams), conf.commitlog.dir, conf.tier.location,
+        log.info("%s: %s -> %s (%s)", " + ".join(streams), s.paths.commitlog, s.paths.tier,
                  "until caught up" if until_caught_up else "until stopped")
         next_tick, waiting = time.monotonic(), set()
         while not self.stopping.is_set():
@@ -306,7 +302,7 @@ class Service:
                 continue
             if time.monotonic() >= next_tick:
                 self._tick(streams)
-                next_tick = time.monotonic() + max(1.0, conf.spark.trigger_interval_s)
+                next_tick = time.monotonic() + max(1.0, s.spark.trigger_interval_s)
         if any(s.exception() is not None for n, s in streams.items() if not s.isActive and n not in waiting):
             self.stopping.set()  # the other queries stop too: no new batch, Kafka waits end
         if self.stopping.is_set() and any(s.isActive for s in streams.values()):
@@ -333,14 +329,14 @@ class Service:
             log.info("the %s query starts again from its checkpoint and its sinks' records", name)
             old.close()
             query = self.queries[name] = type(old)(self._ctx)
-            query.start(Checkpoint(plan.checkpoint_path(self.conf, name), spark).last_committed_end()
+            query.start(Checkpoint(self.settings.paths.checkpoint(name), spark).last_committed_end()
                         if query.spark_stream else None)
             self._entered.discard(name)  # its next batch ends the wait (LateStarts.ran)
         return self._start(spark, self.queries[name], until_caught_up)
 
     def _start(self, spark, query: Query, until_caught_up: bool):
         if not query.spark_stream:
-            follower = Follower(query.name, lambda: self._step(spark, query), self.conf.spark.trigger_interval_s)
+            follower = Follower(query.name, lambda: self._step(spark, query), self.settings.spark.trigger_interval_s)
             self._followers[query.name] = follower
             return follower.start()
         return self._writer(spark, query, until_caught_up).start()
@@ -373,7 +369,7 @@ class Service:
             return False
         for name in followers:
             last = self._last_batch.get(name)
-            if last is not None and str(last) not in Checkpoint(plan.checkpoint_path(self.conf, name), spark).list("commits"):
+            if last is not None and str(last) not in Checkpoint(self.settings.paths.checkpoint(name), spark).list("commits"):
                 return False
         return True
 
@@ -382,7 +378,7 @@ class Service:
         sinks' health in the metadata store (``status``), and the metric."""
         if text is not None:
             self.metrics.late_starts.labels(name).inc()
-        for sink in self.queries[name].sinks(self.conf):
+        for sink in self.queries[name].sinks(self.settings):
             self._metadata.journal.record_health(sink, None if text is None else
                                          {"state": "starting", "since": time.time(), "error": text})
 
@@ -409,7 +405,7 @@ class Service:
         if spark_state is not None:
             m.state_memory.labels("spark").set(spark_state)
         m.state_memory.labels("metadata").set(self._metadata.memory_bytes())
-        point = plan.safepoint(self.conf, self._metadata.journal.sinks())
+        point = plan.safepoint(self.settings, self._metadata.journal.sinks())
         m.safepoint.set(-1 if point is None else point)
         self._watch_retention(point)
 
@@ -419,8 +415,8 @@ class Service:
         from connectors.commitlog.headroom import headroom
         from state import gaps
 
-        c = self.conf.commitlog
-        self.metrics.gaps.set(len(gaps.unacknowledged(self.conf.state.dir, self._metadata.quarantined())))
+        s = self.settings
+        self.metrics.gaps.set(len(gaps.unacknowledged(s.paths.state, self._metadata.quarantined())))
         if needed is None:
             return
         try:
@@ -439,7 +435,7 @@ class Service:
         self.metrics.headroom_bytes.set(room.bytes)
         if room.seconds is not None:
             self.metrics.headroom_seconds.set(room.seconds)
-        if room.below(c.headroom_warn_fraction, c.headroom_warn_s) and time.monotonic() - self._headroom_warned > 300:
+        if room.below(s.headroom_warn_fraction, s.headroom_warn_s) and time.monotonic() - self._headroom_warned > 300:
             self._headroom_warned = time.monotonic()
             log.warning(room.warning())
 
@@ -487,8 +483,6 @@ class Service:
         return None
 
     def _install_signals(self) -> None:
-        from connectors.stopping import request_stop
-
         clear_stop()  # a stop an earlier service of this process was asked for is not this one's
 
         def handler(signum, _frame):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 from connectors.commitlog.reader import ReaderOptions
 from connectors.commitlog.topics import CLASSES, TopicFilter
@@ -23,37 +24,134 @@ from connectors.tier.copies import CopySettings
 from connectors.tier.retention import Retention
 from connectors.tier.staging import StageSettings
 from connectors.tier.writer import WriterSettings
+from state.kv_refs import ReferencePolicy
+from state.kv_writer import CompactionSettings
 from streaming import config as cfg
 
 
 @dataclass(frozen=True)
+class Paths:
+    """Where one tierlog keeps what it reads and writes."""
+
+    commitlog: str  # commitlog.dir
+    tier: str  # tier.location: a directory or s3://bucket/prefix
+    state: str  # state.dir: the metadata store, the KV view, the tables' SQLite catalog
+    checkpoints: str  # checkpoint.dir: one Spark checkpoint per query under it
+
+    @property
+    def metadata(self) -> str:
+        return os.path.join(self.state, "metadata")
+
+    @property
+    def kv(self) -> str:
+        return os.path.join(self.state, "kv")
+
+    def checkpoint(self, query: str) -> str:
+        return os.path.join(self.checkpoints, query)
+
+
+@dataclass(frozen=True)
+class ProducerSettings:
+    """The embedded producer's (``tierlog produce``, the demo): how it writes ``commitlog.dir``."""
+
+    file_size: int
+    fsync: str
+    fsync_interval_s: float
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    master: str
+    shuffle_partitions: int
+    trigger_interval_s: float
+    late_start_s: float
+    jars: tuple[str, ...]  # spark.jars, split
+    jit_c1_only: bool
+    transparent_huge_pages: bool
+    rocksdb_memory_mb: int  # state.rocksdb_memory_mb: Spark's state stores' bound per executor
+
+
+@dataclass(frozen=True)
+class CompactionRun:
+    """The compaction query's settings (``compaction.*``), as the runner and the query use them."""
+
+    enabled: bool
+    nice: int
+    min_batch_bytes: int
+    max_batch_delay_s: float
+    max_batch_bytes: int | None  # what a batch behind takes at most; None: no bound
+    key_property: str  # its Spark state is keyed by it (a checkpoint guard)
+    writer: CompactionSettings  # the KV writer's
+
+
+@dataclass(frozen=True)
+class MirrorRun:
+    """The mirror query's settings (``kafka.mirror*``)."""
+
+    enabled: bool  # kafka.bootstrap set and kafka.mirror on
+    tasks: int
+    driver_bytes: int
+    process: bool
+    min_batch_bytes: int
+    max_batch_delay_s: float
+
+
+@dataclass(frozen=True)
 class Settings:
-    conf: cfg.Config
+    """Every typed setting of one configuration: what everything below the CLI reads."""
+
+    broker: str  # broker.name
+    paths: Paths
     filters: dict[str, TopicFilter]  # sink (tier, compaction, mirror) -> its topic filter
     ttl: dict[str, float] | None  # compaction.ttl: topic -> seconds; None: keys never expire
     retention: Retention  # tier.retention, retention_bytes, retention_messages
     local_retention_s: float  # commitlog.local_retention
+    headroom_warn_fraction: float  # commitlog.headroom_warn_fraction
+    headroom_warn_s: float  # commitlog.headroom_warn_s
     reader: ReaderOptions  # how every commitlog reader of this broker reads
     copies: CopySettings | None  # tier.local_copy_bytes on an S3 tier; None: every read back is a GET
     stage: StageSettings  # the tiering query's stagers
     writer: WriterSettings  # the tier writer
-    tables: TableSettings | None  # the Iceberg message tables; None: tables.enabled is off
+    tables: TableSettings | None  # the Iceberg tables; None: tables.enabled is off
     driver_stage_bytes: int  # tier.stage_on_driver: tiering batches up to this size are staged by the driver; 0: none
     stage_processes: int  # tier.stage_in_processes, resolved: larger tiering batches are staged by this many; 0: Spark
+    partition_bytes: int  # source.partition_bytes
+    starting_offset: str  # source.starting_offset
     kafka: KafkaSettings | None  # the Kafka sinks'; None when kafka.bootstrap is empty (they are off)
+    changelog: bool  # the changelog sink runs: Kafka on, kafka.changelog and compaction on
+    compaction: CompactionRun
+    mirror: MirrorRun
+    spark: SparkSettings
+    metrics_host: str
+    metrics_port: int  # 0: no endpoint
+    producer: ProducerSettings
     source: dict  # the commitlog source's options (strings, as Spark hands them over), from ``reader``
+    # "section.key" -> where its value came from, for errors that name it (``origin``)
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def origin(self, dotted: str) -> str:
+        """Where a setting's value came from, for an error: ``from tierlog.toml``, ``the default`` ..."""
+        where = self.origins.get(dotted)
+        return f"from {where}" if where else "the default"
 
 
 def derive(conf: cfg.Config) -> Settings:
     """Every typed setting of ``conf``; raises ``ConfigError`` naming the first bad one."""
-    t = conf.tier
+    t, c, k, sp = conf.tier, conf.compaction, conf.kafka, conf.spark
     filters, kept, reader, copies = topic_filters(conf), retention(conf), reader_options(conf), local_copies(conf)
+    kafka, tables_on, ttl_s = kafka_settings(conf), tables(conf), ttl(conf)
+    source = source_options(conf, reader)
+    compaction_cap = c.max_batch_bytes or (s.max_bytes_per_trigger * SOURCE_CAP_FACTOR
+                                           if (s := conf.source).max_bytes_per_trigger else None)
     return Settings(
-        conf=conf,
+        broker=conf.broker.name,
+        paths=Paths(conf.commitlog.dir, t.location, conf.state.dir, conf.checkpoint.dir),
         filters=filters,
-        ttl=ttl(conf),
+        ttl=ttl_s,
         retention=kept,
         local_retention_s=local_retention_s(conf),
+        headroom_warn_fraction=conf.commitlog.headroom_warn_fraction,
+        headroom_warn_s=conf.commitlog.headroom_warn_s,
         reader=reader,
         copies=copies,
         stage=StageSettings(location=t.location, reader=reader, filters=filters, copies=copies),
@@ -61,12 +159,47 @@ def derive(conf: cfg.Config) -> Settings:
                               segment_messages=t.segment_messages, segment_age_s=t.segment_age_s,
                               retention=kept, fold_every=max(1, t.fold_every), delete_grace_s=t.delete_grace_s,
                               copies=copies),
-        tables=tables(conf),
+        tables=tables_on,
         driver_stage_bytes=conf.source.partition_bytes if t.stage_on_driver else 0,
         stage_processes=stage_processes(conf),
-        kafka=kafka_settings(conf),
-        source=source_options(conf, reader),
+        partition_bytes=conf.source.partition_bytes,
+        starting_offset=conf.source.starting_offset,
+        kafka=kafka,
+        changelog=kafka is not None and k.changelog and c.enabled,
+        compaction=CompactionRun(
+            enabled=c.enabled, nice=c.nice, min_batch_bytes=c.min_batch_bytes, max_batch_delay_s=c.max_batch_delay_s,
+            max_batch_bytes=compaction_cap, key_property=conf.commitlog.key_property,
+            writer=CompactionSettings(reader=reader, tier_location=t.location, ttl=ttl_s,
+                                      snapshot_interval_s=c.snapshot_interval_s, snapshot_keep=max(1, c.snapshot_keep),
+                                      topics=filters["compaction"], tables=tables_on,
+                                      references=ReferencePolicy(max(0, c.reference_min_bytes), kept))),
+        mirror=MirrorRun(enabled=kafka is not None and k.mirror, tasks=k.mirror_tasks,
+                         driver_bytes=k.mirror_driver_bytes, process=k.mirror_process,
+                         min_batch_bytes=k.mirror_min_batch_bytes, max_batch_delay_s=k.mirror_max_batch_delay_s),
+        spark=SparkSettings(master=sp.master, shuffle_partitions=sp.shuffle_partitions,
+                            trigger_interval_s=sp.trigger_interval_s, late_start_s=sp.late_start_s,
+                            jars=spark_jars(sp.jars),
+                            jit_c1_only=sp.jit_c1_only, transparent_huge_pages=sp.transparent_huge_pages,
+                            rocksdb_memory_mb=conf.state.rocksdb_memory_mb),
+        metrics_host=conf.metrics.host,
+        metrics_port=conf.metrics.port,
+        producer=ProducerSettings(conf.commitlog.file_size, conf.commitlog.fsync, conf.commitlog.fsync_interval_s),
+        source=source,
+        origins=conf.origins,
     )
+
+
+# How many times the commitlog source's cap a compaction batch takes while it is behind, when
+# compaction.max_batch_bytes is not set: its rows are keys and offsets, and over many keys a larger
+# batch holds more repeats of each, so the view and the changelog write fewer changes, while the
+# changelog sends a batch's bodies a slice at a time (docs/benchmarks.md, "Compaction's batches four
+# times the source's cap").
+SOURCE_CAP_FACTOR = 4
+
+
+def spark_jars(text: str) -> tuple[str, ...]:
+    """``spark.jars`` as its jar files."""
+    return tuple(j.strip() for j in text.split(",") if j.strip())
 
 
 def stage_processes(conf: cfg.Config) -> int:
@@ -113,10 +246,15 @@ def source_options(conf: cfg.Config, reader: ReaderOptions) -> dict:
     }
 
 
+def kafka_on(conf: cfg.Config) -> bool:
+    """Whether the Kafka sinks run: ``kafka.bootstrap`` names a broker."""
+    return bool(cfg.bootstrap_servers(conf.kafka.bootstrap))
+
+
 def kafka_settings(conf: cfg.Config) -> KafkaSettings | None:
     """The Kafka sinks' settings; None when ``kafka.bootstrap`` is empty (the sinks are off)."""
     k = conf.kafka
-    if not k.bootstrap.strip():
+    if not kafka_on(conf):
         return None
     client = {"bootstrap_servers": cfg.bootstrap_servers(k.bootstrap),
               "client_id": k.client_id, "security_protocol": k.security_protocol}
@@ -184,24 +322,6 @@ def tables(conf: cfg.Config) -> TableSettings | None:
                             commit_interval_s=t.commit_interval_s, snapshots_kept=max(1, t.snapshots_kept))
 
 
-def compaction_settings(settings: Settings):
-    """The compaction query's handler settings (``state.kv_writer.CompactionSettings``)."""
-    from state.kv_writer import CompactionSettings
-
-    conf, c = settings.conf, settings.conf.compaction
-    return CompactionSettings(reader=settings.reader, tier_location=conf.tier.location, ttl=settings.ttl,
-                              snapshot_interval_s=c.snapshot_interval_s, snapshot_keep=max(1, c.snapshot_keep),
-                              topics=settings.filters["compaction"], tables=settings.tables,
-                              references=references(settings))
-
-
-def references(settings: Settings):
-    """Which values the KV view keeps as references into the tier (``state.kv_refs.ReferencePolicy``)."""
-    from state.kv_refs import ReferencePolicy
-
-    return ReferencePolicy(max(0, settings.conf.compaction.reference_min_bytes), settings.retention)
-
-
 def _globs(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
 
@@ -219,8 +339,7 @@ def topic_filters(conf: cfg.Config) -> dict[str, TopicFilter]:
         out[sink] = TopicFilter(frozenset(classes), _globs(t.include) or ("*",),
                                 _globs(t.exclude) + _globs(getattr(t, f"{sink}_exclude")),
                                 _globs(getattr(t, f"{sink}_include")))
-    consumers = {"compaction": conf.compaction.enabled,
-                 "mirror": bool(conf.kafka.bootstrap.strip()) and conf.kafka.mirror}
+    consumers = {"compaction": conf.compaction.enabled, "mirror": kafka_on(conf) and conf.kafka.mirror}
     for sink, what in (("compaction", "the KV view takes"), ("mirror", "the Kafka mirror sends")):
         wider = _wider_than_tier(t, sink) if consumers[sink] else None
         if wider:

@@ -122,9 +122,9 @@ def crashed_in(directory: Path) -> list[Path]:
 def sink_offsets(conf) -> dict[str, int]:
     """Each sink's applied physical offset, from the metadata store (read-only)."""
     from state.metadata import MetadataStore
-    from streaming.plan import metadata_path
+    from streaming.settings import derive
 
-    store = MetadataStore(metadata_path(conf), read_only=True)
+    store = MetadataStore(derive(conf).paths.metadata, read_only=True)
     try:
         return store.journal.sinks()
     finally:

@@ -11,7 +11,7 @@ from connectors.tier.location import open_backend
 from state.kv import KVView
 from streaming.queries.compaction.latest_per_key import read_state
 from streaming import config as cfg
-from streaming.plan import checkpoint_path, kv_path
+from streaming.settings import derive
 from tests import ledger
 from tests.oracle import latest_per_key
 
@@ -48,7 +48,7 @@ def append(conf: cfg.Config, messages) -> None:
 
 
 def view_contents(conf: cfg.Config) -> dict:
-    with KVView(kv_path(conf), read_only=True) as kv:
+    with KVView(derive(conf).paths.kv, read_only=True) as kv:
         return {(t, e.key): _fields(e) for t, e in kv.entries() if e is not None}
 
 
@@ -59,7 +59,7 @@ def stored_kinds(conf: cfg.Config, topic: str | None = None) -> dict[str, int]:
 
     names = {0: "copy", kv_module._REFERENCED: "reference"}
     counts: dict[str, int] = {}
-    with KVView(kv_path(conf), read_only=True) as view:
+    with KVView(derive(conf).paths.kv, read_only=True) as view:
         for raw_key, raw in view.db.items(from_key=kv_module._DATA_START):
             if topic is not None and raw_key.decode().partition(kv_module.SEP)[0] != topic:
                 continue
@@ -76,7 +76,7 @@ def _fields(e) -> dict:
 
 def spark_state(spark, conf: cfg.Config) -> dict:
     """Spark's committed state: (topic, key) -> the latest message's physical offset, deletes included."""
-    table = read_state(spark, checkpoint_path(conf, "compaction"))
+    table = read_state(spark, derive(conf).paths.checkpoint("compaction"))
     cols = [table.column(c).to_pylist() for c in ("topic", "key", "phy_offset")]
     return {(t, k): p for t, k, p in zip(*cols)}
 

@@ -21,7 +21,7 @@ from connectors.tier.reader import TierReader
 from state.metadata import MetadataStore
 from streaming import config as cfg
 from streaming.service import Service
-from streaming.plan import metadata_path
+from streaming.settings import derive
 from tests.cli_runner import sink_offsets
 from tests.kafka_helpers import changelog_records, compacted, kafka_conf, mirrored_bodies, read_topic
 from tests.kv_helpers import view_contents
@@ -140,7 +140,7 @@ def test_a_broker_log_is_tiered_viewed_and_mirrored_by_topic_class(spark, tmp_pa
         assert not read_topic(conf.kafka.bootstrap, f"{kafka_prefix}.{name}", timeout_s=5)
 
     # status: what each sink left out, by class.
-    store = MetadataStore(metadata_path(conf), read_only=True)
+    store = MetadataStore(derive(conf).paths.metadata, read_only=True)
     try:
         filtered = store.filtered()
     finally:

@@ -13,7 +13,8 @@ from connectors.tier.reader import TierReader
 from streaming import config as cfg
 from streaming.runtime.checkpoints import FINGERPRINT, LOCAL_FILE_MANAGER, SHUFFLE_PARTITIONS
 from streaming.service import Service
-from streaming.plan import checkpoint_path, session_conf
+from streaming.plan import session_conf
+from streaming.settings import derive
 from tests.tiering_helpers import assert_tier_equals_commitlog, make_conf, produce
 
 
@@ -38,7 +39,7 @@ def test_changed_settings_that_would_corrupt_a_checkpoint_are_refused(spark, tmp
     produce(conf, 300)
     assert Service(conf).run(until_caught_up=True, spark=spark) == 0
     for query in ("tiering", "compaction"):
-        recorded = json.loads(open(os.path.join(checkpoint_path(conf, query), FINGERPRINT)).read())
+        recorded = json.loads(open(os.path.join(derive(conf).paths.checkpoint(query), FINGERPRINT)).read())
         assert recorded["settings"]["commitlog.dir"] == os.path.abspath(conf.commitlog.dir)
 
     refused(spark, replace(conf, "tier", location=str(tmp_path / "other-tier")), "tier.location", "tiering")
@@ -49,7 +50,7 @@ def test_changed_settings_that_would_corrupt_a_checkpoint_are_refused(spark, tmp
     try:
         text = refused(spark, conf, "spark.shuffle_partitions", f"{partitions!r}", f"'{int(partitions) + 1}'")
         # A checkpoint from before fingerprints: Spark's offset log still says how it was made.
-        os.remove(os.path.join(checkpoint_path(conf, "compaction"), FINGERPRINT))
+        os.remove(os.path.join(derive(conf).paths.checkpoint("compaction"), FINGERPRINT))
         assert refused(spark, conf, "spark.shuffle_partitions") == text
     finally:
         spark.conf.set(SHUFFLE_PARTITIONS, partitions)
@@ -66,9 +67,9 @@ def test_only_local_checkpoints_get_the_file_manager_that_starts_no_process_per_
     (key, value), = LOCAL_FILE_MANAGER.items()
     conf = make_conf(tmp_path, str(tmp_path / "tier"))
     for root in (str(tmp_path / "checkpoints"), "checkpoints", f"file://{tmp_path}/checkpoints"):
-        assert session_conf(replace(conf, "checkpoint", dir=root)).get(key) == value, root
+        assert session_conf(derive(replace(conf, "checkpoint", dir=root))).get(key) == value, root
     for root in ("s3a://bucket/checkpoints", "hdfs://namenode/checkpoints", "viewfs://cluster/checkpoints"):
-        assert key not in session_conf(replace(conf, "checkpoint", dir=root)), root
+        assert key not in session_conf(derive(replace(conf, "checkpoint", dir=root))), root
 
 
 def test_a_hadoop_checkpoint_path_is_guarded_too(spark, tmp_path):

@@ -20,7 +20,7 @@ from state.kv import Change, KVView
 from state.metadata import MetadataStore
 from streaming import config as cfg
 from streaming.service import Service
-from streaming.plan import kv_path, metadata_path
+from streaming.settings import derive
 from tests.cli_runner import ROOT
 from tests.kv_helpers import append, assert_all_equal_oracle, kv_messages, spark_state, stored_kinds, view_contents
 from tests.oracle import latest_per_key
@@ -75,7 +75,7 @@ def test_a_retention_set_later_with_compaction_off_has_the_next_start_take_the_v
                                 tier=dataclasses.replace(conf.tier, retention_messages="t0=300"))
     append(later, kv_messages(300, keys=300, seed=61, body_size=80))
     run(spark, later)
-    store = MetadataStore(metadata_path(later), read_only=True)
+    store = MetadataStore(derive(later).paths.metadata, read_only=True)
     try:
         assert store.journal.references() == {"t1"}
     finally:
@@ -116,7 +116,7 @@ def test_ttl_expires_quiet_keys_and_nothing_else(spark, tmp_path):
     assert live_in_spark == set(everything)
     # A replayed old put cannot bring an expired key back.
     topic, key = next(iter(expired))
-    with KVView(kv_path(conf), ttl=ttl_map) as kv:
+    with KVView(derive(conf).paths.kv, ttl=ttl_map) as kv:
         old = everything[(topic, key)]
         assert kv.apply([Change(topic, key, "put", old["phy_offset"], store_ts=old["store_ts"], body=b"x")]) == 0
 
@@ -154,7 +154,7 @@ def test_a_view_behind_the_checkpoint_catches_up_from_the_commitlog(spark, tmp_p
     append(conf, kv_messages(2000, keys=300, seed=21))
     run(spark, conf)
     expected = assert_all_equal_oracle(spark, conf)
-    shutil.rmtree(kv_path(conf))  # the view lost everything; Spark's checkpoint has it all
+    shutil.rmtree(derive(conf).paths.kv)  # the view lost everything; Spark's checkpoint has it all
     run(spark, conf)  # no new messages, so no batch: only the catch-up can restore the view
     assert view_contents(conf) == expected
 

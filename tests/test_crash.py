@@ -16,7 +16,7 @@ import pytest
 from connectors.tier.reader import TierReader
 from state.metadata import MetadataStore
 from streaming import config as cfg
-from streaming.plan import metadata_path
+from streaming.settings import derive
 from tests.cli_runner import crashed_in, tierlog
 from tests.cli_runner import write_config as shared_config
 from tests.tiering_helpers import assert_tier_equals_commitlog, produce
@@ -77,7 +77,7 @@ def test_sigkill_at_every_point_then_restart_loses_and_duplicates_nothing(tmp_pa
     assert_tier_equals_commitlog(conf)
 
     state = TierReader(conf.tier.location).committed()
-    store = MetadataStore(metadata_path(conf), read_only=True)
+    store = MetadataStore(derive(conf).paths.metadata, read_only=True)
     try:
         for q in store.queues():
             tier_q = state.queues[(q.topic, q.queue_id)]

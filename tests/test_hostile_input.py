@@ -17,7 +17,7 @@ from connectors.kafka.embedded import free_port
 from connectors.tier.layout import escape_topic, unescape_topic
 from connectors.tier.reader import TierReader
 from streaming import config as cfg
-from streaming.plan import metadata_path
+from streaming.settings import derive
 from tests.cli_runner import cli_command, cli_env, tierlog, write_config
 from tests.kv_helpers import append, kv_messages
 from tests.oracle import replay, written_rows
@@ -201,7 +201,7 @@ def test_quarantine_skips_corrupt_records_records_them_and_goes_on(tmp_path):
     assert next(r for r in status if r["kind"] == "summary")["quarantined"] == 2
 
     # The tier's commit records hold the ranges too: a metadata store rebuilt from the tier lists them again.
-    shutil.rmtree(metadata_path(conf))
+    shutil.rmtree(derive(conf).paths.metadata)
     assert tierlog("tier", "rebuild-metadata", "--config", str(config)).returncode == 0
     status = [json.loads(line) for line in tierlog("status", "--format", "json", "--config", str(config)).stdout.splitlines()]
     assert [(r["file"], r["start_phy"], r["reason"]) for r in status if r["kind"] == "quarantined"] == [

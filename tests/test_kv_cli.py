@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from streaming import config as cfg
-from streaming.plan import kv_path
+from streaming.settings import derive
 from tests.cli_runner import tierlog
 from tests.kv_helpers import append, kv_messages, snapshot_contents, view_contents
 from tests.oracle import latest_per_key
@@ -70,7 +70,7 @@ def test_get_scan_snapshot_and_rebuild(tmp_path):
     assert view_contents(conf) != expected
 
     for source in ("snapshot", "tier", "commitlog"):
-        shutil.rmtree(kv_path(conf))
+        shutil.rmtree(derive(conf).paths.kv)
         r = tierlog("kv", "rebuild", "--from", source, "--format", "json", "--config", str(config))
         assert r.returncode == 0, r.stderr[-2000:]
         report = json_lines(r.stdout)[0]

@@ -16,7 +16,7 @@ from connectors.kafka.embedded import free_port
 from connectors.tier.reader import TierReader
 from state.metadata import MetadataStore
 from streaming import config as cfg
-from streaming.plan import metadata_path
+from streaming.settings import derive
 from tests.cli_runner import cli_command, cli_env, tierlog, write_config
 from tests.kafka_helpers import changelog_records
 from tests.kv_helpers import append, kv_messages
@@ -94,7 +94,7 @@ def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafk
         end = rows[-1]["phy_offset"] + rows[-1]["size"]
 
         def kv_applied() -> int | None:
-            store = MetadataStore(metadata_path(conf), read_only=True)
+            store = MetadataStore(derive(conf).paths.metadata, read_only=True)
             try:
                 return store.journal.sinks().get("kv")
             finally:
@@ -121,7 +121,7 @@ def test_metrics_and_status_of_a_running_service(tmp_path, kafka_bootstrap, kafk
         assert {n for name, ns in jvm.items() if name.startswith("Executor task") for n in ns} == {10}, jvm
         assert {n for name, ns in jvm.items() if name.startswith("stream executio") for n in ns} == {0}, jvm
         status = [json.loads(line) for line in tierlog("status", "--format", "json", "--config", str(config)).stdout.splitlines()]
-        store = MetadataStore(metadata_path(conf), read_only=True)
+        store = MetadataStore(derive(conf).paths.metadata, read_only=True)
         try:
             queues, sinks = store.queues(), store.journal.sinks()
         finally:

@@ -10,12 +10,12 @@ import os
 from connectors.commitlog.workload import Workload
 from connectors.commitlog.writer import CommitLogWriter
 from streaming import plan
-from streaming.queries.base import Query
+from streaming.queries.base import StreamedQuery
 from streaming.service import Service
 from tests.tiering_helpers import FILE, make_conf
 
 
-class CountingQuery(Query):
+class CountingQuery(StreamedQuery):
     """A no-op query: it counts the references of each batch and remembers the ranges it was handed."""
 
     name = "counting"
@@ -26,7 +26,7 @@ class CountingQuery(Query):
         return []
 
     def stream(self, spark):
-        return spark.readStream.format("commitlog").options(path=self.ctx.conf.commitlog.dir,
+        return spark.readStream.format("commitlog").options(path=self.ctx.settings.paths.commitlog,
                                                              maxBytesPerTrigger="20000").load()
 
     def start(self, committed_end):

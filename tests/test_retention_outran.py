@@ -110,7 +110,7 @@ def test_headroom_warns_before_retention_reaches_what_is_unread(tmp_path, caplog
     from connectors.commitlog.headroom import headroom
     from connectors.commitlog.reader import CommitLogReader
     from state.metadata import MetadataStore
-    from streaming.plan import metadata_path
+    from streaming.settings import derive
     from streaming.service import Service
 
     config = write_config(tmp_path, compaction={"snapshot_interval_s": 0})
@@ -131,7 +131,7 @@ def test_headroom_warns_before_retention_reaches_what_is_unread(tmp_path, caplog
     assert "Traceback" not in r.stderr
 
     service = Service(conf)
-    service._metadata = MetadataStore(metadata_path(conf), read_only=True)
+    service._metadata = MetadataStore(derive(conf).paths.metadata, read_only=True)
     try:
         service._watch_retention(tiered_to)
         # The next tick walks only what was appended since: its reader remembers the frontier (one

@@ -242,9 +242,9 @@ def test_second_service_on_the_same_state_is_refused(tmp_path):
     conf = cfg.load(str(config), env={})
     produce(conf, 50)
     from state.metadata import MetadataStore
-    from streaming.plan import metadata_path
+    from streaming.settings import derive
 
-    held = MetadataStore(metadata_path(conf))
+    held = MetadataStore(derive(conf).paths.metadata)
     try:
         r = tierlog("run", "--until-caught-up", "--config", str(config))
     finally:

@@ -14,7 +14,7 @@ import pytest
 from connectors.commitlog.topics import TopicFilter
 from connectors.errors import ConfigError
 from streaming import config as cfg
-from streaming.settings import compaction_settings, derive
+from streaming.settings import derive
 
 DAY, HOUR, MIB, GIB = 86_400.0, 3_600.0, 1 << 20, 1 << 30
 
@@ -36,7 +36,7 @@ def test_the_commitlog_group_reaches_every_reader_and_the_stager(tmp_path):
     # One object carries how the commitlog is read, to every reader of it (it used to be six copies
     # whose check_crc defaults differed, some without the broker or on_corrupt).
     assert s.stage.reader is s.reader and s.stage.location == str(tmp_path / "tier")
-    assert compaction_settings(s).reader is s.reader
+    assert s.compaction.writer.reader is s.reader
     assert (s.source["path"], s.source["checkCrc"], s.source["onCorrupt"], s.source["broker"],
             s.source["keyProperty"], s.source["onMissing"]) == (str(tmp_path / "log"), "false", "quarantine",
                                                                 "broker-b", "ORDER_ID", "fail")
@@ -73,14 +73,14 @@ def test_the_old_name_of_fold_every_still_works_and_says_so(tmp_path, caplog):
 def test_the_compaction_group_reaches_the_compaction_handler(tmp_path):
     s = derive(load(tmp_path, rest='[compaction]\nttl = "sessions=30m,*=7d"\nsnapshot_interval_s = 45\nsnapshot_keep = 4\n'
                               '[topics]\ncompaction_exclude = "audit-*"\n'))
-    c = compaction_settings(s)
+    c = s.compaction.writer
     assert c.ttl == {"sessions": 1800.0, "*": 7 * DAY}
     assert (c.reader.directory, c.tier_location, c.reader.broker, c.snapshot_interval_s, c.snapshot_keep) == (
         str(tmp_path / "log"), str(tmp_path / "tier"), "broker-b", 45.0, 4)
     assert isinstance(c.topics, TopicFilter) and c.topics is s.filters["compaction"]
     assert not c.topics.accepts("audit-eu") and c.topics.accepts("orders")
     assert s.filters["tier"].accepts("audit-eu")  # a sink's own exclude is its own
-    assert compaction_settings(derive(load(tmp_path, ""))).ttl is None
+    assert derive(load(tmp_path, "")).compaction.writer.ttl is None
 
 
 def test_the_kafka_group_reaches_the_sinks_and_keeps_the_password_out_of_repr(tmp_path):
@@ -131,10 +131,11 @@ def test_a_bad_kafka_setting_is_refused_with_the_rest_before_spark_starts(tmp_pa
 
 
 def test_compactions_batch_cap_is_its_own_or_from_the_sources(tmp_path):
-    from streaming.queries.compaction.query import batch_cap
+    def batch_cap(conf):
+        return derive(conf).compaction.max_batch_bytes
 
     own = load(tmp_path, rest='[compaction]\nmax_batch_bytes = "1GiB"\n[source]\nmax_bytes_per_trigger = "64MiB"\n')
-    assert batch_cap(own, {"maxBytesPerTrigger": 64 * MIB}) == GIB
+    assert batch_cap(own) == GIB
     # A batch holds few bodies: the view references large values, and the changelog sends them a
     # slice at a time.  So four times the source's, the changelog on or off.
     for rest in ('[source]\nmax_bytes_per_trigger = "64MiB"\n',
@@ -142,7 +143,7 @@ def test_compactions_batch_cap_is_its_own_or_from_the_sources(tmp_path):
                  '[source]\nmax_bytes_per_trigger = "64MiB"\n[kafka]\nbootstrap = "k1:9092"\nchangelog = false\n'):
         conf = load(tmp_path, rest=rest)
         assert conf.compaction.max_batch_bytes == 0
-        assert batch_cap(conf, {"maxBytesPerTrigger": 64 * MIB}) == 256 * MIB
+        assert batch_cap(conf) == 256 * MIB
     assert load(tmp_path, rest='[kafka]\nbootstrap = "k1:9092"\n').kafka.changelog  # on by default
-    assert batch_cap(load(tmp_path), {"maxBytesPerTrigger": 256 * MIB}) == GIB  # the default source cap's
-    assert batch_cap(load(tmp_path), {"maxBytesPerTrigger": None}) is None
+    assert batch_cap(load(tmp_path)) == GIB  # the default source cap's
+    assert batch_cap(load(tmp_path, rest='[source]\nmax_bytes_per_trigger = 0\n')) is None

@@ -17,7 +17,7 @@ from connectors.tier.reader import TierReader
 from connectors.tier.writer import TierWriter
 from state.metadata import MetadataStore
 from streaming.service import Service
-from streaming.plan import metadata_path
+from streaming.settings import derive
 from tests.oracle import normalize_arrow_row
 from tests.tiering_helpers import assert_tier_equals_commitlog, make_conf, oracle_rows, produce, tier_rows
 from connectors.brokers import DEFAULT_BROKER
@@ -66,7 +66,7 @@ def test_tier_holds_exactly_the_commitlog_and_seals_segments(spark, tmp_path, ti
     assert not ({n for n in objects if n.startswith(layout.STAGING_PREFIX)} - set(state.staging))
 
     # The metadata store mirrors the tier, and is rebuilt from it identically.
-    store = MetadataStore(metadata_path(conf))
+    store = MetadataStore(derive(conf).paths.metadata)
     try:
         before = (store.queues(), store.journal.sinks(), store.last_seq())
         store.rebuild(state)
@@ -148,7 +148,7 @@ def test_retention_expires_old_segments(spark, tmp_path):
     # A new process's writer, as a restart would open: its first maintain sweeps every queue.  The
     # run's own writer swept less than retention.check_s ago, and on a warm Spark the segments it
     # sealed last were younger than 1 s when sealed, so it would rightly leave them until its next sweep.
-    index = MetadataStore(metadata_path(conf))
+    index = MetadataStore(derive(conf).paths.metadata)
     try:
         restarted = TierWriter(service.queries["tiering"].handler.writer.settings, index)
         restarted.maintain()

@@ -202,7 +202,7 @@ class ReaderOptions:
 class CommitLogReader:
     """Reads complete records from a commitlog directory.  Not thread-safe; cheap to create."""
 
-    def __init__(self, directory: str, *, check_crc: bool = False, on_corrupt: str = "fail",
+    def __init__(self, directory: str, *, check_crc: bool = True, on_corrupt: str = "fail",
                  broker: str = DEFAULT_BROKER, on_missing: str = "fail"):
         if on_corrupt not in ON_CORRUPT:
             raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, not {on_corrupt!r}")

@@ -53,8 +53,9 @@ def check_config(conf: cfg.Config) -> list[str]:
     if conf.tier.location.startswith("s3://"):
         problems += _s3_problems(conf.tier.location)
     from streaming.runtime.checkpoints import location_problem
+    from streaming.settings import spark_jars
 
-    problem = location_problem(conf)
+    problem = location_problem(spark_jars(conf.spark.jars), conf.checkpoint.dir)
     if problem:
         problems.append(problem)
     if not 0 <= conf.metrics.port <= 65535:

@@ -5,57 +5,56 @@ do.  Nothing here creates anything: a read pointed at the wrong place must leave
 from __future__ import annotations
 
 from connectors.tier.errors import NotFoundInTier
-from streaming import config as cfg
+from streaming.settings import Settings
 
 DEMO_CONFIG = "data/demo/tierlog.toml"
 
 
-def hint(conf: cfg.Config, setting: str) -> str:
+def hint(settings: Settings, setting: str) -> str:
     """What to do when the place ``setting`` names holds nothing: for a default, the demo's config."""
-    if conf.origin(setting) == "the default":
+    if settings.origin(setting) == "the default":
         return (f"point --config at your tierlog.toml (after the demo: --config {DEMO_CONFIG}), "
                 "or run `tierlog run` to fill it")
     return "check the setting, or run `tierlog run` to fill it"
 
 
-def open_reader(conf: cfg.Config, broker: str | None = None, topic: str | None = None):
+def open_reader(settings: Settings, broker: str | None = None, topic: str | None = None):
     """A ``TierReader`` of a tier that holds something (and ``topic``, if given)."""
     from connectors.tier.reader import TierReader
 
-    location = conf.tier.location
+    location = settings.paths.tier
     if not TierReader(location).brokers():
-        raise NotFoundInTier(f"the tier at {location!r} (tier.location, {conf.origin('tier.location')}) holds "
-                             f"nothing: {hint(conf, 'tier.location')}")
+        raise NotFoundInTier(f"the tier at {location!r} (tier.location, {settings.origin('tier.location')}) holds "
+                             f"nothing: {hint(settings, 'tier.location')}")
     reader = TierReader(location, broker=broker)
     if topic is not None:
         reader.require_topic(topic)
     return reader
 
 
-def open_kv(conf: cfg.Config):
+def open_kv(settings: Settings):
     """The KV view, read-only."""
     from state.kv import KVView
-    from streaming.plan import kv_path
 
-    _require_store(conf, kv_path(conf), "KV view", "the compaction query of `tierlog run` writes it")
-    return KVView(kv_path(conf), read_only=True, tier=conf.tier.location, broker=conf.broker.name)
+    paths = settings.paths
+    _require_store(settings, paths.kv, "KV view", "the compaction query of `tierlog run` writes it")
+    return KVView(paths.kv, read_only=True, tier=paths.tier, broker=settings.broker)
 
 
-def open_metadata(conf: cfg.Config):
+def open_metadata(settings: Settings):
     """The metadata store, read-only."""
     from state.metadata import MetadataStore
-    from streaming.plan import metadata_path
 
-    _require_store(conf, metadata_path(conf), "metadata store", "`tierlog run` writes it")
-    return MetadataStore(metadata_path(conf), read_only=True)
+    _require_store(settings, settings.paths.metadata, "metadata store", "`tierlog run` writes it")
+    return MetadataStore(settings.paths.metadata, read_only=True)
 
 
-def _require_store(conf: cfg.Config, path: str, what: str, writer: str) -> None:
+def _require_store(settings: Settings, path: str, what: str, writer: str) -> None:
     from state import rocks
 
     if not rocks.exists(path):
-        raise NotFoundInTier(f"no {what} at {path} (under state.dir, {conf.origin('state.dir')}; {writer}): "
-                             f"{hint(conf, 'state.dir')}")
+        raise NotFoundInTier(f"no {what} at {path} (under state.dir, {settings.origin('state.dir')}; {writer}): "
+                             f"{hint(settings, 'state.dir')}")
 
 
 def require_kv_topic(kv, topic: str) -> None:

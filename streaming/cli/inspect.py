@@ -17,17 +17,18 @@ INSPECT_COLUMNS = ["phy_offset", "topic", "queue_id", "queue_offset", "key", "ta
 
 
 def cmd_inspect(args, conf: cfg.Config) -> int:
-    from streaming.settings import reader_options
+    from streaming.settings import derive
 
+    s = derive(conf)
     if args.from_queue_offset is not None and (args.topic is None or args.queue is None):
         raise ConfigError("inspect --from-queue-offset needs --topic and --queue")
-    with reader_options(conf).open(on_corrupt="fail") as reader:
+    with s.reader.open(on_corrupt="fail") as reader:
         if not reader.files():
-            raise ConfigError(f"commitlog.dir {conf.commitlog.dir!r} holds no commitlog files")
+            raise ConfigError(f"commitlog.dir {s.paths.commitlog!r} holds no commitlog files")
         if args.summary:
-            emit(_topic_summary(reader, args, conf), args.format, SUMMARY_COLUMNS)
+            emit(_topic_summary(reader, args, s.filters), args.format, SUMMARY_COLUMNS)
             return 0
-        rows = _inspect_rows(reader, args, conf.commitlog.key_property)
+        rows = _inspect_rows(reader, args, s.reader.key_property)
         emit(rows, args.format, INSPECT_COLUMNS if args.format == "table" else None)
     return 0
 
@@ -35,7 +36,7 @@ def cmd_inspect(args, conf: cfg.Config) -> int:
 SUMMARY_COLUMNS = ["topic", "class", "messages", "not_dispatched", "bytes", "tier", "compaction", "mirror"]
 
 
-def _topic_summary(reader, args, conf: cfg.Config) -> list[dict]:
+def _topic_summary(reader, args, filters: dict) -> list[dict]:
     """Per topic: its class, messages (and transaction halves or rollbacks that never enter a
     queue), bytes, and whether each sink takes it under the effective [topics] settings."""
     import pyarrow as pa
@@ -43,9 +44,6 @@ def _topic_summary(reader, args, conf: cfg.Config) -> list[dict]:
     from connectors.commitlog.arrow import dispatched_mask
     from connectors.commitlog.topics import topic_class
 
-    from streaming.settings import topic_filters
-
-    filters = topic_filters(conf)
     totals: dict[str, list[int]] = {}
     start, end = (reader.first_offset() if args.from_phy is None else args.from_phy), reader.end_offset()
     next_report = time.monotonic() + 5

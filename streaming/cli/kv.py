@@ -10,6 +10,7 @@ from connectors.errors import ConfigError, TierlogError
 from streaming import config as cfg
 from streaming.cli.found import open_kv, open_reader, require_kv_topic
 from streaming.cli.output import emit, ms_to_iso, parse_time
+from streaming.settings import Settings, derive
 
 log = logging.getLogger("tierlog")
 
@@ -23,18 +24,19 @@ def _kv_row(entry) -> dict:
 
 
 def cmd_kv(args, conf: cfg.Config) -> int:
+    s = derive(conf)
     if args.kv_command == "rebuild":
-        return _kv_rebuild(args, conf)
+        return _kv_rebuild(args, s)
     if args.kv_command in ("get", "scan", "history") and not args.topic:
         raise ConfigError(f"`tierlog kv {args.kv_command}` needs a TOPIC")
     if args.kv_command in ("get", "history") and args.key is None:
         raise ConfigError(f"`tierlog kv {args.kv_command}` needs a TOPIC and a KEY")
     if args.kv_command == "history" or (args.kv_command == "get" and args.as_of):
-        return _from_tier(args, conf)
-    with open_kv(conf) as kv:
+        return _from_tier(args, s)
+    with open_kv(s) as kv:
         if args.kv_command == "snapshot":
-            rows = snapshot_now(conf, kv)
-            emit([{"keys": rows, "through_phy": kv.applied_through(), "tier": conf.tier.location}], args.format)
+            rows = snapshot_now(s, kv)
+            emit([{"keys": rows, "through_phy": kv.applied_through(), "tier": s.paths.tier}], args.format)
             return 0
         if args.kv_command == "get":
             entry = kv.get(args.topic, args.key)
@@ -55,13 +57,12 @@ def cmd_kv(args, conf: cfg.Config) -> int:
 HISTORY_COLUMNS = ["store_ts", "broker", "phy_offset", "queue_id", "queue_offset", "op", "body"]
 
 
-def _from_tier(args, conf: cfg.Config) -> int:
+def _from_tier(args, settings: Settings) -> int:
     """``get --as-of`` and ``history``: the tier and its snapshots alone (connectors.tier.asof)."""
     from connectors.tier.asof import AsOfReader
-    from streaming.settings import ttl
 
-    reader = AsOfReader(open_reader(conf, args.read_broker, args.topic),
-                        {t: int(s * 1000) for t, s in (ttl(conf) or {}).items()})
+    reader = AsOfReader(open_reader(settings, args.read_broker, args.topic),
+                        {t: int(s * 1000) for t, s in (settings.ttl or {}).items()})
     if args.kv_command == "history":
         start = parse_time(args.source) if args.source else None
         rows = reader.history(args.topic, args.key, start, parse_time(args.until) if args.until else None)
@@ -84,30 +85,26 @@ def _from_tier(args, conf: cfg.Config) -> int:
     return 0 if answer.state == "live" else 1
 
 
-def snapshot_now(conf: cfg.Config, kv) -> int:
+def snapshot_now(settings: Settings, kv) -> int:
     """Write every topic's live keys from ``kv`` to the tier now (and to the latest-per-key tables,
     when tables are on); returns the keys written."""
     from state.kv_writer import open_latest_tables, write_snapshot
-    from streaming.settings import tables
 
-    settings = tables(conf)
-    latest = open_latest_tables(settings, conf.tier.location, conf.broker.name) if settings else None
-    return write_snapshot(kv, conf.tier.location, conf.broker.name, keep=max(1, conf.compaction.snapshot_keep),
-                          tables=latest)
+    tier, tables = settings.paths.tier, settings.tables
+    latest = open_latest_tables(tables, tier, settings.broker) if tables else None
+    return write_snapshot(kv, tier, settings.broker, keep=settings.compaction.writer.snapshot_keep, tables=latest)
 
 
-def _kv_rebuild(args, conf: cfg.Config) -> int:
+def _kv_rebuild(args, settings: Settings) -> int:
     import dataclasses
 
     from state.rebuild import rebuild_view
-    from streaming.plan import kv_path
-    from streaming.settings import derive, references
 
-    settings = derive(conf)
+    paths = settings.paths
     report = rebuild_view(
-        kv_path(conf), commitlog_dir=conf.commitlog.dir, tier_location=conf.tier.location, broker=conf.broker.name,
-        source=_rebuild_source(args.source), ttl=settings.ttl, key_property=conf.commitlog.key_property,
-        topics=settings.filters["compaction"], references=references(settings),
+        paths.kv, commitlog_dir=paths.commitlog, tier_location=paths.tier, broker=settings.broker,
+        source=_rebuild_source(args.source), ttl=settings.ttl, key_property=settings.reader.key_property,
+        topics=settings.filters["compaction"], references=settings.compaction.writer.references,
     )
     emit([dataclasses.asdict(report)], args.format)
     return 0

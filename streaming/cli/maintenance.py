@@ -8,6 +8,7 @@ import time
 from connectors.errors import ConfigError
 from streaming import config as cfg
 from streaming.cli.output import emit
+from streaming.settings import derive
 
 log = logging.getLogger("tierlog")
 
@@ -16,20 +17,20 @@ def cmd_tier(args, conf: cfg.Config) -> int:
     from connectors.tier.location import open_backend
     from connectors.tier.log import TierLog
     from state.metadata import MetadataStore
-    from streaming.plan import metadata_path
 
-    backend = open_backend(conf.tier.location)
+    s = derive(conf)
+    backend = open_backend(s.paths.tier)
     if args.tier_command == "upgrade":
         from connectors.tier.upgrade import upgrade_to_broker
 
-        report = upgrade_to_broker(backend, conf.broker.name)
+        report = upgrade_to_broker(backend, s.broker)
         if report is None:
-            log.info("the tier at %s is up to date: nothing to upgrade", conf.tier.location)
+            log.info("the tier at %s is up to date: nothing to upgrade", s.paths.tier)
         else:
             emit([report], args.format)
         return 0
-    committed = TierLog(backend, conf.broker.name).committed()
-    store = MetadataStore(metadata_path(conf))
+    committed = TierLog(backend, s.broker).committed()
+    store = MetadataStore(s.paths.metadata)
     try:
         store.rebuild(committed)
     finally:
@@ -46,23 +47,23 @@ def cmd_commitlog_gc(args, conf: cfg.Config) -> int:
     from connectors.commitlog.reader import list_files
     from streaming.cli.found import open_metadata
     from streaming.plan import commitlog_sinks, safepoint
-    from streaming.settings import local_retention_s
 
-    retention = local_retention_s(conf)
-    store = open_metadata(conf)
+    s = derive(conf)
+    retention = s.local_retention_s
+    store = open_metadata(s)
     try:
         sinks = store.journal.sinks()
     finally:
         store.close()
-    point = safepoint(conf, sinks)
+    point = safepoint(s, sinks)
     if point is None:
         raise ConfigError(
-            f"no safepoint yet: every sink fed from the commitlog ({', '.join(commitlog_sinks(conf))}) must have applied "
+            f"no safepoint yet: every sink fed from the commitlog ({', '.join(commitlog_sinks(s))}) must have applied "
             "something and every query committed a batch (run `tierlog run` first); with checkpoint.dir "
             "outside the local file system gc cannot tell what a restart would read again, and deletes nothing"
         )
     now = time.time()
-    files = list_files(conf.commitlog.dir)
+    files = list_files(s.paths.commitlog)
     # Never the newest file: a writer may be appending to it.
     doomed = [f for f in files[:-1] if f.end <= point and now - os.path.getmtime(f.path) >= retention]
     for f in doomed:

@@ -12,6 +12,7 @@ from typing import Iterator
 from connectors.errors import ConfigError
 from streaming import config as cfg
 from streaming.cli.output import emit
+from streaming.settings import Settings, derive
 
 log = logging.getLogger("tierlog")
 
@@ -68,19 +69,19 @@ def cmd_produce(args, conf: cfg.Config) -> int:
         except ValueError as exc:
             raise ConfigError(f"tierlog produce: {exc}") from None
         messages, total = workload.generate(), args.messages
-    emit([produce(conf, messages, total, args.rate)], args.format)
+    emit([produce(derive(conf), messages, total, args.rate)], args.format)
     return 0
 
 
-def produce(conf: cfg.Config, messages: Iterator, total: int | None = None, rate: float = 0.0) -> dict:
+def produce(settings: Settings, messages: Iterator, total: int | None = None, rate: float = 0.0) -> dict:
     """Append ``messages`` to ``commitlog.dir`` at up to ``rate`` messages/s (0: no limit), logging
     progress every 2 s; what was appended, as one summary row."""
     from connectors.commitlog.writer import CommitLogWriter
 
-    c = conf.commitlog
+    p, directory = settings.producer, settings.paths.commitlog
     produced = nbytes = 0
     last_report = started = time.monotonic()
-    with CommitLogWriter(c.dir, file_size=c.file_size, fsync=c.fsync, fsync_interval_s=c.fsync_interval_s) as w:
+    with CommitLogWriter(directory, file_size=p.file_size, fsync=p.fsync, fsync_interval_s=p.fsync_interval_s) as w:
         first = w.offset
         for chunk in _paced(messages, rate, max(1, min(1000, int(rate / 20) or 1000))):
             try:
@@ -100,4 +101,4 @@ def produce(conf: cfg.Config, messages: Iterator, total: int | None = None, rate
     elapsed = time.monotonic() - started
     return {"messages": produced, "bytes": nbytes, "from_phy": first, "end_phy": end,
             "seconds": round(elapsed, 3), "msgs_per_s": round(produced / elapsed) if elapsed else None,
-            "commitlog": c.dir}
+            "commitlog": directory}

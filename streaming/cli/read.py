@@ -10,6 +10,7 @@ from streaming import config as cfg
 from streaming.cli.found import open_kv, open_reader
 from streaming.cli.inspect import INSPECT_COLUMNS
 from streaming.cli.output import emit, ms_to_iso, parse_time
+from streaming.settings import Settings, derive
 
 log = logging.getLogger("tierlog")
 
@@ -27,11 +28,12 @@ def _message_rows(table, fmt: str) -> Iterator[dict]:
 def cmd_get(args, conf: cfg.Config) -> int:
     from connectors.tier.reader import GetStatus
 
-    reader = open_reader(conf, args.read_broker, args.topic)
+    s = derive(conf)
+    reader = open_reader(s, args.read_broker, args.topic)
     result = reader.get(args.topic, args.queue, args.offset, args.max)
     where = f"queue {args.topic}/{args.queue}"
     if result.status is GetStatus.NO_QUEUE:
-        raise TierlogError(f"the tier at {conf.tier.location} has no {where}: `tierlog queues --topic {args.topic}` "
+        raise TierlogError(f"the tier at {s.paths.tier} has no {where}: `tierlog queues --topic {args.topic}` "
                            "lists its queues")
     if result.status is GetStatus.OFFSET_TOO_SMALL:
         raise TierlogError(f"offset {args.offset} of {where} is below the lowest retained offset {result.low} "
@@ -49,25 +51,24 @@ def cmd_get(args, conf: cfg.Config) -> int:
 def cmd_key(args, conf: cfg.Config) -> int:
     begin = parse_time(args.since) if args.since else None
     end = parse_time(args.until) if args.until else None
-    table = open_reader(conf, args.read_broker, args.topic).by_key(args.topic, args.key, begin, end)
+    s = derive(conf)
+    table = open_reader(s, args.read_broker, args.topic).by_key(args.topic, args.key, begin, end)
     emit(_message_rows(table, args.format), args.format, INSPECT_COLUMNS if args.format == "table" else None)
     log.info("%d message(s) with key %r in topic %s in the tier", table.num_rows, args.key, args.topic)
     if args.latest:
-        _print_latest(conf, args.topic, args.key)
+        _print_latest(s, args.topic, args.key)
     return 0
 
 
-def _print_latest(conf: cfg.Config, topic: str, key: str) -> None:
+def _print_latest(settings: Settings, topic: str, key: str) -> None:
     """The key's latest value from the local KV view, which is ahead of the tier's history."""
     import os
 
-    from streaming.plan import kv_path
-
-    if not os.path.isdir(kv_path(conf)):
+    if not os.path.isdir(settings.paths.kv):
         log.warning("no local KV view at %s (compaction runs with `tierlog run` on this host): "
-                    "the newest message above is the latest the tier holds", kv_path(conf))
+                    "the newest message above is the latest the tier holds", settings.paths.kv)
         return
-    with open_kv(conf) as kv:
+    with open_kv(settings) as kv:
         entry = kv.get(topic, key)
     if entry is None:
         log.info("latest (KV view): %s/%s has no value (never written, deleted or expired)", topic, key)
@@ -78,10 +79,11 @@ def _print_latest(conf: cfg.Config, topic: str, key: str) -> None:
 
 def cmd_offset_for_time(args, conf: cfg.Config) -> int:
     ts = parse_time(args.timestamp)
-    reader = open_reader(conf, args.read_broker, args.topic)
+    s = derive(conf)
+    reader = open_reader(s, args.read_broker, args.topic)
     state = reader.committed_for_queue(args.topic, args.queue)
     if state.state_of((args.topic, args.queue)) is None:
-        raise TierlogError(f"the tier at {conf.tier.location} has no queue {args.topic}/{args.queue}")
+        raise TierlogError(f"the tier at {s.paths.tier} has no queue {args.topic}/{args.queue}")
     offset = reader.offset_for_time(args.topic, args.queue, ts, args.boundary, state)
     emit([{"broker": state.log.broker, "topic": args.topic, "queue_id": args.queue, "timestamp": ms_to_iso(ts), "boundary": args.boundary,
            "offset": offset}], args.format)
@@ -91,8 +93,9 @@ def cmd_offset_for_time(args, conf: cfg.Config) -> int:
 def cmd_queues(args, conf: cfg.Config) -> int:
     import dataclasses
 
-    infos = open_reader(conf, args.read_broker, args.topic).queue_infos(topic=args.topic)
+    s = derive(conf)
+    infos = open_reader(s, args.read_broker, args.topic).queue_infos(topic=args.topic)
     rows = [dataclasses.asdict(i) for i in infos[: args.limit]]
     if not emit(rows, args.format, ["broker", "topic", "queue_id", "low", "commit", "sealed", "segments", "bytes"]):
-        log.info("the tier at %s holds no queue yet", conf.tier.location)
+        log.info("the tier at %s holds no queue yet", s.paths.tier)
     return 0

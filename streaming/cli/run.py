@@ -9,6 +9,7 @@ import sys
 from streaming import config as cfg
 from streaming.cli.produce import produce
 from streaming.cli.status import show_status
+from streaming.settings import Settings, derive
 
 log = logging.getLogger("tierlog")
 
@@ -38,17 +39,19 @@ def cmd_demo(args, conf: cfg.Config) -> int:
         source=dataclasses.replace(conf.source, max_bytes_per_trigger=16 << 20),
         tables=dataclasses.replace(conf.tables, enabled=True),  # so the Iceberg examples read the demo too
     )
+    demo = derive(conf)
     say = lambda text: print(f"demo: {text}", file=sys.stderr, flush=True)  # noqa: E731
-    say(f"1/3 producing {args.messages} messages (3 topics x 4 queues, 2,000 keys, 10% deletes) into {conf.commitlog.dir}")
+    say(f"1/3 producing {args.messages} messages (3 topics x 4 queues, 2,000 keys, 10% deletes) into "
+        f"{demo.paths.commitlog}")
     workload = Workload(messages=args.messages, topics=3, queues=4, keys=2000, body_size=512, delete_ratio=0.1,
                         seed=args.seed)
-    produce(conf, workload.generate(), args.messages)
+    produce(demo, workload.generate(), args.messages)
     say("2/3 tiering and compacting (latest value per key) with Spark until caught up "
         "(the first batch is slow: Spark starts its Python workers)")
     written = conf  # the tierlog.toml left behind names no embedded broker: it is gone by then
     broker = None
-    if conf.kafka.bootstrap:
-        say(f"Kafka sinks: mirror and changelog to {conf.kafka.bootstrap}")
+    if demo.kafka is not None:
+        say(f"Kafka sinks: mirror and changelog to {','.join(demo.kafka.client['bootstrap_servers'])}")
     else:
         from connectors.kafka.embedded import EmbeddedBroker, broker_binary
 
@@ -64,8 +67,8 @@ def cmd_demo(args, conf: cfg.Config) -> int:
     try:
         service = Service(conf)
         service.run(until_caught_up=True)
-        _snapshot(written)  # the service snapshots every compaction.snapshot_interval_s: the demo is shorter
-        state = TierReader(conf.tier.location).committed()
+        _snapshot(derive(written))  # the service snapshots every compaction.snapshot_interval_s: the demo is shorter
+        state = TierReader(demo.paths.tier).committed()
         kafka_line = _kafka_summary(service)
     finally:
         if broker is not None:
@@ -78,11 +81,12 @@ def cmd_demo(args, conf: cfg.Config) -> int:
     config_file = os.path.join(root, "tierlog.toml")
     with open(config_file, "w") as fh:
         fh.write(cfg.to_toml(written))
-    show_status(argparse.Namespace(format="table"), written)
-    key = _some_key(written, "topic-0")
+    shown = derive(written)
+    show_status(argparse.Namespace(format="table"), shown)
+    key = _some_key(shown, "topic-0")
     sealed = sum(q.segments for q in states.values())
-    for line in try_next(os.path.relpath(config_file), os.path.relpath(conf.tier.location), key, sealed,
-                         _table_locations(written)):
+    for line in try_next(os.path.relpath(config_file), os.path.relpath(demo.paths.tier), key, sealed,
+                         _table_locations(shown)):
         print(line)
     return 0
 
@@ -129,16 +133,14 @@ def try_next(config_file: str, tier: str, key: str, sealed: int, tables: dict[st
     return lines
 
 
-def _table_locations(conf: cfg.Config) -> dict[str, str]:
+def _table_locations(settings: Settings) -> dict[str, str]:
     """topic-0's message and latest-per-key tables' metadata locations (`tierlog table info`'s)."""
     from streaming.cli.tables import table_rows
-    from streaming.settings import tables
 
-    settings = tables(conf)
-    if settings is None:
+    if settings.tables is None:
         return {}
     try:
-        rows = table_rows(conf, settings)
+        rows = table_rows(settings)
     except Exception as exc:  # noqa: BLE001 - the tables are an extra: the demo's other lines stand
         log.warning("the demo's Iceberg tables could not be listed (%s: %s)", type(exc).__name__, exc)
         return {}
@@ -162,22 +164,20 @@ def _command(name: str, in_checkout: str | None) -> str:
     return relative if not relative.startswith("..") else path
 
 
-def _snapshot(conf: cfg.Config) -> None:
+def _snapshot(settings: Settings) -> None:
     """One compacted snapshot of the demo's KV view, committed to its latest-per-key tables."""
     from state.kv import KVView
     from streaming.cli.kv import snapshot_now
-    from streaming.plan import kv_path
 
-    with KVView(kv_path(conf), tier=conf.tier.location, broker=conf.broker.name) as view:
-        snapshot_now(conf, view)
+    with KVView(settings.paths.kv, tier=settings.paths.tier, broker=settings.broker) as view:
+        snapshot_now(settings, view)
 
 
-def _some_key(conf: cfg.Config, topic: str) -> str:
+def _some_key(settings: Settings, topic: str) -> str:
     """A key the KV view holds a live value for, to show `kv get` with."""
     from state.kv import KVView
-    from streaming.plan import kv_path
 
-    with KVView(kv_path(conf), read_only=True, tier=conf.tier.location, broker=conf.broker.name) as view:
+    with KVView(settings.paths.kv, read_only=True, tier=settings.paths.tier, broker=settings.broker) as view:
         return next((e.key for e in view.scan(topic)), "key-00000001")  # scan yields live keys only
 
 

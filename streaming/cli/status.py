@@ -14,6 +14,7 @@ from connectors.tier.errors import NotFoundInTier
 from state import gaps
 from streaming.cli.found import open_metadata
 from streaming.cli.output import emit
+from streaming.settings import Settings, derive
 
 log = logging.getLogger("tierlog")
 
@@ -22,24 +23,23 @@ STATUS_COLUMNS = ["topic", "queue", "dispatch", "commit", "sealed", "low", "lag"
 TABLE_COLUMNS = ["table", "kind", "tier_seq", "lag_segments", "through_phy"]
 
 
-def queue_lag(conf: cfg.Config, source_end: int | None, cap_bytes: int = 256 << 20) -> tuple[dict, int, bool]:
+def queue_lag(settings: Settings, source_end: int | None, cap_bytes: int = 256 << 20) -> tuple[dict, int, bool]:
     """Per-queue messages not yet tiered, from the commitlog past ``source_end``; and the frontier."""
-    from streaming.settings import reader_options
-
     lag: dict = {}
-    with reader_options(conf).open(check_crc=False) as reader:
+    with settings.reader.open(check_crc=False) as reader:
         start = source_end if source_end is not None else reader.first_offset()
         frontier = reader.end_offset(start)
         end = reader.scan(start, max_bytes=cap_bytes).end
-        for batch in reader.record_batches(start, end, key_property=conf.commitlog.key_property):
+        for batch in reader.record_batches(start, end, key_property=settings.reader.key_property):
             for t, q, qo in zip(batch["topic"].to_pylist(), batch["queue_id"].to_pylist(), batch["queue_offset"].to_pylist()):
                 lag[(t, q)] = max(lag.get((t, q), -1), qo)
     return lag, frontier, end < frontier
 
 
 def cmd_status(args, conf: cfg.Config) -> int:
+    settings = derive(conf)
     if args.watch is None:
-        return show_status(args, conf)
+        return show_status(args, settings)
     import time
 
     if args.watch <= 0:
@@ -50,7 +50,7 @@ def cmd_status(args, conf: cfg.Config) -> int:
             if done or sys.stdout.isatty():
                 print("\x1b[H\x1b[2J", end="")  # cursor home, clear screen: redraw in place
             print(f"tierlog status every {args.watch:g} s, {time.strftime('%H:%M:%S')} (Ctrl-C stops)\n")
-        show_status(args, conf)
+        show_status(args, settings)
         sys.stdout.flush()
         done += 1
         if args.count is None or done < args.count:
@@ -58,10 +58,10 @@ def cmd_status(args, conf: cfg.Config) -> int:
     return 0
 
 
-def show_status(args, conf: cfg.Config) -> int:
+def show_status(args, settings: Settings) -> int:
     from streaming.plan import enabled_sinks, safepoint
 
-    store = open_metadata(conf)
+    store = open_metadata(settings)
     topic = getattr(args, "topic", None)
     try:
         queues = store.queues(topic, getattr(args, "limit", None))
@@ -75,13 +75,13 @@ def show_status(args, conf: cfg.Config) -> int:
     finally:
         store.close()
     gap_list = gaps.gaps(skipped_ranges)
-    acks = gaps.acknowledged(conf.state.dir)
+    acks = gaps.acknowledged(settings.paths.state)
     gap_rows = [{"start_phy": g["start_phy"], "end_phy": g["end_phy"], "bytes": g["end_phy"] - g["start_phy"],
                  "found": _iso(g["at"]) if g.get("at") else None, "acknowledged": str(g["start_phy"]) in acks}
                 for g in gap_list]
     quarantined = [{k: v for k, v in q.items() if k != "at"} for q in skipped_ranges if q not in gap_list]
     try:
-        newest, frontier, capped = queue_lag(conf, source_end)
+        newest, frontier, capped = queue_lag(settings, source_end)
     except TierlogError as exc:
         newest, frontier, capped = {}, None, False
         log.warning("commitlog not readable for lag: %s", exc)
@@ -91,9 +91,9 @@ def show_status(args, conf: cfg.Config) -> int:
         rows.append({"topic": q.topic, "queue": q.queue_id, "dispatch": q.dispatch, "commit": q.commit,
                      "sealed": q.sealed, "low": q.low, "lag": f">={pending}" if capped else max(0, pending),
                      "segments": q.segments})
-    point = safepoint(conf, sinks)
-    room = _headroom(conf, point if point is not None else source_end)
-    summary = {"broker": conf.broker.name, "tiered_to_phy": source_end, "commitlog_end_phy": frontier,
+    point = safepoint(settings, sinks)
+    room = _headroom(settings, point if point is not None else source_end)
+    summary = {"broker": settings.broker, "tiered_to_phy": source_end, "commitlog_end_phy": frontier,
                "lag_bytes": None if frontier is None or source_end is None else frontier - source_end,
                "safepoint": point, "headroom_bytes": None if room is None else room.bytes,
                "headroom_s": None if room is None or room.seconds is None else round(room.seconds),
@@ -105,8 +105,8 @@ def show_status(args, conf: cfg.Config) -> int:
                   "since": _iso(health[name]["since"]) if name in health else None,
                   "skipped": sum(1 for x in skipped if x["sink"] == name),
                   "filtered": _filtered_text(filtered.get(FILTER_OF.get(name, name), {})),
-                  "error": health.get(name, {}).get("error")} for name in _shown_sinks(enabled_sinks(conf), sinks)]
-    tables = _table_lag(conf)
+                  "error": health.get(name, {}).get("error")} for name in _shown_sinks(enabled_sinks(settings), sinks)]
+    tables = _table_lag(settings)
     if args.format == "json":
         emit([{"kind": "queue", **r} for r in rows] + [{"kind": "sink", **r} for r in sink_rows]
              + [{**r, "table_kind": r["kind"], "kind": "table"} for r in tables]
@@ -131,7 +131,7 @@ def show_status(args, conf: cfg.Config) -> int:
             emit(gap_rows, "table")
             print()
         emit([{k: v for k, v in summary.items() if k != "sinks"}], "table")
-    if room is not None and room.below(conf.commitlog.headroom_warn_fraction, conf.commitlog.headroom_warn_s):
+    if room is not None and room.below(settings.headroom_warn_fraction, settings.headroom_warn_s):
         log.warning(room.warning())
     if summary["gaps"]:
         print(f"tierlog: {summary['gaps']} commitlog range(s) were deleted before tierlog read them (gaps above): "
@@ -143,27 +143,27 @@ def show_status(args, conf: cfg.Config) -> int:
 
 def cmd_gap(args, conf: cfg.Config) -> int:
     """``tierlog gap ack``: acknowledge every recorded gap, so ``status`` exits 0 again."""
-    store = open_metadata(conf)
+    settings = derive(conf)
+    store = open_metadata(settings)
     try:
         found = gaps.gaps(store.quarantined())
     finally:
         store.close()
-    new = gaps.acknowledge(conf.state.dir, found)
+    new = gaps.acknowledge(settings.paths.state, found)
     emit([{"start_phy": g["start_phy"], "end_phy": g["end_phy"], "bytes": g["end_phy"] - g["start_phy"]}
           for g in new], args.format)
     log.info("%d gap(s) acknowledged now, %d before", len(new), len(found) - len(new))
     return 0
 
 
-def _headroom(conf: cfg.Config, needed: int | None):
+def _headroom(settings: Settings, needed: int | None):
     """The commitlog's headroom for ``needed`` (``connectors.commitlog.headroom``), None when unknown."""
     from connectors.commitlog.headroom import headroom
-    from streaming.settings import reader_options
 
     if needed is None:
         return None
     try:
-        with reader_options(conf).open(check_crc=False) as reader:
+        with settings.reader.open(check_crc=False) as reader:
             return headroom(reader, needed)
     except TierlogError as exc:
         log.warning("commitlog not readable for its headroom: %s", exc)
@@ -176,24 +176,22 @@ def _shown_sinks(enabled: list[str], recorded: dict) -> list[str]:
     return enabled + sorted(name for name in recorded if name not in enabled)
 
 
-def _table_lag(conf: cfg.Config) -> list[dict]:
+def _table_lag(settings: Settings) -> list[dict]:
     """Each Iceberg table's lag behind the tier ([tables] enabled), or none when they are off."""
-    from streaming.settings import tables
-
-    settings = tables(conf)
-    if settings is None:
+    tables = settings.tables
+    if tables is None:
         return []
     from connectors.tables.catalog import sqlite_file
     from streaming.cli.tables import table_rows
 
-    file = sqlite_file(settings.catalog_uri)
+    file = sqlite_file(tables.catalog_uri)
     if file is not None and not os.path.exists(file):
         return []  # no table yet; status reads, so it must not make the catalog
 
     try:
-        return table_rows(conf, settings)
+        return table_rows(settings)
     except Exception as exc:  # status shows the rest whatever the catalog does
-        log.warning("the Iceberg tables could not be read for their lag (catalog %s): %s: %s", settings.catalog_uri,
+        log.warning("the Iceberg tables could not be read for their lag (catalog %s): %s: %s", tables.catalog_uri,
                     type(exc).__name__, exc)
         return []
 

@@ -8,6 +8,7 @@ import logging
 from connectors.errors import ConfigError
 from streaming import config as cfg
 from streaming.cli.output import emit
+from streaming.settings import Settings, derive
 
 log = logging.getLogger("tierlog")
 COLUMNS = ["table", "kind", "topic", "snapshot_id", "tier_seq", "tier_head_seq", "lag_segments", "through_phy",
@@ -15,17 +16,15 @@ COLUMNS = ["table", "kind", "topic", "snapshot_id", "tier_seq", "tier_head_seq",
 
 
 def cmd_table(args, conf: cfg.Config) -> int:
-    from streaming.settings import tables
-
-    settings = tables(conf)
-    if settings is None:
+    settings = derive(conf)
+    if settings.tables is None:
         raise ConfigError("setting tables.enabled is false: set `[tables] enabled = true` in tierlog.toml "
                           "(or TIERLOG_TABLES_ENABLED=true) to keep Iceberg tables of the tier")
-    emit(table_rows(conf, settings, rebuild=args.table_command == "rebuild"), args.format, COLUMNS)
+    emit(table_rows(settings, rebuild=args.table_command == "rebuild"), args.format, COLUMNS)
     return 0
 
 
-def table_rows(conf: cfg.Config, settings, rebuild: bool = False) -> list[dict]:
+def table_rows(settings: Settings, rebuild: bool = False) -> list[dict]:
     """One row per table of this broker (``tierlog table info``, and ``status``'s table lag); with
     ``rebuild``, each table is first made equal to the tier alone."""
     from connectors.tables.latest import LatestTables
@@ -33,18 +32,18 @@ def table_rows(conf: cfg.Config, settings, rebuild: bool = False) -> list[dict]:
     from connectors.tier.location import open_backend
     from connectors.tier.log import TierLog
 
-    backend = open_backend(conf.tier.location)
+    location, broker = settings.paths.tier, settings.broker
+    backend = open_backend(location)
     try:
-        tier = TierLog(backend, conf.broker.name).committed()
-        message_tables = MessageTables(settings, conf.tier.location, conf.broker.name)
-        latest_tables = LatestTables(settings, conf.tier.location, conf.broker.name, message_tables.catalog)
+        tier = TierLog(backend, broker).committed()
+        message_tables = MessageTables(settings.tables, location, broker)
+        latest_tables = LatestTables(settings.tables, location, broker, message_tables.catalog)
         if rebuild:
             committed = message_tables.rebuild(tier.seq, tier.segments.values())
             log.info("%d message tables brought to the tier's record %d (%d sealed segments of broker %s)",
-                     committed, tier.seq, len(tier.segments), conf.broker.name)
+                     committed, tier.seq, len(tier.segments), broker)
             committed = latest_tables.rebuild(backend)
-            log.info("%d latest-per-key tables hold broker %s's newest compacted snapshots", committed,
-                     conf.broker.name)
+            log.info("%d latest-per-key tables hold broker %s's newest compacted snapshots", committed, broker)
         return message_tables.info(tier.seq, tier.segments.values()) + latest_tables.info()
     finally:
         backend.close()

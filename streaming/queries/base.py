@@ -1,8 +1,8 @@
 """What every streaming query of ``tierlog run`` is, to the runner (``streaming.service``).
 
-A query reads the ``commitlog`` source and hands each micro-batch to its
-outputs (the tier, the KV view, a Kafka topic).  The runner knows queries only
-through :class:`Query`: it starts each one's stream with its own checkpoint,
+A query reads the commitlog (tiering) or what the tier committed (compaction, the mirror) and
+hands each batch to its outputs (the tier, the KV view, a Kafka topic).  The runner knows queries
+only through :class:`Query`: it starts each one's stream with its own checkpoint,
 hands every batch its offset range, calls ``tick`` between batches, and on a
 stop waits for the batch in flight (by taking ``lock``), then calls ``flush``
 and ``close``.  Nothing in the runner branches on a query's name, so a new
@@ -12,7 +12,8 @@ Contract of a query:
 
 - ``name``: its checkpoint directory under ``checkpoint.dir``, its ``query``
   label in metrics and log lines.  Changing it abandons its checkpoint.
-- ``sinks(conf)``: the sinks (outputs) it feeds, by the names the metadata
+- ``enabled(settings)``: whether the configuration runs it.
+- ``sinks(settings)``: the sinks (outputs) it feeds, by the names the metadata
   store records their progress under (``tier``, ``kv``, ``changelog``,
   ``mirror``); each sink's applied offset bounds the safepoint, and so does
   this query's last committed batch, if the query ``reads_commitlog``.  A query
@@ -20,7 +21,7 @@ Contract of a query:
   which the tier keeps for it; under ``--until-caught-up`` it runs on its
   trigger and is stopped once the commitlog's readers are done and it is
   ``caught_up()``.
-- ``guarded_settings(conf, spark)``: the settings its checkpoint depends on;
+- ``guarded_settings(settings, spark)``: the settings its checkpoint depends on;
   a start with other values is refused (``streaming.runtime.checkpoints``).
 - ``start(committed_end)`` runs before the stream starts (catch up what Spark committed
   but an output has not applied); ``process(batch)`` runs on Spark's
@@ -31,7 +32,8 @@ Contract of a query:
   query failed; ``close()`` always, last.
 - Each query writes its own batch log line and metrics (``ctx.metrics``).
 
-A query with ``spark_stream`` off has no Spark stream and no checkpoint: the runner calls its
+A ``StreamedQuery`` runs a Spark stream (``stream``, ``process``).  A ``SteppedQuery``
+(``spark_stream`` off) has no Spark stream and no checkpoint: the runner calls its
 ``step(spark)`` on a thread of its own (``streaming.runtime.follower``), under ``lock``, as soon as a query
 that reads the commitlog has processed a batch and at least once a trigger interval.  Its progress
 is its sinks' records in the metadata store, and ``step`` applies what the tier committed past
@@ -43,11 +45,17 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
-from streaming import config as cfg
 from streaming.runtime.checkpoints import Batch
+from streaming.settings import Settings
+
+if TYPE_CHECKING:
+    from state.kv import KVView
+    from state.metadata import MetadataStore
+    from streaming.runtime.metrics import Metrics
 
 log = logging.getLogger("tierlog.service")
 
@@ -56,57 +64,45 @@ log = logging.getLogger("tierlog.service")
 class RunContext:
     """What a query is built with: the settings, the open stores, and the run's plumbing."""
 
-    conf: cfg.Config
-    settings: object  # streaming.settings.Settings: conf's settings, parsed
-    metadata: object  # state.metadata.MetadataStore
-    kv: object | None  # state.kv.KVView, when the compaction query runs
-    metrics: object  # streaming.runtime.metrics.Metrics
+    settings: Settings
+    metadata: MetadataStore
+    kv: KVView | None  # when the compaction query runs
+    metrics: Metrics
     should_stop: Callable[[], bool]
-    source_options: dict  # the commitlog source's options
-    kafka: object | None  # connectors.kafka.settings.KafkaSettings, None when Kafka is off
     until_caught_up: bool = False  # `tierlog run --until-caught-up`: no query holds a batch back
     # compaction.nice where this run started the process's JVM; 0 in a caller's session, whose
     # process is the caller's to prioritise (streaming.runtime.priority)
     compaction_nice: int = 0
 
 
-class Query:
+class Query(ABC):
+    """What the runner knows of every query; a query is a ``StreamedQuery`` or a ``SteppedQuery``."""
+
     name: ClassVar[str]
     output_mode: ClassVar[str] = "append"
     reads_commitlog: ClassVar[bool] = True
-    spark_stream: ClassVar[bool] = True  # False: run by ``step``, without a Spark stream (see above)
+    spark_stream: ClassVar[bool]  # True: a ``StreamedQuery``; False: a ``SteppedQuery``
 
     @classmethod
-    def enabled(cls, conf: cfg.Config) -> bool:
+    def enabled(cls, settings: Settings) -> bool:
         return True
 
     @classmethod
-    def sinks(cls, conf: cfg.Config) -> list[str]:
-        return []
+    @abstractmethod
+    def sinks(cls, settings: Settings) -> list[str]:
+        """The sinks it feeds, by the names their progress is kept under."""
 
     @classmethod
-    def guarded_settings(cls, conf: cfg.Config, spark) -> dict[str, str]:
+    def guarded_settings(cls, settings: Settings, spark) -> dict[str, str]:
         """Every query's offsets point into one broker's commitlog; subclasses add their own."""
-        return {"broker.name": conf.broker.name, "commitlog.dir": os.path.abspath(conf.commitlog.dir)}
+        return {"broker.name": settings.broker, "commitlog.dir": os.path.abspath(settings.paths.commitlog)}
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
         self.lock = threading.RLock()
 
-    def stream(self, spark):
-        """The streaming DataFrame the runner writes with ``foreachBatch``."""
-        raise NotImplementedError
-
     def start(self, committed_end: int | None) -> None:
         """Before the stream starts; ``committed_end``: where Spark's last committed batch ends."""
-
-    def process(self, batch: Batch) -> None:
-        raise NotImplementedError
-
-    def step(self, spark) -> bool:
-        """A query without a Spark stream: apply what is there (``spark`` for the jobs it may run);
-        whether it applied a batch."""
-        raise NotImplementedError
 
     def caught_up(self) -> bool:
         """A query over the tier: whether it has applied everything the tier committed."""
@@ -124,6 +120,34 @@ class Query:
 
     def close(self) -> None:
         """Release what the query holds; always called, last."""
+
+
+class StreamedQuery(Query):
+    """A query that runs a Spark stream with its own checkpoint: the runner writes ``stream`` with
+    ``foreachBatch`` and hands each micro-batch to ``process``."""
+
+    spark_stream = True
+
+    @abstractmethod
+    def stream(self, spark):
+        """The streaming DataFrame the runner writes with ``foreachBatch``."""
+
+    @abstractmethod
+    def process(self, batch: Batch) -> None:
+        """One micro-batch, under ``lock``; idempotent for a batch Spark runs again after a crash."""
+
+
+class SteppedQuery(Query):
+    """A query without a Spark stream or checkpoint: the runner calls ``step`` on a thread of its own
+    (``streaming.runtime.follower``), woken by each tiering batch and once a trigger interval."""
+
+    spark_stream = False
+    reads_commitlog = False
+
+    @abstractmethod
+    def step(self, spark) -> bool:
+        """Apply what the tier committed past this query's sinks' records (``spark`` for the jobs it
+        may run), under ``lock``; whether it applied a batch."""
 
 
 def open_feed(store, consumer: str, applied: int | None, what: str) -> int:

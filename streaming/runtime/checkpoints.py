@@ -22,7 +22,6 @@ from functools import cached_property
 from typing import Callable
 
 from connectors.errors import ConfigError, TierlogError
-from streaming import config as cfg
 
 FINGERPRINT = "tierlog-checkpoint.json"
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
@@ -40,14 +39,12 @@ WHY = {
 }
 
 
-def location_problem(conf: cfg.Config) -> str | None:
-    """Why Spark could not use ``checkpoint.dir`` (or a jar of ``spark.jars``), naming the setting;
-    None when it can.  s3a:// needs Hadoop's s3a file system, which pyspark does not ship."""
-    jars = [j.strip() for j in conf.spark.jars.split(",") if j.strip()]
+def location_problem(jars: tuple[str, ...], root: str) -> str | None:
+    """Why Spark could not use ``checkpoint.dir`` ``root`` (or a jar of ``spark.jars``), naming the
+    setting; None when it can.  s3a:// needs Hadoop's s3a file system, which pyspark does not ship."""
     for jar in jars:
         if not os.path.isfile(jar.removeprefix("file://")):
             return f"spark.jars: {jar!r} does not exist"
-    root = conf.checkpoint.dir
     if root.startswith("s3a://") and not any("hadoop-aws" in os.path.basename(j) for j in jars):
         return (f"checkpoint.dir {root!r} needs Hadoop's s3a file system, which pyspark does not include: put "
                 "hadoop-aws (the version of pyspark's Hadoop client) and the AWS SDK v2 bundle in spark.jars")

@@ -61,8 +61,9 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from connectors.commitlog.arrow import MESSAGE_DDL, project_ddl
+from connectors.commitlog.arrow import MESSAGE_DDL
 from streaming.sources.hold import BatchHold
+from streaming.sources.options import columns as parse_columns, flag, positive
 from connectors.commitlog.reader import ON_CORRUPT, ON_MISSING, CommitLogReader, ReaderOptions, ScanResult, cut
 from connectors.errors import ConfigError
 from connectors.task_cpu import counted
@@ -105,22 +106,23 @@ class SourceOptions:
         start = opts.get("startingoffset", "earliest")
         if start not in ("earliest", "latest") and not start.isdigit():
             raise ConfigError(f"option startingOffset={start!r}: use earliest, latest or a physical offset")
+        base = ReaderOptions(path)  # an option not given reads as every reader of a commitlog does
         return cls(
-            reader=ReaderOptions(path, check_crc=_bool(opts, "checkcrc", "checkCrc", True),
-                                 on_corrupt=_on_corrupt(opts.get("oncorrupt", "fail")),
-                                 broker=_broker(opts.get("broker", DEFAULT_BROKER)),
-                                 key_property=opts.get("keyproperty", "KEYS"),
-                                 on_missing=_on_missing(opts.get("onmissing", "fail"))),
-            max_records=_positive(opts, "maxrecordspertrigger", "maxRecordsPerTrigger"),
-            max_bytes=_positive(opts, "maxbytespertrigger", "maxBytesPerTrigger"),
-            follow_bytes=_positive(opts, "followbytespertrigger", "followBytesPerTrigger"),
-            partition_bytes=_positive(opts, "partitionbytes", "partitionBytes") or DEFAULT_PARTITION_BYTES,
+            reader=ReaderOptions(path, check_crc=flag(opts, "checkcrc", "checkCrc", base.check_crc),
+                                 on_corrupt=_on_corrupt(opts.get("oncorrupt", base.on_corrupt)),
+                                 broker=_broker(opts.get("broker", base.broker)),
+                                 key_property=opts.get("keyproperty", base.key_property),
+                                 on_missing=_on_missing(opts.get("onmissing", base.on_missing))),
+            max_records=positive(opts, "maxrecordspertrigger", "maxRecordsPerTrigger"),
+            max_bytes=positive(opts, "maxbytespertrigger", "maxBytesPerTrigger"),
+            follow_bytes=positive(opts, "followbytespertrigger", "followBytesPerTrigger"),
+            partition_bytes=positive(opts, "partitionbytes", "partitionBytes") or DEFAULT_PARTITION_BYTES,
             starting_offset=start,
-            refs_only=_bool(opts, "refsonly", "refsOnly", False),
+            refs_only=flag(opts, "refsonly", "refsOnly", False),
             columns=parse_columns(opts.get("columns")),
-            topics=_topics(opts.get("topics"), parse_columns(opts.get("columns")), _bool(opts, "refsonly", "refsOnly", False)),
-            min_bytes=_positive(opts, "minbytespertrigger", "minBytesPerTrigger") or 0,
-            max_delay_s=(_positive(opts, "maxtriggerdelayms", "maxTriggerDelayMs") or 0) / 1000,
+            topics=_topics(opts.get("topics"), parse_columns(opts.get("columns")), flag(opts, "refsonly", "refsOnly", False)),
+            min_bytes=positive(opts, "minbytespertrigger", "minBytesPerTrigger") or 0,
+            max_delay_s=(positive(opts, "maxtriggerdelayms", "maxTriggerDelayMs") or 0) / 1000,
         )
 
 
@@ -152,40 +154,6 @@ def _on_corrupt(value: str) -> str:
     if value not in ON_CORRUPT:
         raise ConfigError(f"option onCorrupt={value!r}: use fail or quarantine")
     return value
-
-
-def parse_columns(raw: str | None) -> tuple[str, ...] | None:
-    """The ``columns`` option: a comma-separated subset of the message row, checked here."""
-    if raw is None or not str(raw).strip():
-        return None
-    columns = tuple(c.strip() for c in str(raw).split(",") if c.strip())
-    try:
-        project_ddl(columns)
-    except ValueError as exc:
-        raise ConfigError(f"option columns={raw!r}: {exc}") from None
-    return columns
-
-
-def _positive(opts: dict, key: str, name: str) -> int | None:
-    raw = opts.get(key)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ConfigError(f"option {name}={raw!r}: expected a positive whole number")
-    return value
-
-
-def _bool(opts: dict, key: str, name: str, default: bool) -> bool:
-    raw = opts.get(key)
-    if raw is None:
-        return default
-    if str(raw).lower() in ("true", "false"):
-        return str(raw).lower() == "true"
-    raise ConfigError(f"option {name}={raw!r}: expected true or false")
 
 
 class CommitLogPartition(InputPartition):

@@ -3,12 +3,11 @@ committed batches (compaction) instead of the commitlog.
 
 Its offsets are the commitlog source's own shape, ``{"phy_offset": N}``, and every one is the end
 of a batch the tier committed, so a consumer's batch is whole tier batches: ``state.tier_feed`` lists
-them.  With ``columns`` the source yields those columns of the batches' messages, read back from
-their staging objects (``connectors.tier.feed``: decoded and CRC-checked once, by the stager), one
-partition per ``PARTITION_BYTES`` of staging objects (or per backfill, or a task's share of a large batch); without, it yields no rows and the query's handler reads the
-objects itself (the mirror's handler, per Kafka partition slot, in ``bench/bench_kafka.py``; the
-service runs the mirror without a Spark stream, ``streaming.runtime.follower``).  Spark gives the query its trigger, its
-offset log and its exactly-once bookkeeping, as for every query of ``tierlog run``.
+them.  The source yields the ``columns`` asked for of the batches' messages, read back from their
+staging objects (``connectors.tier.feed``: decoded and CRC-checked once, by the stager), one
+partition per ``PARTITION_BYTES`` of staging objects (or per backfill, or a task's share of a large
+batch).  Spark gives the query its trigger, its offset log and its exactly-once bookkeeping, as for
+every query of ``tierlog run``.
 
 Options:
 
@@ -18,11 +17,11 @@ Options:
                      source's (at least one tier batch)
 ``minBytesPerTrigger``, ``maxTriggerDelayMs``  hold a smaller batch back, at most this long, as
                      the ``commitlog`` source's (``streaming.sources.hold``)
-``columns``          message columns to yield (comma-separated); none: no rows
-``location``, ``broker``  the tier and whose part of it (with ``columns``)
+``columns``          message columns to yield (comma-separated; required)
+``location``, ``broker``  the tier and whose part of it
 ``localCopies``      ``connectors.tier.copies.CopySettings`` as JSON: read the stagers' local
-                     copies where they are (with ``columns``)
-``topics``           a ``TopicFilter`` as JSON: only its topics' rows are yielded (with ``columns``)
+                     copies where they are
+``topics``           a ``TopicFilter`` as JSON: only its topics' rows are yielded
 ``tasks``            how many tasks Spark runs at once: a batch of more than that many
                      ``PARTITION_BYTES`` is that many partitions (each backfill still one of its own)
 ``latestPerKey``     ``true``: of each partition, only each ``(topic, key)``'s last message that
@@ -52,9 +51,9 @@ from connectors.tier.copies import CopySettings
 from connectors.task_cpu import counted
 from connectors.tier.feed import FeedBatch
 from streaming.sources.hold import BatchHold
+from streaming.sources.options import flag, offset, positive, required_columns
 from state.tier_feed import listed_batches, listed_ends, next_end
 
-FEED_DDL = "phy_offset bigint"
 log = logging.getLogger("tierlog.feed")
 
 
@@ -193,17 +192,17 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict):
         opts = {k.lower(): v for k, v in options.items()}
         self.path = opts["metadata"]
-        self.columns = tuple(c for c in opts.get("columns", "").split(",") if c)
+        self.columns = required_columns(opts.get("columns"))
         self.location = opts.get("location", "")
         self.broker = opts.get("broker") or None
         self.copies = CopySettings(**json.loads(opts["localcopies"])) if opts.get("localcopies") else None
         self.topics = TopicFilter.from_json(opts["topics"]) if opts.get("topics") else None
-        self.latest_per_key = opts.get("latestperkey", "false").lower() == "true"
-        self.tasks = int(opts.get("tasks", 0) or 0)
-        self.starting = int(opts.get("startingoffset", 0))
-        self.max_bytes = int(opts.get("maxbytespertrigger", 0) or 0)
-        self._hold = BatchHold(int(opts.get("minbytespertrigger", 0) or 0),
-                               int(opts.get("maxtriggerdelayms", 0) or 0) / 1000)
+        self.latest_per_key = flag(opts, "latestperkey", "latestPerKey", False)
+        self.tasks = positive(opts, "tasks", "tasks") or 0
+        self.starting = offset(opts, "startingoffset", "startingOffset")
+        self.max_bytes = positive(opts, "maxbytespertrigger", "maxBytesPerTrigger") or 0
+        self._hold = BatchHold(positive(opts, "minbytespertrigger", "minBytesPerTrigger") or 0,
+                               (positive(opts, "maxtriggerdelayms", "maxTriggerDelayMs") or 0) / 1000)
         self._target: int | None = None
         self._listing: _Listing | None = None
 
@@ -239,14 +238,10 @@ class TierFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = ends[-1][0] if ends else self.starting
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        if not self.columns:
-            return []  # the handler reads the batches' staging objects itself (the mirror, per Kafka slot)
         begin, stop = int(start["phy_offset"]), int(end["phy_offset"])
         return feed_partitions(self.listing.batches(begin, stop), begin, stop, tasks=self.tasks) if stop > begin else []
 
     def read(self, partition):
-        if not self.columns:
-            return iter(())
         return counted("tierfeed read", read_partition(self.location, self.broker, self.columns, self.topics,
                                                        partition, self.latest_per_key, self.copies))
 
@@ -321,8 +316,7 @@ class TierFeedDataSource(DataSource):
         return "tierfeed"
 
     def schema(self) -> str:
-        columns = [c for c in self.options.get("columns", "").split(",") if c]
-        return project_ddl(columns) if columns else FEED_DDL
+        return project_ddl(required_columns(self.options.get("columns")))
 
     def streamReader(self, schema) -> TierFeedStreamReader:
         if not os.path.isdir(self.options.get("metadata", "")):

@@ -398,7 +398,7 @@ class ChaosRun:
         """Tier, metadata, KV view and both Kafka topics against a plain replay of every byte produced,
         compared as positions and CRCs of whole rows (:mod:`tests.chaos.digests`) to stay small at soak scale."""
         from state.kv import KVView
-        from streaming.plan import kv_path
+        from streaming.settings import derive
 
         r = self.report
         want = digests.expected(str(self.archive), self.conf.kafka)
@@ -409,7 +409,7 @@ class ChaosRun:
         r.tiered = len(got)
         self._compare("tier", got, want.log)
         self._verify_metadata(want)
-        with KVView(kv_path(self.conf), read_only=True) as kv:
+        with KVView(derive(self.conf).paths.kv, read_only=True) as kv:
             differing = digests.kv_differences(kv.entries(), want)
         if differing:
             r.problems.append(f"the KV view differs from the latest value per key of the commitlog at {differing} keys")
@@ -676,11 +676,11 @@ class ChaosRun:
         # which keeps what they have not applied (their completeness is checked at the end, against
         # the ledger).
         from streaming.runtime.checkpoints import Checkpoint
-        from streaming.plan import checkpoint_path
+        from streaming.settings import derive
 
         needed = [self._sinks().get("tier", -1)]
         try:
-            needed += [Checkpoint(checkpoint_path(self.conf, "tiering")).last_committed_end() or -1]
+            needed += [Checkpoint(derive(self.conf).paths.checkpoint("tiering")).last_committed_end() or -1]
         except TierlogError:
             return  # Spark is writing that checkpoint right now: check at the next gc
         if deleted and after and after[0].base > min(needed):
@@ -695,12 +695,12 @@ class ChaosRun:
 
     def _metadata(self):
         from state.metadata import MetadataStore
-        from streaming.plan import metadata_path
+        from streaming.settings import derive
 
-        if not os.path.exists(metadata_path(self.conf)):
+        if not os.path.exists(derive(self.conf).paths.metadata):
             return None
         try:
-            return MetadataStore(metadata_path(self.conf), read_only=True)
+            return MetadataStore(derive(self.conf).paths.metadata, read_only=True)
         except Exception:  # noqa: BLE001 - the service is creating it right now
             return None
 

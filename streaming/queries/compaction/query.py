@@ -13,76 +13,49 @@ from connectors.sinks import CHANGELOG, KV
 from connectors.threads import start_arrow_pool
 from connectors.tier.location import open_backend
 from connectors.tier.feed import FeedMessages
-from streaming import config as cfg
 from streaming.runtime.checkpoints import SHUFFLE_PARTITIONS, STATE_PROVIDER, Batch
 from streaming.sources.hold import hold_options
 from streaming.queries.compaction.handler import CompactionReport, CompactionHandler, compaction_stream
 from streaming.runtime.priority import JvmThreads
-from streaming.queries.base import Query, RunContext, open_feed
-from streaming.settings import compaction_settings
+from streaming.queries.base import RunContext, StreamedQuery, open_feed
+from streaming.settings import Settings
 
 log = logging.getLogger("tierlog.service")
 
 
-def changelog_enabled(conf: cfg.Config) -> bool:
-    return bool(conf.kafka.bootstrap.strip()) and conf.kafka.changelog and conf.compaction.enabled
-
-
-# How many times the commitlog source's cap a compaction batch takes while it is behind, when
-# compaction.max_batch_bytes is not set.  Its rows are keys and offsets, and the view references
-# values of 1 KiB and more; with 900-byte values copied into the view, a 1 GiB batch raised the
-# driver's peak by 170 MB.  Over many keys a larger batch holds more repeats of each.  Catching up
-# 621 MB of 2 KB values over 100,000 keys, one batch wrote 211,000 changes against three batches'
-# 260,000 (docs/benchmarks.md, "Compaction's batches four times the source's cap").  The changelog
-# sends a batch's bodies a slice at a time (connectors.kafka.changelog), so with it on, catching
-# up 16 KiB values over a million keys at 1 GiB, the driver peaked at 2.0 GB against 2.2 GB for
-# the source's cap before (6.6 GB at 1 GiB before the slices).
-SOURCE_CAP_FACTOR = 4
-
-
-def batch_cap(conf: cfg.Config, source_options: dict) -> int | None:
-    """The ``tierfeed`` source's ``maxBytesPerTrigger``: ``compaction.max_batch_bytes`` when set;
-    else the commitlog source's own cap (``source.max_bytes_per_trigger``; None: none) times
-    ``SOURCE_CAP_FACTOR``."""
-    if conf.compaction.max_batch_bytes:
-        return conf.compaction.max_batch_bytes
-    source = source_options.get("maxBytesPerTrigger")
-    return None if source is None else int(source) * SOURCE_CAP_FACTOR
-
-
-class CompactionQuery(Query):
+class CompactionQuery(StreamedQuery):
     name = "compaction"
     output_mode = "update"
     reads_commitlog = False
 
     @classmethod
-    def enabled(cls, conf: cfg.Config) -> bool:
-        return conf.compaction.enabled
+    def enabled(cls, settings: Settings) -> bool:
+        return settings.compaction.enabled
 
     @classmethod
-    def sinks(cls, conf: cfg.Config) -> list[str]:
-        return [KV] + ([CHANGELOG] if changelog_enabled(conf) else [])
+    def sinks(cls, settings: Settings) -> list[str]:
+        return [KV] + ([CHANGELOG] if settings.changelog else [])
 
     @classmethod
-    def guarded_settings(cls, conf: cfg.Config, spark) -> dict[str, str]:
-        return {**super().guarded_settings(conf, spark),
-                "commitlog.key_property": conf.commitlog.key_property,
+    def guarded_settings(cls, settings: Settings, spark) -> dict[str, str]:
+        return {**super().guarded_settings(settings, spark),
+                "commitlog.key_property": settings.compaction.key_property,
                 "spark.shuffle_partitions": spark.conf.get(SHUFFLE_PARTITIONS),  # what the session uses
                 "state store provider": spark.conf.get(STATE_PROVIDER, "")}
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
-        conf, metadata = ctx.conf, ctx.metadata
+        s, metadata = ctx.settings, ctx.metadata
         changelog = None
-        if changelog_enabled(conf):
+        if s.changelog:
             changelog = ChangelogSink(
-                ctx.kafka, should_stop=ctx.should_stop,
+                s.kafka, should_stop=ctx.should_stop,
                 on_health=lambda h: metadata.journal.record_health(CHANGELOG, h),
                 on_skip=lambda phy, why: metadata.journal.record_skip(CHANGELOG, phy, why),
             )
-        self.feed = FeedMessages(open_backend(conf.tier.location, create=False, copies=ctx.settings.copies),
-                                 metadata.feed.batches, conf.broker.name)
-        self.handler = CompactionHandler(compaction_settings(ctx.settings), ctx.kv, metadata, on_batch=self.report,
+        self.feed = FeedMessages(open_backend(s.paths.tier, create=False, copies=s.copies),
+                                 metadata.feed.batches, s.broker)
+        self.handler = CompactionHandler(s.compaction.writer, ctx.kv, metadata, on_batch=self.report,
                                          changelog=changelog, messages=self.feed,
                                          on_applied=lambda start: metadata.feed.release(self.name, start),
                                          nice=ctx.compaction_nice)
@@ -94,16 +67,16 @@ class CompactionQuery(Query):
         self._kafka_counts = {"sent": 0, "retries": 0}  # the changelog's, as last counted
 
     def stream(self, spark):
-        conf, copies = self.ctx.conf, self.ctx.settings.copies
+        s = self.ctx.settings
+        copies, c = s.copies, s.compaction
         self.jvm_threads = JvmThreads.of(spark, self.ctx.compaction_nice)
-        hold = hold_options(conf.compaction.min_batch_bytes, conf.compaction.max_batch_delay_s,
-                            self.ctx.until_caught_up)
+        hold = hold_options(c.min_batch_bytes, c.max_batch_delay_s, self.ctx.until_caught_up)
         return compaction_stream(spark, {"metadata": self.ctx.metadata.path, "startingOffset": self.start_at,
-                                         "maxBytesPerTrigger": batch_cap(conf, self.ctx.source_options),
+                                         "maxBytesPerTrigger": c.max_batch_bytes,
                                          "tasks": spark.sparkContext.defaultParallelism,
-                                         "location": conf.tier.location, "broker": conf.broker.name,
+                                         "location": s.paths.tier, "broker": s.broker,
                                          "localCopies": copies and json.dumps(dataclasses.asdict(copies)),
-                                         "topics": self.ctx.settings.filters["compaction"].to_json(), **hold})
+                                         "topics": s.filters["compaction"].to_json(), **hold})
 
     def start(self, committed_end: int | None) -> None:
         # A new checkpoint (Spark's state lost or never made) reads all the tier holds, so Spark's

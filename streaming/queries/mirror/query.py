@@ -9,11 +9,11 @@ import logging
 from dataclasses import dataclass
 
 from connectors.sinks import MIRROR
-from streaming import config as cfg
 from state.tier_feed import next_end
 from streaming.sources.hold import BatchHold
-from streaming.queries.base import Query, RunContext, open_feed
+from streaming.queries.base import RunContext, SteppedQuery, open_feed
 from streaming.queries.mirror.handler import MirrorHandler, MirrorReport, driver_sized_end
+from streaming.settings import Settings
 
 log = logging.getLogger("tierlog.service")
 
@@ -38,17 +38,15 @@ def step_end(feed, start: int, max_bytes: int, driver_bytes: int, held=lambda en
     return driver_sized_end(feed.batches(start, end), start, end, driver_bytes)
 
 
-class MirrorQuery(Query):
+class MirrorQuery(SteppedQuery):  # woken by the tier's commits (streaming.runtime.follower)
     name = "mirror"
-    reads_commitlog = False
-    spark_stream = False  # woken by the tier's commits (streaming.runtime.follower)
 
     @classmethod
-    def enabled(cls, conf: cfg.Config) -> bool:
-        return bool(conf.kafka.bootstrap.strip()) and conf.kafka.mirror
+    def enabled(cls, settings: Settings) -> bool:
+        return settings.mirror.enabled
 
     @classmethod
-    def sinks(cls, conf: cfg.Config) -> list[str]:
+    def sinks(cls, settings: Settings) -> list[str]:
         return [MIRROR]
 
     def __init__(self, ctx: RunContext):
@@ -56,15 +54,15 @@ class MirrorQuery(Query):
         store = ctx.metadata
         applied = store.journal.sinks().get(MIRROR)
         at = open_feed(store, self.name, applied, "the mirror first sends")
+        s, mirror = ctx.settings, ctx.settings.mirror
         self.handler = MirrorHandler(
-            ctx.kafka, ctx.conf.tier.location, store, at if applied is None else applied, tasks=ctx.conf.kafka.mirror_tasks,
-            should_stop=ctx.should_stop, on_batch=self.report, topics=ctx.settings.filters["mirror"], copies=ctx.settings.copies,
-            driver_bytes=ctx.conf.kafka.mirror_driver_bytes, process=ctx.conf.kafka.mirror_process,
+            s.kafka, s.paths.tier, store, at if applied is None else applied, tasks=mirror.tasks,
+            should_stop=ctx.should_stop, on_batch=self.report, topics=s.filters["mirror"], copies=s.copies,
+            driver_bytes=mirror.driver_bytes, process=mirror.process,
         )
         self.lock = self.handler.lock
-        kafka = ctx.conf.kafka
         # A quiet broker's mirror sends seconds apart: fewer, larger produce requests.
-        self.hold = BatchHold(kafka.mirror_min_batch_bytes, kafka.mirror_max_batch_delay_s)
+        self.hold = BatchHold(mirror.min_batch_bytes, mirror.max_batch_delay_s)
         self.batch_id = 0  # this run's batches, for the log
 
     def step(self, spark) -> bool:
@@ -72,8 +70,8 @@ class MirrorQuery(Query):
         held back while under ``kafka.mirror_min_batch_bytes`` (for up to ``mirror_max_batch_delay_s``),
         and cut to what the driver sends unless it is a backfill (``driver_sized_end``)."""
         start = self.handler.start_at
-        end = step_end(self.ctx.metadata.feed, start, int(self.ctx.source_options.get("maxBytesPerTrigger") or 0),
-                       self.ctx.conf.kafka.mirror_driver_bytes,
+        end = step_end(self.ctx.metadata.feed, start, int(self.ctx.settings.source.get("maxBytesPerTrigger") or 0),
+                       self.ctx.settings.mirror.driver_bytes,
                        lambda end: self.hold.held_back(start, end, draining=self.ctx.until_caught_up))
         if end <= start:
             return False

@@ -10,32 +10,32 @@ import time
 from connectors.commitlog.reader import CommitLogReader
 from connectors.sinks import TIER
 from connectors.errors import TierlogError
-from streaming import config as cfg
-from streaming.queries.base import Batch, Query, RunContext
+from streaming.queries.base import Batch, RunContext, StreamedQuery
+from streaming.settings import Settings
 from streaming.sources.commitlog import SourceOptions, expected_batch, starting_offset
 from streaming.queries.tiering.handler import BatchReport, TieringSettings, TieringHandler, refs_stream
 
 log = logging.getLogger("tierlog.service")
 
 
-class TieringQuery(Query):
+class TieringQuery(StreamedQuery):
     name = "tiering"
 
     @classmethod
-    def sinks(cls, conf: cfg.Config) -> list[str]:
+    def sinks(cls, settings: Settings) -> list[str]:
         return [TIER]
 
     @classmethod
-    def guarded_settings(cls, conf: cfg.Config, spark) -> dict[str, str]:
-        location = conf.tier.location
-        return {**super().guarded_settings(conf, spark),
+    def guarded_settings(cls, settings: Settings, spark) -> dict[str, str]:
+        location = settings.paths.tier
+        return {**super().guarded_settings(settings, spark),
                 "tier.location": location if "://" in location else os.path.abspath(location)}
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
         s = ctx.settings
         self.handler = TieringHandler(TieringSettings(s.stage, s.writer, s.tables, s.driver_stage_bytes,
-                                                      s.stage_processes, ctx.conf.source.partition_bytes), ctx.metadata,
+                                                      s.stage_processes, s.partition_bytes), ctx.metadata,
                                       on_batch=self.report, expect=self._expect, header_reader=self._reader)
         self.lock = self.handler.lock
         self.batches = self.rows = self.bytes = 0
@@ -48,7 +48,7 @@ class TieringQuery(Query):
         try:
             reader = self._reader()
             begin = committed_end if committed_end is not None else starting_offset(
-                reader, str(self.ctx.conf.source.starting_offset))
+                reader, self.ctx.settings.starting_offset)
             end = reader.end_offset()
             begin = max(begin, reader.first_offset())
         except TierlogError as exc:  # the run's own reads meet it again, and say so
@@ -60,12 +60,12 @@ class TieringQuery(Query):
         """The end and splits of the batch this query's stream is expected to run from ``begin``."""
         if self._source_options is None:
             self._source_options = SourceOptions.parse(
-                {k: str(v) for k, v in self.ctx.source_options.items() if v is not None})
+                {k: str(v) for k, v in self.ctx.settings.source.items() if v is not None})
         batch = expected_batch(self._reader(), self._source_options, begin, draining=self.ctx.until_caught_up)
         return batch.end, batch.splits
 
     def stream(self, spark):
-        return refs_stream(spark, self.ctx.source_options)
+        return refs_stream(spark, self.ctx.settings.source)
 
     def process(self, batch: Batch) -> None:
         self.handler.process(batch)
