@@ -67,12 +67,9 @@ _EXPIRY = struct.Struct(">q")
 _DATA_START = b"\x03"
 # Why larger values live in RocksDB's blob files: a changed value is written once at flush either
 # way (and, before ``_write`` dropped the WAL, once more to it), but in the LSM tree every
-# compaction rewrote it again.  Measured on 2 cores (``bench/bench_kv_apply.py``: 8 batches of
-# changed keys into a fresh view, process CPU with RocksDB's own threads, 2 rounds alternating,
-# both through the WAL): 2 KB values 9.8 core-s against 12.8 in the LSM tree (0.76), 16 KiB values
-# 9.0 against 11.4 (0.79), 1 KiB values 8.6 against 8.8 (0.98, no gain), hence the bound between.
-# Point reads stayed under 0.06 ms at the p99; a full scan, which only a snapshot does, took 1.8 s
-# against 0.8 s for 99k keys of 16 KiB.
+# compaction rewrote it again.  ``bench/bench_kv_apply.py`` found blob files cheaper for values of
+# 2 KB and more and no gain at 1 KiB, hence the bound between; point reads stayed fast, and only a
+# full scan, which only a snapshot does, was slower (docs/benchmarks.md).
 BLOB_MIN_BYTES = 1536
 
 
@@ -165,8 +162,9 @@ def _chunks(items: Iterable, most: int) -> Iterator[list]:
 
 def _latest_per_key(table: pa.Table) -> tuple[np.ndarray, list[bytes]]:
     """The row of each key's highest physical offset (the first of equal ones: the sort is
-    stable), and the keys, in byte order: RocksDB inserts a sorted batch into its memtable 3-4x
-    faster (measured)."""
+    stable), and the keys, in byte order (a batch handed to the view may hold a key more than once:
+    docs/architecture.md, "Latest per key, four times"): RocksDB inserts a sorted batch into its memtable several
+    times faster."""
     keys = pc.cast(pc.binary_join_element_wise(table.column("topic"), table.column("key"), SEP), pa.binary())
     order = pc.sort_indices(pa.table({"k": keys, "phy": table.column("phy_offset")}),
                             [("k", "ascending"), ("phy", "descending")])
@@ -295,11 +293,9 @@ class KVView:
         offset applied through are durable at once, or not at all) and needs no replay: a crash
         before the flush loses the whole batch, which the tier keeps until it is applied.  So
         ``tierlog kv get`` reads every applied batch from the files, as before from the WAL.
-        Measured (``bench/bench_kv_apply.py``, 8 batches of 110k changed 2 KB values, 2 rounds):
-        9.8 / 11.5 core-s against 13.0 / 13.1 through the WAL, 0.82; the applies' wall clock about
-        the same, the flush now on the apply thread.  A rebuild (``"close"``) flushes only at the end:
-        it applies a queue at a time, and 3,000 applies of 20 rows took 15.4 s with a flush each,
-        4.5 s through the WAL, 1.8 s flushed once at the close (measured)."""
+        It costs less CPU than the WAL did (``bench/bench_kv_apply.py``, docs/benchmarks.md), the
+        flush now on the apply thread.  A rebuild (``"close"``) flushes only at the end: it applies
+        a queue at a time, and a flush per small apply was most of its time."""
         self.db.write(wb, self._options)
         if self._durable == "flush":
             self.db.flush(wait=True)
@@ -337,9 +333,8 @@ class KVView:
 
     def _apply(self, table: pa.Table, applied_through: int | None, referenced: np.ndarray | None = None) -> int:
         """Why columnar: the compaction query hands over 100k changes a batch, and the same work row
-        by row in Python (a dict of latest rows, a struct per value) took 0.33 s of the apply
-        thread per 100k, competing with Spark's own job for the driver's cores; 0.15 s now, half of
-        it RocksDB's write.  Checked against an oracle by
+        by row in Python (a dict of latest rows, a struct per value) took twice the apply thread's
+        time, competing with Spark's own job for the driver's cores; half of it now is RocksDB's write.  Checked against an oracle by
         ``tests/test_kv_view.py::test_random_batches_in_any_order_equal_the_oracle``."""
         if self.read_only:
             raise KVError("the KV view was opened read-only")

@@ -9,10 +9,10 @@ message.  ``ReferencePolicy`` says which values: those of messages stored at
 ``tier.retention*``); ``TierValues`` reads their bodies.
 
 Why: catching up, the view's writes and the resolve that feeds them were about half of the whole
-service's CPU (the cost ledger, ``./dev bench catchup --ledger``: 17-20 of 43-50 core-seconds per
-GB, 2 KB values): every changed value was read out of its staging object, copied five times on
-its way through Arrow, Python and a WriteBatch, and written to RocksDB's blob files.  With the
-bodies not read and the view holding heads only, the whole service took 23-31 (docs/benchmarks.md).
+service's CPU (the cost ledger, ``./dev bench catchup --ledger``): every changed value was read out
+of its staging object, copied five times on its way through Arrow, Python and a WriteBatch, and
+written to RocksDB's blob files.  With the bodies not read and the view holding heads only, the
+service's cost a GB fell by a third or more (docs/benchmarks.md).
 
 What stays as it was: snapshots and the changelog carry whole values (a snapshot reuses the
 previous snapshot's values for keys unchanged since, and reads only the newer ones from the tier);

@@ -303,8 +303,8 @@ class KVWriter:
     def _last_snapshot_time(self) -> float:
         """When the last snapshot was written; for a view that has none, when a service first
         started on it.  So the first snapshot comes an interval in, not at the first batch of a
-        view still catching up (105k keys of 2 KB took 1.4 s of the apply thread there, holding
-        the next batch), and restarts do not put it off."""
+        view still catching up (a full snapshot there held the apply thread, and the next batch,
+        for seconds), and restarts do not put it off."""
         raw = self.kv.meta("snapshot") or self.kv.meta("snapshot_clock")
         if raw:
             return json.loads(raw)["at"]

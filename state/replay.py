@@ -55,7 +55,8 @@ def replay_messages(kv: KVView, reader, start: int, end: int, key_property: str 
 def latest_changes(reader, start: int, end: int, key_property: str = "KEYS",
                    topics: TopicFilter | None = None) -> pa.Table:
     """Each key's latest change in ``[start, end)`` of ``reader``, in physical order, as
-    ``CHANGE_ROW``s."""
+    ``CHANGE_ROW``s: for a rebuild from the commitlog, without Spark (docs/architecture.md, "Latest
+    per key, four times")."""
     parts = [keyed_rows(pa.Table.from_batches([b]), topics)
              for b in reader.record_batches(start, end, key_property=key_property, columns=REPLAY_COLUMNS)]
     columns = list(CHANGE_ROW)

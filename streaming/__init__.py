@@ -7,10 +7,8 @@ import os
 # Arrow's allocator (mimalloc) hands memory it has not used for 1 s back to the kernel; by default it
 # decommits it (MADV_DONTNEED), so the next batch's buffers fault every page in again, zeroed.  With
 # 0 it resets the memory instead (MADV_FREE): the kernel takes the pages back only when it needs
-# them, and a page reused before then costs no fault.  At 6,400 msgs/s of 16 KiB with Kafka, runs
-# new, old, old, new: the service's kernel time 0.22 against 0.31-0.33 of its CPU, its total 1.210 /
-# 1.211 against 1.245 / 1.264 cores; at 25,000 msgs/s of 1 KiB 0.911 against 0.984, the driver's
-# resident memory 0.6 against 0.5 GB (docs/benchmarks.md).  Set before anything loads pyarrow
+# them, and a page reused before then costs no fault: a third less kernel time, for a little more
+# resident memory (docs/benchmarks.md, "Freed memory reset").  Set before anything loads pyarrow
 # (this package is imported first), and inherited by the JVM and every Python process it starts;
 # a value of the user's own wins.
 os.environ.setdefault("MIMALLOC_PURGE_DECOMMITS", "0")

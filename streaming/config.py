@@ -245,18 +245,16 @@ class KafkaConfig:
     mirror_max_batch_delay_s: float = setting(
         5.0, "The longest a mirror batch below kafka.mirror_min_batch_bytes waits: how far Kafka may trail "
         "the tier on a quiet broker. 0: never waits.")
-    # 32 MiB: at 15,500 msgs/s of 1 KiB a 0.5 s tier batch holds about 8 MB, and with 8 MiB a
-    # third of them went to Spark's tasks: Kafka p99 3.8-4.0 s against 1.3-2.1 s (docs/benchmarks.md).
-    # Every step on the driver: a catch-up from Spark's tasks was 83-85k msgs/s at 15 core-us a
-    # message, against 100-113k at 9-10 on the driver (docs/benchmarks.md).
+    # Why 32 MiB: a busy broker's tier batch must fit, or it goes to Spark's tasks and reaches Kafka
+    # later; and every step of a catch-up is cheaper sent from the driver (docs/benchmarks.md, "The
+    # mirror on the driver").
     mirror_driver_bytes: int = setting(
         32 << 20, "The driver sends the mirror itself, without a Spark job, in steps of at most this many bytes "
         "of staging objects (or one tier batch, if larger), the next step at once while more is committed: sooner "
         "in Kafka, and about 0.6 of the CPU a message of Spark's tasks, catching up included. A backfill goes to "
         "kafka.mirror_tasks Spark tasks. 0: every step from Spark's tasks.", size=True)
-    # Off by default: on 2 cores at 25,000 msgs/s the tier's p99 fell (1.1-1.7 s against 1.7-1.9)
-    # but Kafka's rose (2.8-4.1 s against 2.2-2.4), as the sender no longer took turns with the
-    # staging on the driver's one interpreter lock (docs/benchmarks.md).
+    # Off by default: on a full 2-core host the tier's p99 fell but Kafka's rose, as the sender no
+    # longer took turns with the staging on the driver's one interpreter lock (docs/benchmarks.md).
     mirror_process: bool = setting(
         False, "Send the driver's mirror steps (kafka.mirror_driver_bytes) from a process of their own, so "
         "they do not share the driver's Python with the tier's staging: for a host with cores to spare. "
@@ -271,12 +269,12 @@ class KafkaConfig:
     compression: str = setting(
         "none", "Producer compression: none, gzip, lz4 or zstd; snappy needs the python-snappy package.", choices=("none", "gzip", "snappy", "lz4", "zstd")
     )
-    # 20, not 5: at 25,000 msgs/s of 1 KiB librdkafka's threads took 0.73 of their CPU, while freshness at 10,000
-    # msgs/s, as consumed from the mirror topic, showed no resolved difference (docs/benchmarks.md).  A batch's
-    # flush sends what lingers, so the wait never adds to a batch's end.
+    # 20, not 5: librdkafka's threads take less CPU with fuller batches, and freshness as consumed from the
+    # mirror topic did not change (docs/benchmarks.md).  A batch's flush sends what lingers, so the wait
+    # never adds to a batch's end.
     linger_ms: int = setting(20, "Milliseconds the producer waits to fill a batch.")
-    # 1 MiB, near librdkafka's own default (1,000,000 bytes): at 2,000 msgs/s of 16 KiB its threads took 0.25 cores
-    # against 0.39 with 256 KiB batches (the cost ledger, docs/benchmarks.md).
+    # 1 MiB, near librdkafka's own default (1,000,000 bytes): large bodies cost its threads less CPU in
+    # fewer, fuller batches (the cost ledger, docs/benchmarks.md).
     batch_bytes: int = setting(1 << 20, "The producer's batch size per partition; keep it at or below "
                                         "kafka.max_request_size.", size=True)
     max_request_size: int = setting(1 << 20, "Largest record the producer sends (keep at or below the broker's).", size=True)
@@ -319,8 +317,9 @@ class SparkConfig:
     jars: str = setting("", "Comma-separated local jar files Spark loads (spark.jars): hadoop-aws and the AWS SDK "
                             "v2 bundle for s3a:// checkpoints, say. tierlog never downloads them.")
     jit_c1_only: bool = setting(True, "The driver's JVM compiles with the JIT's first tier only "
-                                      "(-XX:TieredStopAtLevel=1; under local[N], every Spark thread): about 0.13 cores "
-                                      "less at 25,000 msgs/s. false: both tiers, as a stock JVM.")
+                                      "(-XX:TieredStopAtLevel=1; under local[N], every Spark thread): less CPU, as "
+                                      "little of its code stays hot (docs/benchmarks.md). false: both tiers, as a "
+                                      "stock JVM.")
     transparent_huge_pages: bool = setting(
         False, "Let the kernel back the service's large allocations (the driver, its JVM and Python workers) with "
                "transparent huge pages. false: tierlog turns them off for its own processes (Linux's "
@@ -347,7 +346,7 @@ class TablesConfig:
                                             "expired segments are deleted only once their table has let them go.")
     snapshots_kept: int = setting(20, "Snapshots kept per message table (time travel this far back); older ones "
                                       "expire with the manifests only they referenced. Each kept snapshot slows "
-                                      "every commit a little (20: 39 ms, 100: 80 ms, measured).")
+                                      "every commit a little (docs/benchmarks.md).")
 
 
 @dataclass(frozen=True)

@@ -46,10 +46,9 @@ log = logging.getLogger("tierlog.service")
 def _recent_progress(stream, count: int) -> list:
     """The newest ``count`` of the progress reports Spark keeps for ``stream``, oldest first.
 
-    Why not ``recentProgress``: it parses all Spark keeps (100), two py4j calls each.  At a 0.5 s
-    trigger two tiering batches run between ticks, so it was read at every tick: 82% of the runner's
-    thread, 6% of the wall time on a driver whose mirror, tiering and KV threads share one
-    interpreter (py-spy, 10k msgs/s with Kafka)."""
+    Why not ``recentProgress``: it parses all Spark keeps (100), two py4j calls each, and at a short
+    trigger it was read at every tick: most of the runner's thread, on a driver whose mirror,
+    tiering and KV threads share one interpreter."""
     from pyspark.sql.streaming.listener import StreamingQueryProgress
 
     kept = stream._jsq.recentProgress()
@@ -80,7 +79,7 @@ class Service:
         self._headroom_warned = float("-inf")  # when the last low-headroom warning was logged
         # Kept open across ticks: it remembers the frontier it reached, so each tick walks only what
         # was appended since.  A reader opened afresh walked the active file from its start every
-        # second: 0.05 cores at 100 msgs/s after 15 minutes, growing with the file.
+        # second, a cost that grew with the file.
         self._log_reader = None
         self._followers: dict[str, Follower] = {}  # the queries without a Spark stream, while they run
         self.late = LateStarts(self.settings.spark.late_start_s, self._late_start)
@@ -423,7 +422,7 @@ class Service:
             if self._log_reader is None:
                 self._log_reader = self.settings.reader.open(check_crc=False, on_missing="fail")
             # The end the tiering query walked to for its last batch: a second walk of every header
-            # here cost the driver about 1 µs a message (docs/benchmarks.md, "Walked once").
+            # here cost the driver a walk a message (docs/benchmarks.md, "Walked once").
             tiering = self.queries.get("tiering")
             room = headroom(self._log_reader, needed, end=tiering.known_end() if tiering is not None else None)
         except TierlogError as exc:

@@ -197,10 +197,9 @@ def _check_body_crcs(mv: memoryview, body_at: np.ndarray, body_len: np.ndarray, 
     """Raise :class:`BatchDecodeError` at the first record whose body does not match its CRC.
 
     One CRC call a record is unavoidable; the loop runs over Python ints, not numpy scalars, whose
-    indexing cost more than the CRC's own time saved for 2 KB bodies: 1.42 against 1.09 us a record,
-    of which the CRC is 0.89 (130,000 bodies of 2,000 bytes, measured here).  The CRC is
-    ``format.body_crc``, the one definition of §6's mask: calling it costs 0.05 us a record more
-    than inlining it."""
+    indexing cost more than the CRC's own time (``./dev bench decode``).  The CRC is
+    ``format.body_crc``, the one definition of §6's mask: calling it costs little more than
+    inlining it."""
     for i, (at, length, expected) in enumerate(zip(body_at.tolist(), body_len.tolist(), crc.tolist())):
         if length and fmt.body_crc(mv[at : at + length]) != expected:
             raise BatchDecodeError(i, "body CRC mismatch")
@@ -343,9 +342,9 @@ def _offset_msg_ids(u8, host_at, width, phy, uniq: pa.Array) -> pa.Array:
     with no UNIQ_KEY; null for the others.
 
     Why on whole columns: a broker's own clients set UNIQ_KEY, but messages from other writers
-    (and the benchmarks' generator) do not, and a Python call a row cost 0.6-1.3 µs a message, a
-    tenth to a sixth of the driver's staging of 1 KiB messages (``./dev bench stage --driver
-    --no-uniq-key``, docs/benchmarks.md)."""
+    (and the benchmarks' generator) do not, and a Python call a row was a sizeable part of the
+    driver's staging of small messages (``./dev bench stage --driver --no-uniq-key``,
+    docs/benchmarks.md)."""
     missing = uniq.is_null().to_numpy(zero_copy_only=False)
     width = np.broadcast_to(np.asarray(width, np.int64), (len(phy),))
     host_at = np.broadcast_to(np.asarray(host_at, np.int64), (len(phy),))

@@ -4,9 +4,8 @@ numpy calls instead of a second walk; and the cut of a run of records into parti
 Why: each process that plans batches walks every new record header twice.  The commitlog
 source walks to the frontier (Spark's progress, the follow cap), then from a batch's start to
 cut it; the driver's tiering query does the same for the batch it expects next and for the lag
-it logs.  A walk is a loop of Python over every header, about 1 µs a record on these machines
-(``./dev bench scan``), so each walk costs 0.05 cores at 50,000 msgs/s.  Kept here, the second
-walk of each process is gone.
+it logs.  A walk is a loop of Python over every header, a cost per record that grows with the
+rate (``./dev bench scan``).  Kept here, the second walk of each process is gone.
 
 What is kept: one run of consecutive complete records of one file, as ``scan`` returned them
 (after its checks of the tail and of sizes that disagree with their record), at most

@@ -55,8 +55,8 @@ class ChangelogSink(KafkaSink):
 
         Why slices: a compaction batch may change a GiB of values (``compaction.max_batch_bytes``),
         and sent whole, its bodies were held at once as Arrow, as Python bytes and in librdkafka's
-        queue: the driver peaked at 6.6 GB for 1 GiB batches, against 2.2 GB for 256 MiB.  Now at
-        most two slices are queued, and one more is read while one is sent."""
+        queue, so the driver's peak memory grew with the batch (docs/benchmarks.md).  Now at most
+        two slices are queued, and one more is read while one is sent."""
         order = pc.sort_indices(changes.column("phy_offset")).to_numpy()
         heads = changes.drop_columns(["body"]).take(pa.array(order))
         n = heads.num_rows

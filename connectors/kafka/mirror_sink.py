@@ -67,9 +67,8 @@ class MirrorSink(KafkaSink):
         Why columns all the way: the partition of every row and whether this sink owns it are
         worked out on whole columns, and the records go to the producer as columns
         (``Records``), which the native producer reads into librdkafka without a Python object a
-        record: building a record's key, value and header tuples cost most of the sending
-        thread's 8 µs a 1 KiB record (docs/benchmarks.md, "The mirror's records from Arrow
-        buffers")."""
+        record: building a record's key, value and header tuples was most of the sending thread's
+        time (docs/benchmarks.md, "The mirror's records from Arrow buffers")."""
         batch = dispatched_only(batch)
         if self.topics is not None and batch.num_rows:
             batch = batch.filter(self.topics.mask(batch.column("topic")))

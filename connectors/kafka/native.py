@@ -3,8 +3,8 @@ directly, so a batch of records goes from Arrow buffers into librdkafka without 
 per record (``connectors.kafka.native_producer.NativeProducer`` sends with it).
 
 Why: the binding's ``produce`` takes one record's Python objects a call (key, value, and a list of
-header tuples), so a mirror record of 1 KiB cost about 8 µs of the sending thread, most of it
-building and converting those objects.  Here a record is one call of ``rd_kafka_produceva`` with
+header tuples), so most of the sending thread's time went to building and converting those
+objects.  Here a record is one call of ``rd_kafka_produceva`` with
 an array of its arguments (``rd_kafka_vu_t``) that numpy fills for thousands of records at once,
 pointing into the Arrow buffers; librdkafka copies what it keeps (``RD_KAFKA_MSG_F_COPY``) before
 the call returns.  ``docs/benchmarks.md``, "The mirror's records from Arrow buffers".

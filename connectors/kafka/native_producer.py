@@ -5,8 +5,8 @@ It is the same client as ``RdKafkaProducer``, configured the same (``rdkafka_opt
 ``acks=all``, no timeout of its own, only failed records reported.  Only the way records reach it
 differs: ``send_records`` fills the arguments of a few thousand records at once with numpy, from
 the columns' Arrow buffers, then calls ``rd_kafka_produceva`` once a record, holding the
-interpreter lock for the call (it never blocks).  At 1 KiB the sending thread spent about 3 µs a
-mirror record against 8 (``docs/benchmarks.md``, "The mirror's records from Arrow buffers").
+interpreter lock for the call (it never blocks): a fraction of the sending thread's time a record
+that the binding's ``produce`` takes (``docs/benchmarks.md``, "The mirror's records from Arrow buffers").
 """
 
 from __future__ import annotations

@@ -11,12 +11,10 @@ prefix of each partition's.  They differ only in
 the client library (the contract: ``connectors.kafka.producer``); every error reaches the sink as a :class:`SendError` or a
 ``KafkaSinkError``, never as a library's own type.
 
-Why two (``kafka.producer``): kafka-python's ``send`` is pure Python, about 47 µs of CPU per
-1 KB record under the GIL, measured against a bare Apache Kafka; librdkafka's ``produce``
-takes about 10 µs including tierlog's own 3 µs of routing and headers, and does its
-batching and I/O on threads of its own (16k against 64k records/s from one Python thread,
-three rounds, alternating).  On the driver the changelog's sends were most of the
-compaction apply thread's time (``docs/benchmarks.md``).
+Why two (``kafka.producer``): kafka-python's ``send`` is pure Python under the GIL, several times
+librdkafka's ``produce`` a record, which does its batching and I/O on threads of its own; on the
+driver the changelog's sends through kafka-python were most of the compaction apply thread's time
+(``docs/benchmarks.md``).  kafka-python stays for hosts where confluent-kafka cannot be installed.
 """
 
 from __future__ import annotations

@@ -64,9 +64,8 @@ class RdKafkaProducer(Producer):
 
     Why no report for a record delivered: each was a call of Python from ``poll`` with a message
     object built for it, and to find a failed record's position every record's was kept in flight
-    until its report.  Those cost about 2.0 of the 6.0 µs the sending thread spent on a 1 KiB
-    mirror record against a real Apache Kafka broker (``./dev bench producer``; docs/benchmarks.md,
-    "librdkafka reports only the records that fail").  What a position was needed for, a record
+    until its report: a third of the sending thread's time a record (``./dev bench producer``;
+    docs/benchmarks.md, "librdkafka reports only the records that fail").  What a position was needed for, a record
     the broker refuses as too large, is refused by the sink itself first: ``message.max.bytes`` is
     ``kafka.max_request_size``, and a record over it fails ``send`` with its position
     (``TooLarge``)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 
 from connectors.errors import ConfigError
 from connectors.tables.catalog import TableSettings, data_location, open_catalog, table_name, warn_if_renamed
@@ -19,13 +20,12 @@ log = logging.getLogger(__name__)
 KIND = "tierlog.kind"
 TOPIC = "tierlog.topic"
 # pyiceberg leaves manifest merging off: each add_files commit adds a manifest and planning slows
-# with every one (30 ms after 10 commits, 640 ms after 300, measured here).
+# with every one.
 # Why a 256 KB manifest target (Iceberg's default is 8 MB): a merge rewrites every manifest in the
 # bin it packs, so with 8 MB the one big manifest, which grows with the files the table holds, was
-# rewritten every 20 commits; those commits took up to 1.7 s after 1,000 commits, and the mean of
-# the last 100 commits was twice the first 100's.  With 256 KB a full manifest is left alone: 1.06
-# over 1,000 commits, 1.11 over 2,000 (./dev bench tables).  A scan opens more, smaller manifests,
-# each pruned by its partitions.
+# rewritten every 20 commits, and commits grew slower with the table's history.  With 256 KB a
+# full manifest is left alone and a commit's cost stays flat (./dev bench tables; docs/benchmarks.md).
+# A scan opens more, smaller manifests, each pruned by its partitions.
 TABLE_PROPERTIES = {"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "20",
                     "commit.manifest.target-size-bytes": str(256 << 10),
                     "commit.retry.num-retries": "10", "format-version": "2",
@@ -34,7 +34,7 @@ TABLE_PROPERTIES = {"commit.manifest-merge.enabled": "true", "commit.manifest.mi
 COMMIT_ATTEMPTS = 5  # our own retries around pyiceberg's, each recomputing the change from the table
 
 
-class TopicTables:
+class TopicTables(ABC):
     """One broker's tables of one kind, one per topic.  Not thread-safe."""
 
     kind = ""
@@ -48,14 +48,17 @@ class TopicTables:
 
     # ------------------------------------------------------------ for subclasses
 
+    @abstractmethod
     def _name_template(self) -> str:
-        raise NotImplementedError
+        """The table name template (``tables.name`` or ``tables.latest_name``)."""
 
+    @abstractmethod
     def _schema_and_spec(self):
-        raise NotImplementedError
+        """The Iceberg schema and partition spec of a new table of this kind."""
 
+    @abstractmethod
     def _commit_once(self, topic: str, change) -> None:
-        raise NotImplementedError
+        """One attempt at committing ``change`` to ``topic``'s table, measured against it as it is."""
 
     # ------------------------------------------------------------ shared
 

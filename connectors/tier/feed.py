@@ -89,8 +89,8 @@ def read_unsorted(backend: Backend, batches: Iterable[FeedBatch], start: int, en
 
     Why: the sort copies every column, each body too, into memory the allocator has just been given
     back by the kernel.  The mirror turns its bodies into Python objects anyway, and reorders those
-    instead: at 16 KiB, the sort and the reads of the staging objects were 71% of its thread's time,
-    and it sent 45-50 of 105 MB/s (docs/benchmarks.md, the mirror at 100 MB/s of 16 KiB)."""
+    instead: with large bodies, the sort was most of its thread's time, and the mirror fell behind
+    (docs/benchmarks.md, the mirror at 100 MB/s of 16 KiB)."""
     wanted = None if columns is None else list(dict.fromkeys((*columns, "phy_offset")))
     for table in _tables(backend, batches, start, end, wanted, broker, within=True):
         yield Unsorted.of(table)
@@ -185,8 +185,7 @@ class FeedMessages:
         grow a second one row by row: two copies in fresh memory, whose page faults were most of
         the KV writer's resolve.  Kept where they lie, the wanted rows are picked out of each row
         group once.  The KV writer orders the changed keys to match instead, a few bytes a row:
-        the three batches of a 621 MB catch-up (260k values) in 0.40-0.49 s of CPU against
-        1.09-1.29 s, with a third of the page faults (measured, docs/benchmarks.md)."""
+        less than half the CPU and a third of the page faults (docs/benchmarks.md)."""
         columns = list(columns)
         if len(phy_offsets) == 0:
             return project_schema(columns).empty_table(), np.empty(0, np.int64)

@@ -45,16 +45,15 @@ KEY_INDEX_ROW_GROUP_ROWS = 8 * 1024  # sorted by key, so a lookup reads about on
 SORT_KEYS = [("topic", "ascending"), ("queue_id", "ascending"), ("queue_offset", "ascending")]
 # Sealed segments: a point read (get, by_key, a KV view's reference) decodes one whole row group of
 # every column it reads, so groups are kept small enough for that while scans still read long runs:
-# at most ROW_GROUP_ROWS rows and about ROW_GROUP_BYTES of bodies (``group_rows``).  16k rows of
-# 16 KiB JSON bodies were 256 MB, 290 ms to decode one group; of 2 KB, 36 ms (measured here).  A
-# KV view's referenced value read with 8 MiB groups of 2 KB bodies: p50 17.6 ms, p99 40.4 ms; with
-# 4 MiB: 11.9 / 31.5 ms (``./dev bench kv_get``, the owners' bound 50 ms).
+# at most ROW_GROUP_ROWS rows and about ROW_GROUP_BYTES of bodies (``group_rows``): a KV view's
+# referenced value is read within the owners' 50 ms bound at the p99 (``./dev bench kv_get``,
+# docs/benchmarks.md), and a group of large bodies is not hundreds of MB to decode for one row.
 ROW_GROUP_ROWS = 16 * 1024
 ROW_GROUP_BYTES = 4 << 20
 STAGING_MIN_GROUP_ROWS = 1024  # smaller queue runs share a row group, so the footer stays small
 COMPRESSION = "zstd"  # segments, key indexes and snapshots: what the tier keeps for months
 # Staging objects live until their queues seal, and every byte of the log is encoded into one on
-# the hot path: LZ4 encodes about 2.7x as fast as zstd here (bench/bench_stage.py's phases).
+# the hot path: LZ4 encodes several times as fast as zstd (bench/bench_stage.py's phases).
 STAGING_COMPRESSION = "lz4"
 DICTIONARY_COLUMNS = ["topic", "key", "tags", "born_host", "store_host", "op", "broker"]
 # Every column a staging object is pruned by keeps its statistics; the body and the properties map

@@ -14,10 +14,10 @@ from connectors.faults import disk_full_fault
 
 _TMP_PREFIX = ".tmp-"
 
-# Why large objects bypass the page cache: a stager's 33 MB objects, written through it, cost
-# 3.8-6.0 s of kernel time per 600 MB on these machines (the copy into newly allocated page-cache
-# folios, ``copy_folio_from_iter_atomic``), and 0.2-0.5 s with O_DIRECT, in every one of three
-# alternating pairs; reading them back afterwards cost 0.1 s either way.  Objects this large come
+# Why large objects bypass the page cache: a stager's large objects, written through it, cost ten
+# times the kernel time they cost with O_DIRECT (the copy into newly allocated page-cache folios,
+# ``copy_folio_from_iter_atomic``; docs/benchmarks.md), and reading them back afterwards cost the
+# same either way.  Objects this large come
 # from a catch-up's batches and from seals, and are read back once, in bulk, if at all; the small
 # objects of batches near the head stay in the page cache for the readers that follow at once.
 DIRECT_MIN_BYTES = 16 << 20
@@ -153,9 +153,8 @@ class PosixBackend(Backend):
             raise ObjectNotFound(f"tier object {name!r} not found under {self.root}") from None
 
     def read_whole(self, name: str):
-        """The memory map of ``open_input``: a whole-object read first copied each 33 MB object into
-        a fresh buffer; a 268 MB batch's eight objects took 0.20-0.87 s to read and decode that way,
-        against 0.08-0.10 s mapped (3 rounds alternating)."""
+        """The memory map of ``open_input``: a whole-object read first copied each object into a
+        fresh buffer, which took several times as long as reading it mapped."""
         return self.open_input(name)
 
     def size(self, name: str) -> int:

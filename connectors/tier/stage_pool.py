@@ -1,8 +1,8 @@
 """Stage a large range of the commitlog in processes of the caller's own, one range a process.
 
 Why: a tiering batch past ``source.partition_bytes`` (catching up) was staged by Spark's tasks,
-each handed its range's references through the JVM.  On 2 cores a 256 MiB batch took 1.8 s that
-way, against about 1.0-1.5 s for the same ranges staged here (``docs/benchmarks.md``): the job,
+each handed its range's references through the JVM, slower than staging the same ranges here
+(``docs/benchmarks.md``): the job,
 the references' trip through Arrow and the JVM, and the second Python process each task runs cost
 more than the staging's own parallelism gave back.  Under a local Spark master the executors are
 this host anyway, so the driver hands each range to a process it owns.
@@ -122,8 +122,8 @@ class StagePool:
 
     def warm(self) -> None:
         """Start the processes now, without waiting for them, for a batch known to be coming: each
-        imports pyarrow and the stager, which the first batch would otherwise wait for (its stage
-        took 2.1 s against 1.2-1.5 s for the same bytes in the next batch: docs/benchmarks.md)."""
+        imports pyarrow and the stager, which the first batch would otherwise wait for
+        (docs/benchmarks.md)."""
         pool = self._executor()
         for _ in range(self.processes):  # one a process: the executor starts a process per waiting task
             pool.submit(_ready)

@@ -171,7 +171,7 @@ def stage_range(settings: StageSettings, start: int, end: int) -> tuple[StagedPa
     (``tier.stage_on_driver``), without a Spark job, whose own cost was most of such a batch's time
     (``docs/benchmarks.md``)."""
     # One read: the decode's own walk finds the first and the last record (``stage`` is handed them),
-    # where a header walk before it walked every record twice (1.5 us a record of the driver's).
+    # where a header walk before it walked every record twice.
     options = settings.reader
     with options.open() as reader:
         every, views = read_rows(reader, start, end, options.key_property, dispatched=False)

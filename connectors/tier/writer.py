@@ -226,8 +226,8 @@ class TierWriter:
     # A maintenance in three calls, so that a caller with a lock around the writer can let commits
     # go on while a seal reads its staging objects and writes its segments (``build_seal`` touches
     # nothing of the writer's state): on a quiet broker every queue seals by age at once, reading
-    # hundreds of staging objects, and the batches of those seconds waited for it (8-11 s every 10
-    # minutes at 100 msgs/s over 64 queues; docs/benchmarks.md, "the seals of a quiet broker").
+    # hundreds of staging objects, and the batches of those seconds waited for it (docs/benchmarks.md,
+    # "the seals of a quiet broker").
 
     def plan_seal(self, now_ms: int) -> "SealPlan":
         """What a maintenance at ``now_ms`` seals: the queues due, where each is sealed up to, and

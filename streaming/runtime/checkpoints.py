@@ -74,10 +74,9 @@ def is_local(root: str) -> bool:
 # Spark's default checkpoint file manager goes through Hadoop's FileContext, which, without
 # Hadoop's native library (pyspark does not ship it), starts a process for every path it looks
 # at: ``readlink`` for each file and its .crc before and after a rename, ``chmod`` for each file it
-# creates.  At a 0.5 s trigger with three queries that was about 100 processes a second from the
-# driver's JVM (JFR, 30 s of the freshness benchmark with Kafka: 2,481 readlink, 638 chmod).  The
-# FileSystem-based manager renames without looking at links, leaving one chmod per file and its
-# .crc: 286 processes in 20 s of the same benchmark.  Its rename is atomic on a local file system,
+# creates: at a short trigger with three queries, tens of processes a second from the driver's JVM
+# (docs/benchmarks.md).  The FileSystem-based manager renames without looking at links, leaving one
+# chmod per file and its .crc.  Its rename is atomic on a local file system,
 # which is all Spark asks of it; other schemes keep Spark's default.
 LOCAL_FILE_MANAGER = {
     "spark.sql.streaming.checkpointFileManagerClass":
@@ -138,7 +137,8 @@ class OffsetLogError(TierlogError):
 class Batch:
     """One micro-batch as a query's handler gets it: Spark's DataFrame and id, and the physical
     offsets it covers, ``[start, end)``, from the query's offset log, read when first asked for (a
-    query that needs no range, such as tiering, reads nothing).  ``start`` is None when the log no
+    query that needs no range reads nothing; tiering stages by it, compaction applies the view up
+    to its end).  ``start`` is None when the log no
     longer (or never) held the batch before it: the batch's first reference is its start."""
 
     def __init__(self, df, batch_id: int, checkpoint: "Checkpoint"):

@@ -4,12 +4,9 @@
 Why: on a full machine every part of the service waits its turn, so the tier's batches waited
 behind compaction's, and a message reached the tier and the mirror topic late.  The KV view and the
 changelog are derived from the tier and can trail it; the tier and the mirror are what a broker's
-retention and Kafka's readers wait for.  At 100 MB/s of 16 KiB on 2 cores with Apache Kafka beside
-the service, compaction's threads at niceness 10 took the p99 append -> tier from 9.2-11.4 s to
-6.2-6.6 s and append -> consumed from the mirror topic from 16.9-17.3 s to 11.8-13.9 s, while the KV
-view's went from 30-32 s to 33-39 s; at 50,000 msgs/s of 1 KiB the tier's from 9.0 to 6.3 s
-(docs/benchmarks.md, "Compaction behind the tier and the mirror").  While the cores are not full,
-niceness changes nothing.
+retention and Kafka's readers wait for.  On a full host, compaction behind them brought the tier's
+and the mirror topic's p99 down and let the KV view's rise (docs/benchmarks.md, "Compaction behind
+the tier and the mirror").  While the cores are not full, niceness changes nothing.
 
 What runs at ``compaction.nice``:
 

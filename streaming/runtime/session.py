@@ -30,14 +30,13 @@ BASE_CONF = {
     "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
     # RocksDB frees memory in many small pieces from many threads, and glibc keeps what it
     # frees in per-thread arenas instead of giving it back: in an hour's soak the JVM's
-    # memory outside anything Java tracks kept rising ~15 MB a minute after the RocksDB
-    # budget was full.  Trimming the C heap every 30 s levels it (docs/benchmarks.md, soak rows).  The
+    # memory outside anything Java tracks kept rising after the RocksDB budget was full.  Trimming the C heap every 30 s levels it (docs/benchmarks.md, soak rows).  The
     # flag needs JDK 17.0.9+ or 21; older JVMs ignore it rather than refuse to start.
     "spark.driver.extraJavaOptions": JVM_OPTIONS,
     "spark.executor.extraJavaOptions": JVM_OPTIONS,
     # A partial aggregation that finds nearly every key distinct (many keys, each changed
-    # once per batch) is skipped after this many rows instead of 100,000: about +10% for
-    # the compaction query.  With repeated keys the partial aggregation stays on.
+    # once per batch) is skipped after this many rows instead of 100,000, which the compaction
+    # query gains from (docs/benchmarks.md).  With repeated keys the partial aggregation stays on.
     "spark.sql.aggregate.skipPartialAggregateMinNumRows": "5000",
     "spark.sql.session.timeZone": "UTC",
     "spark.python.worker.reuse": "true",
@@ -70,9 +69,8 @@ QUIET_LOG4J = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.p
 
 # The JIT's first tier only (C1).  Why: the driver's JVM plans and commits micro-batches and moves
 # Arrow batches; little of its code runs hot for long, and the second tier (C2) kept compiling
-# afresh as plans came and went: 0.16 of the 1.14 cores the whole service used at 25,000 msgs/s
-# of 1 KiB, and a third of a quiet broker's.  With C1 only, the service used 0.13 cores less
-# there, and catching up was no slower (docs/benchmarks.md).
+# afresh as plans came and went, a good part of a quiet broker's CPU.  With C1 only the service
+# used less, and catching up was no slower (docs/benchmarks.md).
 C1_ONLY = "-XX:TieredStopAtLevel=1"
 
 
@@ -91,10 +89,9 @@ def no_huge_pages() -> bool:
 
     Why (``spark.transparent_huge_pages``): each batch the driver allocates hundreds of MB of Arrow
     buffers afresh (a batch's bodies, read, taken, joined), and freshly faulted memory is what its
-    threads spent their kernel time on.  Catching up the 621 MB log (3 rounds alternating), huge
-    pages cost the machine 12.9-15.9 s of system CPU against 9.7-10.2 s without (the compaction
-    handler's resolve thread 2.6-2.9 s against 0.8 s); a fresh 2 MB page cost 2.6x as much per byte
-    as 4 KiB pages (docs/benchmarks.md).  Nothing else changes: the page size is the kernel's business."""
+    threads spent their kernel time on: a fresh huge page costs more per byte than 4 KiB pages, and
+    catching up spent a third more system CPU with them (docs/benchmarks.md).  Nothing else changes:
+    the page size is the kernel's business."""
     if not sys.platform.startswith("linux"):
         return False
     import ctypes
@@ -110,10 +107,9 @@ def worker_python(master: str) -> str:
     takes the installed pyspark's own ``pyspark.zip`` off their ``PYTHONPATH`` first.
 
     Why: Spark puts that zip first, and Python compiles a module imported from a zip afresh at
-    every start (no ``.pyc`` is written into it).  A streaming source's runner then takes 0.8 s of
-    CPU to start, against 0.37 s from the installed package's compiled modules (measured here),
-    and it must connect back to the JVM within Spark's fixed 10 s: on a host whose load is 15
-    times its cores, 0.8 s of CPU is about 12 s.  The zip is a copy of the installed package, so
+    every start (no ``.pyc`` is written into it).  A streaming source's runner then takes twice the
+    CPU to start that the installed package's compiled modules take, and it must connect back to
+    the JVM within Spark's fixed 10 s, which a busy host stretches (docs/benchmarks.md).  The zip is a copy of the installed package, so
     nothing else changes.  A cluster's executors keep their own Spark's Python as it is."""
     import pyspark
 
@@ -144,7 +140,7 @@ def worker_python(master: str) -> str:
 
 def _py4j_zip_case(lib: str) -> str:
     """The launcher's line that also drops Spark's py4j zip, when the installed py4j is the very
-    same version (pyspark accepts a range): 0.05 s of CPU a start against 0.09 s from the zip."""
+    same version (pyspark accepts a range): it too starts faster from compiled modules."""
     try:
         from py4j.version import __version__ as installed
     except ImportError:
@@ -246,7 +242,7 @@ def end_jvm(timeout_s: float = 60.0) -> int | None:
     gone with it, and the next ``build_session`` starts a new one.
 
     Why: PySpark's JVM exits once this process has gone (its stdin closes), so a command returned
-    while its JVM was still running its shutdown hooks and exiting: 0.4 s here, more on a busy host.
+    while its JVM was still running its shutdown hooks and exiting, longer on a busy host.
     A run started right after could meet it holding its files, and whatever the JVM printed as it
     exited came after tierlog's last line (a full run of the tests met a C++ runtime's abort,
     ``std::bad_alloc``, after an error's paragraph)."""

@@ -202,14 +202,14 @@ def follow_cap(reader: CommitLogReader, begin: int, max_bytes: int | None, follo
     log's head.
 
     Why: tiering stages a batch within ``source.partition_bytes`` on the driver, a larger one in
-    Spark's tasks at more CPU a message. At 25,000 msgs/s of 1 KiB with everything on, a batch
-    that ran long let the next grow past it, into Spark's tasks, and the tier fell further
-    behind; held to 32 MiB, tier p99 2.60 / 2.68 s against 3.80 s. But a catch-up in 32 MiB
-    batches ran at half the rate of 256 MiB ones (docs/benchmarks.md), hence the 4x bound.
+    Spark's tasks at more CPU a message.  On a busy host a batch that ran long let the next grow
+    past it, into Spark's tasks, and the tier fell further behind; held, the tier's p99 fell.  But
+    a catch-up in small batches ran at half the rate of large ones (docs/benchmarks.md), hence the
+    4x bound.
 
     A drain (availableNow, ``--until-caught-up``) follows no head, so its caller passes no
     ``follow``: it stops at an end fixed when it began, so its last batches are as large as its
-    first.  Held, its last 128 MiB went in four batches the driver staged on one core."""
+    first.  Held, its last batches went one small batch at a time, staged by the driver on one core."""
     if not follow or max_bytes is None or max_bytes <= follow:
         return max_bytes  # no cap (ReadAllAvailable) stays none
     return follow if reader.end_offset() - begin <= FOLLOW_BACKLOG * follow else max_bytes

@@ -154,11 +154,10 @@ class FeedPartition(InputPartition):
 
 # Staging objects one task reads together, at most (one larger object is a task of its own),
 # unless a batch has more than ``tasks`` times this: then a task's share of it.
-# Why: a Python task costs PySpark tens of ms of CPU whatever it reads; at 100 msgs/s, with one
-# partition per object, the workers spent 0.068 cores around 0.008 of tierlog's code (the cost
-# ledger, docs/benchmarks.md), a compaction batch of 5 s being 5 tasks of one small object each.
-# Catching up, a 268 MB batch's eight objects of 33 MB were eight tasks of about 230 ms each, for
-# 25 ms of reading: as one task per core, its tasks took 1.07 s in all against 1.63-1.85 s.
+# Why: a Python task costs PySpark tens of ms of CPU whatever it reads, so a quiet broker's batch
+# of many small objects is one task, not one an object (the cost ledger, docs/benchmarks.md), and a
+# catch-up's large batch is one task per core rather than one per object, whose fixed costs were
+# most of each task's time.
 PARTITION_BYTES = 32 << 20
 
 
@@ -289,7 +288,8 @@ LATEST_CHUNK_ROWS = 1_000_000  # rows reduced at a time under latestPerKey (Spar
 def last_per_key(batches, columns: tuple[str, ...]) -> "pa.Table":
     """``columns`` of each ``(topic, key)``'s message with the highest physical offset, of the keyed
     messages that entered a queue (``batches`` hold ``sysflag`` too); ``sysflag``, if asked for, 0
-    (a plain message: every row here entered a queue)."""
+    (a plain message: every row here entered a queue).  Only fewer rows for Spark's aggregation,
+    which gives the same answer without it (docs/architecture.md, "Latest per key, four times")."""
     import numpy as np
     import pyarrow as pa
 

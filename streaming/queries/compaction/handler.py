@@ -55,9 +55,9 @@ class CompactionHandler:
     yet: ``catch_up`` closes that gap at start (``KVWriter.catch_up``).  The apply thread is the
     only writer, TTL sweeps included.
 
-    Why two threads: catching up, a 268 MB batch of 2 KB values took about 1.5 s of Spark's job,
-    0.5-1 s to read its 110k messages back and 1.0-1.4 s to apply them (``docs/benchmarks.md``);
-    on one thread the last two were the longest step, and each batch waited for it.
+    Why two threads: catching up, reading a batch's messages back and applying them took longer
+    together than Spark's job for the batch (``docs/benchmarks.md``); on one thread they were the
+    longest step, and each batch waited for it.
     """
 
     def __init__(self, settings: CompactionSettings, kv: KVView, metadata=None,

@@ -13,7 +13,7 @@ Why this shape:
   Spark runs a code-generated HashAggregate: a partial one per input
   partition (the within-batch dedupe, skipped when keys barely repeat), then
   the merge with the RocksDB state.  Carrying the other fields through
-  ``max_by`` was measured at about 20% slower.  A Python stateful step
+  ``max_by`` was measured slower.  A Python stateful step
   (``transformWithStateInPandas``) was measured far below the rate this needs
   (see docs/benchmarks.md).
 * **Ordering is by physical offset**, never by arrival: ``max(phy_offset)``
@@ -27,9 +27,8 @@ Why this shape:
   queue already, so they cross without ``sysflag`` and Spark filters nothing
   (``max_per_key``).  That alone made no difference the benchmark of Spark's
   stateful step resolved (``bench/bench_state_step.py``); there the string
-  key's two columns cost more: one column of both took 0.81-0.83 of the
-  tasks' CPU, but that is another state, which no checkpoint made before
-  could keep.
+  key's two columns cost more than one would, but that is another state,
+  which no checkpoint made before could keep.
 * **The state holds references, not bodies** (as RocketMQ's ConsumeQueue
   does).  Each changed message's body is read once, from the tier's
   committed batch to the KV view, on the driver; the tier keeps the batch

@@ -84,11 +84,9 @@ def default_slots(kafka: KafkaSettings, parallelism: int) -> int:
     cores with librdkafka.
 
     Why: kafka-python's sending is Python on one GIL, so a second process nearly doubles it.  A
-    librdkafka sender keeps about a core busy by itself (1.06 cores: its Python thread and
-    librdkafka's threads), and every slot reads the whole batch to find its own rows, so on two
-    cores a second slot only competed with the first: the query at 1 KB on tansu, four rounds
-    alternating, 50-63k messages/s with one slot against 49-54k with two, at half the CPU (measured
-    when the slots decoded the commitlog; they now read the tier's staging objects back)."""
+    librdkafka sender keeps about a core busy by itself (its Python thread and librdkafka's
+    threads), and every slot reads the whole batch to find its own rows, so on two cores a second
+    slot only competed with the first, for more CPU (docs/benchmarks.md)."""
     return parallelism if kafka.producer == "kafka-python" else max(1, parallelism // 2)
 
 
@@ -98,12 +96,11 @@ def driver_sized_end(listed: list[FeedBatch], start: int, end: int, driver_bytes
     sends it; ``end`` itself for a backfill (Spark's tasks send it), or when ``driver_bytes`` is 0.
 
     Why: a mirror that fell one tier batch behind found two batches together over ``driver_bytes``,
-    and Spark's tasks sent them: a job whose first run starts a Python worker and a producer took
-    5 s, where the driver sends a batch in 0.2 s (docs/benchmarks.md, the mirror woken by the
-    tier's commit). A catch-up is cut the same way, and the follower steps again at once: from
-    Spark's tasks a catch-up on random 1 KiB bodies ran at 83-85k msgs/s and 15 core-us a message,
-    from the driver at 100-113k and 9-10 (docs/benchmarks.md); and a mirror that fell behind, sent
-    by the tasks, spent more a message and fell further behind."""
+    and Spark's tasks sent them: a job whose first run starts a Python worker and a producer takes
+    many times what the driver's send of a batch takes.  A catch-up is cut the same way, and the
+    follower steps again at once: from the driver it runs faster and at less CPU a message than
+    from Spark's tasks (docs/benchmarks.md, the mirror on the driver); and a mirror that fell
+    behind, sent by the tasks, spent more a message and fell further behind."""
     if not driver_bytes or any(b.backfill for b in listed):
         return end
     cut, taken = start, 0

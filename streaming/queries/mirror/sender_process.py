@@ -6,12 +6,11 @@
       <- the slot's outcome, and the log records the child wrote
 
 Why a process: on the driver the mirror's sends (reading staging objects back, building records,
-librdkafka's ``produce``) were about 9 µs of Python a message, and the driver's staging of the
-tier's batches another 9, on the one interpreter lock the driver's threads share.  At 50,000
-msgs/s that is 0.9 s of every second.  The child holds its own lock; what crosses the pipe is a
-task of a few kilobytes and an outcome.  Why not by default (``kafka.mirror_process``): on these
-2 cores at 25,000 msgs/s, already full, the tier's p99 fell but Kafka's rose, the sender no
-longer taking turns with the staging (docs/benchmarks.md); the CPU was the same.
+librdkafka's ``produce``) and the driver's staging of the tier's batches share one interpreter
+lock, which at high rates is busy most of every second.  The child holds its own lock; what
+crosses the pipe is a task of a few kilobytes and an outcome.  Why not by default
+(``kafka.mirror_process``): on a full 2-core host the tier's p99 fell but Kafka's rose, the sender
+no longer taking turns with the staging (docs/benchmarks.md); the CPU was the same.
 
 Contract: ``send(task)`` returns ``send_slot(task, 0)``'s outcome, computed in the child, or the
 outcome of a failed slot (``retriable``) when the child died mid-batch: the handler then reads the

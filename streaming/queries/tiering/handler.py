@@ -7,8 +7,8 @@ Per micro-batch (``TieringHandler.process``):
    and yields one ``StagedPart`` row.  Only (physical offset, size) references travel through
    Spark, as in RocketMQ's dispatcher, which hands the uploader references, never bodies.
    A batch that fits in one task (``tier.stage_on_driver``) is staged by the driver instead,
-   from the batch's offset range, with no Spark job: the job's own cost, about 0.3 s on 2 cores,
-   was most of a small batch's time, so of a message's time to become visible.  A larger one
+   from the batch's offset range, with no Spark job: the job's own cost was most of a small
+   batch's time, so of a message's time to become visible (docs/benchmarks.md).  A larger one
    (catching up), under a local Spark master, is cut the same way and staged by the driver's own
    processes, one a core (``tier.stage_in_processes``; ``connectors.tier.stage_pool``), which
    stage the batch expected next behind it (``expect``; the first one from the query's start), so
