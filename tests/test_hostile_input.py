@@ -81,7 +81,7 @@ def test_topic_names_kafka_refuses_get_a_legal_name_and_a_collision_stops_naming
 # sleeps first).  The tiering query fails meanwhile; the service must still stop, not wait on it.
 SLOW_COMPACTION_BATCHES = """
 import time
-from streaming import kv_handler as compaction
+from streaming.queries.compaction import handler as compaction
 process = compaction.CompactionHandler.process
 def slow_process(self, batch):
     time.sleep(2.0)
