@@ -32,7 +32,7 @@ from state.tier_feed import TierFeed
 from state.journal import SinkJournal
 
 SEP = "\x00"
-TABLES_STOPPED = "tables_stopped"  # the one key of its kind: not under a prefix
+TABLE = "table" + SEP  # then a topic: its message table's state (``connectors.tables.messages``)
 
 
 class MetadataError(TierlogError):
@@ -151,16 +151,13 @@ class MetadataStore:
     def pending_deletes(self) -> dict[str, float]:
         return {key.split(SEP, 1)[1]: v for key, v in self.prefix_json("del" + SEP)}
 
-    def tables_stopped(self) -> dict | None:
-        """Where the last clean stop left the Iceberg tables (``MessageTables.stopped``), if the
-        process that opened the tier since did not take it back."""
-        return self.get_json(TABLES_STOPPED)
+    def table_state(self, topic: str) -> dict | None:
+        """What the message table of ``topic`` held at its last commit (``MessageTables``), and the
+        table snapshot that was true of."""
+        return self.get_json(TABLE + topic)
 
-    def record_tables_stopped(self, where: dict | None) -> None:
-        if where is None:
-            self.write_json({}, [TABLES_STOPPED])
-        else:
-            self.write_json({TABLES_STOPPED: where})
+    def record_table_state(self, topic: str, state: dict) -> None:
+        self.write_json({TABLE + topic: state})
 
     # ------------------------------------------------------------ writing
 
@@ -244,7 +241,7 @@ class MetadataStore:
         consumer behind it is told so when it reads (``state.tier_feed.FeedGapError``)."""
         stale = [k for k in self.db.keys()
                  if k.startswith(("q" + SEP, "seg" + SEP, "meta" + SEP, "quarantine" + SEP, f"filtered{SEP}tier{SEP}",
-                                  "feed" + SEP))]
+                                  "feed" + SEP, TABLE))]
         self.write_json({}, stale)
         for key in committed.queue_keys():
             self.write_json({_qkey(*key): self._queue_value(*key, committed.state_of(key)),

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from connectors.brokers import DEFAULT_BROKER, broker_name_problem
+from connectors.tables.catalog import TableSettings
 from connectors.kafka.settings import PRODUCERS
 from connectors.errors import ConfigError
 
@@ -192,8 +193,10 @@ class CompactionConfig:
         check=parsed_by(lambda v, n: parse_topic_durations(v, n)),
     )
     snapshot_interval_s: float = setting(
-        600.0, ("Seconds between compacted snapshots written to the tier, the first one this long after the "
-                "service first starts on its KV view (0: only by `tierlog kv snapshot`).")
+        30.0, ("Seconds between compacted snapshots written to the tier, each of the topics whose keys changed "
+               "since the last (a quiet topic's newest still stands), the first one this long after the service "
+               "first starts on its KV view; each is a commit of the topic's latest-per-key table, so the table "
+               "follows the KV view within about this long (0: only by `tierlog kv snapshot`).")
     )
     snapshot_keep: int = setting(2, "Compacted snapshots kept per topic; older ones are deleted.")
     reference_min_bytes: int = setting(
@@ -328,9 +331,10 @@ class SparkConfig:
 
 @dataclass(frozen=True)
 class TablesConfig:
-    enabled: bool = setting(True, "Register the tier's sealed segments in Apache Iceberg tables, one per topic, so "
-                                  "Spark, Trino, DuckDB and polars read exactly what is committed. false: nothing "
-                                  "touches a catalog.")
+    enabled: bool = setting(True, "Keep each topic's messages in an Apache Iceberg table (its sealed segments, "
+                                  "registered in place, and fresh files of what was committed since), and each "
+                                  "topic's latest values in another, so Spark, Trino, DuckDB and polars read what "
+                                  "is committed within seconds. false: nothing touches a catalog.")
     catalog_uri: str = setting("", "The Iceberg catalog: a SQLAlchemy URL (sqlite:///path, postgresql://...) for a SQL "
                                    "catalog, or an http(s):// REST catalog. Empty: SQLite at state.dir/tables.db.")
     catalog_properties: str = setting("", "More catalog properties, `token=...,credential=...,s3.endpoint=...`.",
@@ -342,8 +346,23 @@ class TablesConfig:
                                        "and _ made _.")
     latest_name: str = setting("rmq_{topic}_latest", "Name of each topic's latest-per-key table, committed with "
                                                      "each compacted snapshot (compaction.snapshot_interval_s).")
-    commit_interval_s: float = setting(0.0, "At most one commit per table this often (0: one per seal or expiry); "
-                                            "expired segments are deleted only once their table has let them go.")
+    commit_interval_s: float = setting(
+        TableSettings.commit_interval_s, "The shortest time between two commits of one message table: a message "
+        "is in its table within about this long of its commit on a busy broker. Expired segments are deleted only "
+        "once their table has let them go.")
+    min_commit_bytes: int = setting(
+        TableSettings.min_commit_bytes, "A message table commits once its new rows reach this many bytes of the "
+        "tier's staging objects, or have waited tables.max_commit_delay_s: a quiet topic's table commits seconds "
+        "apart. 0: at every tables.commit_interval_s.", size=True)
+    max_commit_delay_s: float = setting(
+        TableSettings.max_commit_delay_s, "The longest a committed message waits for its table below "
+        "tables.min_commit_bytes (the budget, tables.commits_per_minute, permitting).")
+    commits_per_minute: int = setting(
+        TableSettings.commits_per_minute, "The request budget: at most this many message table commits a minute, "
+        "all tables together, longest waiting first (each commit writes about four objects: a data file, a "
+        "manifest, a manifest list, the table's metadata), and half as many compacted snapshots, each a commit of "
+        "a latest-per-key table. With more busy topics than fit, each table waits its turn.",
+        check=lambda v: None if v >= 1 else "at least 1")
     snapshots_kept: int = setting(20, "Snapshots kept per message table (time travel this far back); older ones "
                                       "expire with the manifests only they referenced. Each kept snapshot slows "
                                       "every commit a little (docs/benchmarks.md).")

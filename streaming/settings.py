@@ -319,7 +319,9 @@ def tables(conf: cfg.Config) -> TableSettings | None:
         props[key.strip()] = value.strip()
     return default_settings(conf.tier.location, conf.state.dir, catalog_uri=t.catalog_uri, warehouse=t.warehouse,
                             namespace=t.namespace, name=t.name, latest_name=t.latest_name, properties=props,
-                            commit_interval_s=t.commit_interval_s, snapshots_kept=max(1, t.snapshots_kept))
+                            commit_interval_s=t.commit_interval_s, min_commit_bytes=t.min_commit_bytes,
+                            max_commit_delay_s=t.max_commit_delay_s, commits_per_minute=t.commits_per_minute,
+                            snapshots_kept=max(1, t.snapshots_kept))
 
 
 def _globs(text: str) -> tuple[str, ...]:

@@ -68,7 +68,7 @@ def test_run_status_rebuild_and_gc(tmp_path):
     assert summary["safepoint"] == summary["tiered_to_phy"] == state.source_end
     # Tables are on by default, and a run that stopped caught up left them in step, shown beside the sinks.
     tables = {x["topic"]: x for x in lines if x["kind"] == "table" and x["table_kind"] == "messages"}
-    assert tables.keys() == {t for t, _ in state.queues} and all(x["lag_segments"] == 0 for x in tables.values())
+    assert tables.keys() == {t for t, _ in state.queues} and all(x["lag_messages"] == 0 for x in tables.values())
 
     produce(conf, 300, start=1500)  # not tiered yet: status shows the lag per queue
     lines = [json.loads(x) for x in tierlog("status", "--config", str(config), "--format", "json").stdout.splitlines()]

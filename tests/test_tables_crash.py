@@ -1,7 +1,8 @@
 """SIGKILL inside the Iceberg table commits of a real ``tierlog run`` ([tables] enabled, compaction
 snapshotting every batch), at each crash point the tables added, then restart: the message tables
-hold exactly the ledger's sealed messages, each once, and the latest-per-key tables the ledger's
-latest values at their snapshot, nothing missing or doubled."""
+hold exactly the ledger's committed messages, each once (a fresh file written but not committed is
+never listed), and the latest-per-key tables the ledger's latest values at their snapshot, nothing
+missing or doubled."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from tests.test_tables import assert_message_tables_equal_ledger
 from tests.test_tables_latest import assert_latest_tables_equal_ledger
 from tests.tiering_helpers import assert_tier_equals_commitlog, produce
 
-# (crash point, on which pass): inside a message table's commit, right after it, inside a
-# latest-per-key table's commit, and a later message table commit.
-FAULTS = [("table_committing", 1), ("table_committed", 1), ("latest_table_committing", 1), ("table_committing", 2)]
+# (crash point, on which pass): between a fresh file's write and its commit, inside a message
+# table's commit, right after it, inside a latest-per-key table's commit, and a later message
+# table commit.
+FAULTS = [("table_fresh_written", 1), ("table_committing", 1), ("table_committed", 1), ("latest_table_committing", 1),
+          ("table_committing", 2)]
 
 
 @pytest.mark.heavy

@@ -250,7 +250,7 @@ def test_a_batch_above_the_tiers_end_is_refused_and_nothing_is_written(tmp_path)
 def test_a_batch_commits_while_a_seal_is_built_and_the_tier_equals_the_ledger(tmp_path):
     """The tiering query lets commits go on while a maintenance's seal reads its staging objects and
     writes its segments (``plan_seal``, then ``build_seal`` without the writer's lock, then
-    ``finish_maintenance``); a batch committed in between is neither sealed nor retired by it."""
+    ``finish_seal``); a batch committed in between is neither sealed nor retired by it."""
     rng = random.Random(11)
     run = Run(tmp_path, messages=240, seed=11, faults=Faults())
     half = len(run.written) // 2
@@ -260,7 +260,8 @@ def test_a_batch_commits_while_a_seal_is_built_and_the_tier_equals_the_ledger(tm
     assert plan.keys and plan.holding  # 15 messages a segment: queues are due
     built = run.writer.build_seal(plan)
     run.writer.commit(1, run.parts(half, len(run.written), 2, rng), run.gaps.between)  # beside the seal
-    assert run.writer.finish_maintenance(built, now_ms) == len(built.segments) > 0
+    assert run.writer.finish_seal(built, now_ms) == len(built.segments) > 0
+    run.writer.finish_maintenance(now_ms)
     sealed = {(s.topic, s.queue_id): s.end for s in built.segments}
     states = run.writer.head.queues
     assert all(states[k].sealed == end + 1 < states[k].commit for k, end in sealed.items())  # batch 1 is not in them

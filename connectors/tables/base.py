@@ -127,11 +127,17 @@ class TopicTables(ABC):
                 table = self.catalog.create_table(ident, schema=schema, partition_spec=spec, properties=props)
             except TableAlreadyExistsError:  # another broker's tierlog made it first
                 table = self.catalog.load_table(ident)
+        if (table.properties.get(TOPIC), table.properties.get(KIND)) == (topic, self.kind):
+            table = self._prepare(table)
         if (table.properties.get(TOPIC), table.properties.get(KIND)) != (topic, self.kind):
             raise ConfigError(f"settings tables.name and tables.latest_name: the {self.kind} table of topic "
                               f"{topic!r} would be {'.'.join(ident)}, which is the "
                               f"{table.properties.get(KIND)} table of topic {table.properties.get(TOPIC)!r}; "
                               "put the topic itself in each name template, and make the two templates differ")
+        return table
+
+    def _prepare(self, table):
+        """Bring a table of this kind made by an older tierlog to what this one needs; the table."""
         return table
 
     def _uri(self, name: str) -> str:

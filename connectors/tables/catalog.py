@@ -29,7 +29,16 @@ class TableSettings:
     name: str = "rmq_{topic}"  # {topic}: the topic with characters other than [A-Za-z0-9_] made '_'
     latest_name: str = "rmq_{topic}_latest"  # the latest-per-key table of the topic
     properties: dict[str, str] = field(default_factory=dict)  # catalog properties: token, credential, s3.*
-    commit_interval_s: float = 0.0  # at most one commit per table this often (0: one per seal or expiry)
+    # When a table commits (``connectors.tables.messages``): at most every ``commit_interval_s``, once
+    # its new rows reach ``min_commit_bytes`` or have waited ``max_commit_delay_s``; all tables together
+    # at most ``commits_per_minute`` times a minute, longest waiting first.  Why these: a message is in
+    # its table within a few seconds of its commit on a busy broker, a quiet one's commits wait to fill
+    # a little, and a host with a thousand topics spends a bounded number of requests a day, each
+    # table then waiting its turn (docs/operations.md, "The tables' requests").
+    commit_interval_s: float = 2.0
+    min_commit_bytes: int = 1 << 20
+    max_commit_delay_s: float = 5.0
+    commits_per_minute: int = 60
     # Older snapshots expire, with the manifests only they referenced.  Why 20: a commit's cost grows
     # with the snapshots the table metadata holds (pyiceberg copies the whole metadata for each change
     # a transaction makes, many times per commit), so a commit with 100 kept costs about twice one with
@@ -57,10 +66,17 @@ def table_name(template: str, topic: str) -> str:
     return template.format(topic=_NOT_IN_NAME.sub("_", topic))
 
 
+_SAID: set[str] = set()  # topics whose table names were said, in this process
+
+
 def warn_if_renamed(template: str, topic: str) -> None:
+    """Say once per topic, at INFO, that its table's name is not the topic's own (a hyphen is the
+    usual case: the names are made so engines need no quotes, which is no one's mistake)."""
     name = table_name(template, topic)
-    if name != template.format(topic=topic):
-        log.warning("topic %r is table %r: characters other than letters, digits and '_' became '_'", topic, name)
+    if name != template.format(topic=topic) and topic not in _SAID:
+        _SAID.add(topic)
+        log.info("topic %r has tables named as %r: characters other than letters, digits and '_' become '_'",
+                 topic, name)
 
 
 def sqlite_file(uri: str) -> str | None:

@@ -1,278 +1,634 @@
-"""Message tables: one Iceberg table per topic whose data files are the tier's sealed segments.
+"""Message tables: one Iceberg table per topic holding every message the tier has committed, within
+seconds of its commit.
 
-The contract: after ``sync(seq, ...)`` returns, each table holds exactly the segments that this
-broker's tier commit records up to ``seq`` left committed (sealed and not expired), registered in
-place with pyiceberg (``add_files`` reads each footer for the column statistics; no byte is
-copied), and no other object of this broker.  Other brokers' files in the same table are never
-touched, so several brokers may commit to one table; a commit that loses a race is retried
-against the table's new state.
+The contract: after a round (``sync``) that found a topic due, that topic's table holds exactly the
+tier's committed, retained messages of the moment the round looked (its ``TierView``), each once:
+its queues' sealed segments, registered where they lie (no byte copied), and *fresh files*, Parquet
+files of the rows committed since, written by the tables under ``_tables/fresh/``, where the tier's
+Parquet globs and readers never look.  ``connectors.tables.fresh`` decides what each commit
+removes, registers and adds; this module reads the rows, writes the files and commits.  Other
+brokers' files in the same table are never touched, so several brokers may commit to one table;
+a commit that loses a race is retried against the table's new state.
 
-Why this shape: the table follows the tier's commit log, as a Kafka sink follows a topic.  Each
-table records the last tier record it reflects (table property ``tierlog.tier-seq.<broker>``, and
-the snapshot summary); a sync applies the seal and expire records after it.  A new process, or one
-after a fold folded records it never saw (a catalog that was away), first reconciles each table,
-a bounded part per call: a table whose record the log's tail still covers takes the records since,
-any other is diffed against the tier.  Both are idempotent, so a crash between a seal and its
-table commit is repaired by the next sync, and the writer deletes an expired segment's object only
-once the tables no longer list it (``TierWriter.maintain``).
+When: a topic's table commits at most every ``commit_interval_s``, once its new rows reach
+``min_commit_bytes`` or have waited ``max_commit_delay_s``, and all tables together at most
+``commits_per_minute`` times a minute (the request budget: each commit is a few PUTs), the topics
+that waited longest first.  A quiet broker with no new rows commits nothing.
+
+Why fresh files and not the staging objects: an Iceberg data file is a whole file, and a staging
+object holds every topic of a batch.  Why the two partition specs: ``connectors.tables.commit``.
+
+Crash safety: a fresh file is written before the commit that lists it; one no commit lists (a
+crash between the two) is deleted by the next process's reconciliation, as are files whose last
+listing snapshot expired.  A new process rebuilds each topic's state from its table (a table's
+segments, its fresh files and their queues, which each file's footer carries) and the tier, a
+bounded part per round, unless the metadata store kept the state its table still matches.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from dataclasses import dataclass
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from connectors.faults import crash_point
-from connectors.tables.base import TopicTables
+from connectors.tables import fresh
+from connectors.tables.base import KIND, TOPIC, TopicTables
+from connectors.tables.catalog import data_location
+from connectors.tier import layout
 from connectors.tier.layout import Names, escape_topic
-from connectors.tier.manifest import Segment
+from connectors.tier.manifest import QueueKey, Segment, StagingObject
 
 log = logging.getLogger(__name__)
-SEQ = "tierlog.tier-seq."  # + broker
-# Why a budget: the first sync of a process looked at every table and read every manifest, O(the
-# retained segments), inside one maintenance call and so inside one batch.  It now does this much per
-# call and goes on in the next; the tables, and the deletes they hold, catch up over a few batches.
+SEQ = "tierlog.tier-seq."  # + broker: the tier record whose rows the table held at its last commit
+COVER = "tierlog.cover."  # + broker: [[queue, one past the highest offset the table holds], ...]
+FRESH_PREFIX = "_tables/fresh/"
+QUEUES_KEY = b"tierlog.queues"  # a fresh file's footer: [[queue, first, last], ...] of the rows it holds
+# Why a budget: the first round of a process looks at every table and reads its manifests and the
+# tier's segments, O(the retained segments): it does this much per round and goes on in the next,
+# so it never holds a tiering batch for long.
 RECONCILE_BUDGET_S = 0.1
-FILES_PER_COMMIT = 500  # add_files reads each new file's footer: a topic's backlog goes in parts
+FILES_PER_COMMIT = 500  # segments registered in one commit, at most: a backlog goes in parts
+ROUND_BYTES = 256 << 20  # staging and segment bytes one round reads for fresh files, at most
 
 
 @dataclass
-class Change:
-    """What one topic's table must gain and lose, as tier object names."""
+class TierView:
+    """What one round sees of this broker's tier, taken at one moment (under the writer's lock):
+    each queue's offsets, the live staging objects, and the commit records since the last root."""
 
-    add: dict[str, Segment]
-    remove: set[str]
+    seq: int
+    at: float  # time.time() of the moment
+    queues: dict[QueueKey, fresh.QueueNow]
+    staging: list[StagingObject]
+    records: list[dict]
+    segments_of: Callable[[str, int], Iterable[Segment]]  # a queue's retained segments, oldest first
+    time_ms: dict[int, int] = field(default_factory=dict)  # a record's seq -> when it was committed
+
+    def topics(self) -> set[str]:
+        return {t for t, _ in self.queues}
+
+    @classmethod
+    def from_committed(cls, committed) -> "TierView":
+        """The view of a tier as a reader loads it (``CommittedTier``): for the CLI's ``table``
+        commands, which run beside the service or without it."""
+        states = committed.queue_states()
+        staging: dict[str, StagingObject] = {}
+        for key in sorted(states):
+            for p in committed.staging_for(key):
+                obj = staging.setdefault(p.name, StagingObject(p.name, p.size, p.first_phy, {}, p.time_ms))
+                obj.queues[key] = {"first": p.first, "last": p.last, "rows": p.rows, "bytes": p.bytes,
+                                   "min_ts": p.min_ts, "max_ts": p.max_ts}
+        return cls(committed.seq, time.time(), {k: fresh.QueueNow(s.commit, s.sealed, s.low) for k, s in states.items()},
+                   sorted(staging.values(), key=lambda o: o.first_phy), list(committed.tail),
+                   lambda topic, q: committed.segments_for((topic, q)))
+
+    def queues_of(self, topic: str) -> dict[int, fresh.QueueNow]:
+        return {q: now for (t, q), now in self.queues.items() if t == topic}
+
+
+class _TableMoved(Exception):
+    """The table is at a snapshot of this broker that this process did not make."""
+
+
+@dataclass
+class _Topic:
+    """A topic's table as this process knows it."""
+
+    state: fresh.TopicState
+    snapshot: int | None = None  # the table's current snapshot when the state was last true of it
+    seen: int = -1  # the last commit record of the tier the state took
+    waiting_since: float | None = None  # monotonic: when the table first had work not committed
+    last_commit: float = float("-inf")
+    caught_up_at: float | None = None  # the view time at which it last held every committed row
+    retired: dict[str, int] = field(default_factory=dict)  # fresh files it removed -> the removal's sequence
+
+    def record(self) -> dict:
+        return {"state": self.state.to_json(), "snapshot": self.snapshot, "seen": self.seen}
 
 
 class MessageTables(TopicTables):
-    """Keeps one broker's sealed segments registered in the per-topic tables.  Not thread-safe."""
+    """Keeps one broker's part of the per-topic message tables in step with its tier.  Not thread-safe.
+
+    ``states``: where each topic's state is kept after each commit (``state.metadata.MetadataStore``:
+    ``table_state``, ``record_table_state``), so a new process whose table is as it left it takes
+    the state back instead of reading the table's manifests; None: every new process reconciles."""
 
     kind = "messages"
 
-    def __init__(self, settings, tier_location: str, broker: str, catalog=None):
+    def __init__(self, settings, tier_location: str, broker: str, catalog=None, backend=None, states=None):
         super().__init__(settings, tier_location, broker, catalog)
         self.names = Names(broker)
-        # The first reconciliation's tables still to look at, (name, topic or None: learned on
-        # loading); None: not begun by this process.
-        self._todo: list[tuple[str, str | None]] | None = None
-        self._base = -1  # the tier record every table not in ``_todo`` reflects
-        self._tier_topics: set[str] = set()  # the topics with queues when the reconciliation began
-        self._resumed: dict | None = None  # where the last clean stop left the tables (resume)
-        self._last_commit = float("-inf")
+        self._backend = backend
+        self.states = states
+        self._topics: dict[str, _Topic] = {}
+        self._todo: list[tuple[str, str | None]] | None = None  # still to look at: (table name, topic or None)
+        self._commits: deque[float] = deque()  # monotonic times of the last minute's commits
+        self.behind: dict[str, dict[int, tuple[int, int]]] = {}  # topic -> its rows not in its table, by queue
+        self._last: TierView | None = None  # the view of the last round
+        self.commits = 0  # commits made, since this process started
+        self.files_written = 0  # fresh files written, likewise
 
-    # ------------------------------------------------------------ sync
+    @property
+    def backend(self):
+        if self._backend is None:
+            from connectors.tier.location import open_backend
 
-    def sync(self, seq: int, tail: list[dict], topics: Callable[[], Iterable[str]],
-             segments_of: Callable[[str], Iterable[Segment]]) -> bool:
-        """Bring the tables toward tier record ``seq``; ``tail`` holds the records after the last
-        fold, ``topics()`` the topics this broker's tier holds queues of, ``segments_of(topic)``
-        their committed segments.  True: every table is in step with ``seq``.  False: some wait,
-        for ``commit_interval_s`` or for a later call of the reconciliation, which does at most
-        ``RECONCILE_BUDGET_S`` of work per call so that it never holds a batch."""
+            self._backend = open_backend(self.tier_location)
+        return self._backend
+
+    # ------------------------------------------------------------ a round
+
+    def sync(self, view: TierView, *, hold: bool = True) -> bool:
+        """One round at ``view``: take each table's state (back from the metadata store, or
+        reconciled from the table and the tier: a bounded part a round), the seal and expire records
+        since, and commit each table that is due (every one with work, ``hold`` off).  True when
+        every table holds every row ``view`` has."""
+        self._last = view
         if self._todo is None:
-            self._resume_or_start(seq, topics)  # a new process
-        if not _tail_covers(tail, self._base, seq):
-            self._start(seq, topics())  # records it never saw were folded away
-        pending = {name for name, _ in self._todo}
-        changes = {t: c for t, c in _changes_in(tail, self._base).items() if self._name(t) not in pending}
-        if changes and self._waiting():
-            return False
-        try:
-            for topic, change in sorted(changes.items()):
-                self._commit(topic, (change, seq))
-            self._base = seq
-            if self._todo:
-                self._reconcile(seq, tail, segments_of)
-        except BaseException:
-            self._todo = None  # a commit may have landed before the failure: reconcile again
-            self._tables.clear()
-            raise
-        if changes:
-            self._last_commit = time.monotonic()
-        return not self._todo
+            self._start(view)
+        for topic in sorted(view.topics() - set(self._topics) - {t for _, t in self._todo}):
+            self._todo.append((self._name(topic), topic))  # a topic new to the tier
+        if self._todo:
+            self._reconcile(view)
+        self._take_records(view)
+        due = self._due(view, hold)
+        if due:
+            self._commit_round(view, due)
+        return self.synced_at is not None and self.synced_at >= view.at
+
+    @property
+    def synced_at(self) -> float | None:
+        """The view time up to which every table held every committed row and let go of every
+        expired segment: objects the tier retired before it may be deleted.  None while a table
+        is still to be reconciled or to catch up."""
+        if self._todo is None or self._todo:
+            return None
+        times = [t.caught_up_at for t in self._topics.values()]
+        return None if any(t is None for t in times) else min(times, default=self._last.at if self._last else None)
 
     @property
     def synced_seq(self) -> int | None:
-        """The tier record every table is in step with; None while some are not."""
-        return self._base if self._todo == [] else None
-
-    def stopped(self) -> dict:
-        """What a clean stop in step records (``resume`` takes it): the tier record, the catalog
-        and name template, and the tables the namespace lists."""
-        return {"seq": self.synced_seq, "catalog": self._catalog_id(), "tables": sorted(self._table_names())}
-
-    def resume(self, stopped: dict) -> None:
-        """The tables were in step with tier record ``stopped["seq"]`` when the last process
-        stopped: the first sync takes the records since from the log, with no reconciliation, if
-        the catalog is the same and still lists those tables."""
-        self._resumed = stopped
-
-    def _catalog_id(self) -> str:
-        s = self.settings
-        return f"{s.catalog_uri} {s.warehouse} {s.namespace} {s.name}"
-
-    def _resume_or_start(self, seq: int, topics: Callable[[], Iterable[str]]) -> None:
-        stopped, self._resumed, listed = self._resumed, None, None
-        if stopped is not None and stopped["catalog"] == self._catalog_id() and stopped["seq"] <= seq:
-            listed = self._table_names()
-            if set(stopped["tables"]) <= listed:
-                self._todo, self._base = [], stopped["seq"]
-                return
-            log.warning("the Iceberg catalog %s lost tables since the last stop: reconciling every table",
-                        self.settings.catalog_uri)
-        self._start(seq, topics(), listed)
+        """The tier record whose every row every table held at the last round; None while some did not."""
+        last = self._last
+        if last is None or self._todo != [] or any(t.caught_up_at != last.at for t in self._topics.values()):
+            return None
+        return last.seq
 
     @property
     def reconciling(self) -> bool:
-        """A reconciliation has tables left that the next call can take (no interval to wait for)."""
-        return bool(self._todo) and not self._waiting()
+        """Tables are left that a round must reconcile before they commit."""
+        return bool(self._todo)
 
-    def _table_names(self) -> set[str]:
-        """The names of every table in the namespace, of any kind (one catalog call)."""
-        return {ident[-1] for ident in self.catalog.list_tables(self.settings.namespace)}
+    def lag(self) -> dict[str, tuple[int, float]]:
+        """Per table, as of the last round: the committed messages it lacks, and how long the oldest
+        of them has waited (seconds)."""
+        last, now_ms, out = self._last, time.time() * 1000, {}
+        if last is None:
+            return out
+        parts = _parts(last)
+        for topic, behind in self.behind.items():
+            oldest = oldest_ms(last, topic, behind, parts)
+            out[topic] = (sum(b - a for a, b in behind.values()),
+                          round(max(0.0, now_ms - oldest) / 1000, 1) if oldest is not None else 0.0)
+        return out
 
-    def _start(self, seq: int, topics: Iterable[str], listed: set[str] | None = None) -> None:
-        """List what a reconciliation must look at: each tier topic's table, and every other table
-        of the namespace (it may hold this broker's expired segments); ``listed``: the namespace's
-        table names, when the caller has them already."""
-        mine = {self._name(t): t for t in topics}
-        others = sorted((self._table_names() if listed is None else listed) - mine.keys())
+    def holds(self, topic: str, queue_id: int) -> int | None:
+        """The lowest offset of the queue a fresh file of its table holds (None: none): retention
+        leaves the segments at and past it alone until the file goes, so a table never lists a row
+        retention dropped."""
+        known = self._topics.get(topic)
+        if known is None:
+            return None
+        held = [f.queues[queue_id][0] for f in known.state.files.values() if queue_id in f.queues]
+        return min(held, default=None)
+
+    def _take_records(self, view: TierView) -> None:
+        """The seal and expire records each topic's state has not taken; a topic whose records the
+        tier folded away unseen is reconciled again."""
+        for topic, known in list(self._topics.items()):
+            if known.seen >= view.seq:
+                continue
+            if not _tail_covers(view.records, known.seen, view.seq):
+                log.info("table %s: the tier folded records it had not taken; reconciling it", self._name(topic))
+                self._reconcile_topic(topic, view)
+                continue
+            sealed, expired = [], []
+            for record in view.records:
+                if record["seq"] > known.seen and record["type"] in ("seal", "expire"):
+                    into = sealed if record["type"] == "seal" else expired
+                    into += [s for raw in record["segments"] if (s := Segment.from_json(raw)).topic == topic]
+            fresh.take_records(known.state, sealed, expired)
+            known.seen = view.seq
+
+    def _due(self, view: TierView, hold: bool) -> list[tuple[str, fresh.Plan]]:
+        """The topics whose table commits this round, with their plans, longest waiting first."""
+        now, s = time.monotonic(), self.settings
+        while self._commits and now - self._commits[0] > 60:
+            self._commits.popleft()
+        waiting, behind = [], {}
+        parts = _parts(view)
+        for topic in sorted(view.topics()):
+            known = self._topics.get(topic)
+            if known is None:
+                continue  # still to reconcile
+            plan = fresh.plan(known.state, view.queues_of(topic), FILES_PER_COMMIT)
+            behind[topic] = dict(plan.rows)
+            if not plan.rows and not plan.unregister:
+                known.caught_up_at = view.at
+            if plan.empty:
+                known.waiting_since = None
+                continue
+            if known.waiting_since is None:
+                known.waiting_since = now
+            pending = sum(b for q, (a, _end) in plan.rows.items() for last, b, _ms in parts.get((topic, q), ())
+                          if last >= a)
+            ready = not hold or (now - known.last_commit >= s.commit_interval_s and (
+                pending >= s.min_commit_bytes or now - known.waiting_since >= s.max_commit_delay_s))
+            if ready:
+                waiting.append((known.waiting_since, topic, plan))
+        self.behind = behind  # whole, for ``lag`` on another thread
+        waiting.sort(key=lambda w: (w[0], w[1]))
+        room = len(waiting) if not hold else max(0, s.commits_per_minute - len(self._commits))
+        return [(topic, plan) for _, topic, plan in waiting[:room]]
+
+    def _commit_round(self, view: TierView, due: list[tuple[str, fresh.Plan]]) -> None:
+        rows, covered = self._read_rows(view, due)
+        for topic, plan in due:
+            try:
+                self._commit_topic(view, topic, plan, rows.get(topic), covered.get(topic, {}))
+            except _TableMoved:
+                # Another process of this broker committed to the table since this one planned (a
+                # ``tierlog table rebuild``): the table says what it holds, and the next round plans anew.
+                log.info("table %s changed outside this process: taking its state afresh", self._name(topic))
+                self._reconcile_topic(topic, view)
+            except BaseException:
+                # The commit may have landed before the failure: the table, not this state, says what
+                # it holds, and a fresh file no commit lists is deleted when the table is reconciled.
+                self._topics.pop(topic, None)
+                self._tables.pop(topic, None)
+                if self._todo is not None:
+                    self._todo.append((self._name(topic), topic))
+                raise
+
+    # ------------------------------------------------------------ rows
+
+    def _read_rows(self, view: TierView, due: list[tuple[str, fresh.Plan]]):
+        """The rows each due plan adds, read once per object for every topic of the round, at most
+        ``ROUND_BYTES`` of objects: per topic a table in (queue, offset) order, and per queue how
+        far it covers (the plan's end when every object it needed was read)."""
+        wants: dict[QueueKey, tuple[int, int]] = {(t, q): r for t, plan in due for q, r in plan.rows.items()}
+        if not wants:
+            return {}, {}
+        budget, spent = ROUND_BYTES, 0
+        pieces: dict[QueueKey, list[pa.Table]] = {}
+        cut: set[QueueKey] = set()
+        # Sealed rows the table lacks come from the pending segments holding them (the table fell
+        # behind a seal: rare); the rest from the live staging objects.
+        for key, (first, end) in sorted(wants.items()):
+            sealed = view.queues[key].sealed
+            if first >= sealed:
+                continue
+            for seg in self._topics[key[0]].state.pending.get(key[1], ()):
+                if seg.end < first or seg.base >= min(end, sealed):
+                    continue
+                if spent and spent + seg.size > budget:
+                    cut.add(key)
+                    break
+                spent += seg.size
+                pieces.setdefault(key, []).append(_segment_rows(self.backend, seg, first, min(end, sealed)))
+        floor = {key: max(first, view.queues[key].sealed) for key, (first, _end) in wants.items() if key not in cut}
+        group: list[pa.Table] = []
+        for obj in view.staging:
+            needs = [k for k in obj.queues if k in floor and obj.queues[k]["last"] >= floor[k]]
+            if not needs:
+                continue
+            if spent and spent + obj.size > budget:
+                cut.update(k for k in floor if any(o.queues.get(k, {}).get("last", -1) >= floor[k]
+                                                   for o in view.staging if o.first_phy >= obj.first_phy))
+                break
+            spent += obj.size
+            group.append(layout.from_parquet(self.backend.read_whole(obj.name)))
+        for key, table in layout.unsealed_by_queue(group, floor).items():
+            pieces.setdefault(key, []).append(table)
+        by_topic: dict[str, pa.Table] = {}
+        covered: dict[str, dict[int, int]] = {}
+        for key in sorted(wants):
+            topic, q = key
+            got = [p for p in pieces.get(key, ()) if p.num_rows]
+            if got:
+                by_topic.setdefault(topic, []).extend(got)
+            if key not in cut:
+                covered.setdefault(topic, {})[q] = wants[key][1]
+            elif got:
+                covered.setdefault(topic, {})[q] = max(p["queue_offset"][-1].as_py() for p in got) + 1
+        return {t: pa.concat_tables(parts).combine_chunks() for t, parts in by_topic.items()}, covered
+
+    # ------------------------------------------------------------ commits
+
+    def _commit_topic(self, view: TierView, topic: str, plan: fresh.Plan, rows: pa.Table | None,
+                      covered: dict[int, int]) -> None:
+        from connectors.tables.commit import described
+
+        known = self._check_snapshot(topic, view)
+        table = self._table(topic)
+        register = plan.register  # at most FILES_PER_COMMIT: a backlog goes in parts (``fresh.plan``)
+        added = None
+        add = [self._segment_file(table, seg) for seg in register]
+        if rows is not None and rows.num_rows:
+            name, data, queues = self._fresh_file(view.seq, topic, rows)
+            self.backend.put(name, data)
+            self.files_written += 1
+            crash_point("table_fresh_written")
+            footer = pq.read_metadata(pa.BufferReader(data))
+            add.append(described(table.metadata, self._fresh_spec(table), self._uri(name), footer, len(data)))
+            added = fresh.FreshFile(name, queues)
+        remove_names = ({self._uri(n) for n in plan.remove}, {self._uri(s.name) for s in plan.unregister})
+        summary = {"tierlog.broker": self.broker, "tierlog.tier-seq": str(view.seq)}
+        props = {SEQ + self.broker: str(view.seq)}
+        cover = dict(known.state.cover)
+        for q, end in {**plan.registered, **covered}.items():
+            cover[q] = max(cover.get(q, 0), end)
+        props[COVER + self.broker] = json.dumps(sorted(cover.items()), separators=(",", ":"))
+        summary["tierlog.commit"] = uuid.uuid4().hex  # a retry finds whether this commit landed
+        self._commit(topic, (add, remove_names, summary, props))
+        table = self._tables[topic]
+        fresh.apply(known.state, plan, added, covered)
+        known.snapshot = table.current_snapshot().snapshot_id
+        removed_seq = table.current_snapshot().sequence_number
+        for name in plan.remove:
+            known.retired[name] = removed_seq
+        self._keep(topic)
+        self.commits += 1
+        known.last_commit = time.monotonic()
+        self._commits.append(known.last_commit)
+        rest = fresh.plan(known.state, view.queues_of(topic))
+        known.waiting_since = None if rest.empty else known.waiting_since
+        if not rest.rows:
+            known.caught_up_at = view.at
+        self._expire_snapshots(topic)
+        log.debug("table %s: %d rows added, %d fresh files removed, %d segments registered, %d removed (tier "
+                  "record %d)", self._name(topic), 0 if rows is None else rows.num_rows, len(plan.remove),
+                  len(register), len(plan.unregister), view.seq)
+
+    def _commit_once(self, topic: str, change) -> None:
+        from connectors.tables.commit import replace, spec_files
+
+        add, remove_names, summary, props = change
+        table = self._table(topic)
+        if any((s.summary or {}).get("tierlog.commit") == summary["tierlog.commit"] for s in table.metadata.snapshots):
+            return  # an attempt before landed, and its answer was lost
+        if not self._others_only(table, self._topics[topic]):
+            raise _TableMoved(topic)  # the plan was made against a table this broker has changed since
+        remove, snapshot = [], table.current_snapshot()
+        # Each spec's manifests are read only for the files of it that go: fresh files' always few,
+        # the segments' only when retention expired one.
+        for names, spec_id in zip(remove_names, (self._fresh_spec(table), self._segment_spec(table))):
+            if names and snapshot is not None:
+                remove += [f for f in spec_files(table, snapshot, spec_id) if f.file_path in names]
+        with table.transaction() as tx:
+            replace(tx, add, remove, summary)
+            tx.set_properties(props)
+            crash_point("table_committing")
+        crash_point("table_committed")  # the transaction has brought ``table`` to the new metadata
+
+    def _check_snapshot(self, topic: str, view: TierView) -> _Topic:
+        """The topic's state, taken afresh from the table and the tier when something else of this
+        broker changed the table since this process knew it (``tierlog table rebuild`` while the
+        service was stopped, say)."""
+        known = self._topics[topic]
+        table = self._table(topic)
+        if not self._others_only(table, known):
+            log.info("table %s changed outside this process: taking its state afresh", self._name(topic))
+            self._reconcile_topic(topic, view)
+            known = self._topics[topic]
+        return known
+
+    def _others_only(self, table, known: _Topic) -> bool:
+        """Whether the table is at the snapshot this process knows, or every one after it was another
+        broker's."""
+        current = table.current_snapshot()
+        if (None if current is None else current.snapshot_id) == known.snapshot:
+            return True
+        if known.snapshot is None:
+            return False
+        seen = False
+        for snap in table.metadata.snapshots:
+            if snap.snapshot_id == known.snapshot:
+                seen = True
+                continue
+            if seen and (snap.summary or {}).get("tierlog.broker") == self.broker:
+                return False
+        return seen
+
+    def _segment_file(self, table, seg: Segment):
+        from connectors.tables.commit import described
+
+        footer = pq.read_metadata(self.backend.open_input(seg.name, seg.size))
+        return described(table.metadata, self._segment_spec(table), self._uri(seg.name), footer, seg.size)
+
+    def _fresh_file(self, seq: int, topic: str, rows: pa.Table) -> tuple[str, bytes, dict[int, tuple[int, int]]]:
+        queues = {}
+        ids, offsets = rows["queue_id"].to_pylist(), rows["queue_offset"].to_pylist()
+        for q, o in zip(ids, offsets):
+            lo, hi = queues.get(q, (o, o))
+            queues[q] = (min(lo, o), max(hi, o))
+        meta = {QUEUES_KEY: json.dumps([[q, lo, hi] for q, (lo, hi) in sorted(queues.items())]).encode()}
+        name = f"{FRESH_PREFIX}{self.names.level}topic={escape_topic(topic)}/{seq:020d}-{uuid.uuid4().hex[:8]}.parquet"
+        return name, layout.to_parquet(rows, metadata=meta), queues
+
+    def _expire_snapshots(self, topic: str) -> None:
+        """Keep the newest ``snapshots_kept`` snapshots, expiring in steps, not at every commit; then
+        delete the fresh files this process removed that no kept snapshot lists."""
+        table, keep = self._tables[topic], self.settings.snapshots_kept
+        snapshots = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms)
+        if len(snapshots) >= keep + max(10, keep // 5):
+            current = table.current_snapshot().snapshot_id
+            self._expire(topic, [s for s in snapshots[:-keep] if s.snapshot_id != current])
+        retired = self._topics[topic].retired
+        if retired:
+            oldest = min(s.sequence_number for s in self._tables[topic].metadata.snapshots)
+            for name in [n for n, seq in retired.items() if seq <= oldest]:
+                self.backend.delete(name)
+                del retired[name]
+
+    # ------------------------------------------------------------ reconciliation
+
+    def _start(self, view: TierView) -> None:
+        """What a new process must look at: each tier topic's table (its state taken back, or
+        reconciled), and every other table of the namespace (it may list this broker's expired
+        segments)."""
+        mine = {self._name(t): t for t in view.topics()}
+        others = sorted(self._table_names() - mine.keys())
         self._todo = [(n, mine[n]) for n in sorted(mine)] + [(n, None) for n in others]
-        self._tier_topics = set(mine.values())
-        self._base = seq
+        self._topics = {}
 
-    def _waiting(self) -> bool:
-        return time.monotonic() - self._last_commit < self.settings.commit_interval_s
-
-    def _reconcile(self, seq: int, tail: list[dict], segments_of: Callable[[str], Iterable[Segment]]) -> None:
-        """Bring the reconciliation's tables in step with ``seq``, within the budget: a table whose
-        own record (``tierlog.tier-seq.<broker>``) the tail still covers takes the tail's changes
-        since it, with no manifest read; any other is diffed against the tier."""
+    def _reconcile(self, view: TierView) -> None:
         deadline = time.monotonic() + RECONCILE_BUDGET_S
         worked = False
         while self._todo:
             if worked and time.monotonic() > deadline:
-                return  # at least one table, or one commit, per call
+                return
             worked = True
             name, topic = self._todo[0]
             if topic is None:
                 topic = self._topic_of(name)
-                if topic is None or topic in self._tier_topics:
-                    self._todo.pop(0)  # another kind's table, or one this process reaches by its name
+                if topic is None or topic in view.topics():
+                    self._todo.pop(0)  # another kind's table, or a tier topic, reached by its name
                     continue
-            change = self._reconciliation(topic, seq, tail, segments_of)
-            if change.add or change.remove:
-                if self._waiting():
-                    return
-                whole = len(change.add) <= FILES_PER_COMMIT
-                if not whole:  # the rest in a later call; the table's own record stays where it was
-                    change = Change(dict(sorted(change.add.items())[:FILES_PER_COMMIT]), change.remove)
-                self._commit(topic, (change, seq if whole else None))
-                self._last_commit = time.monotonic()
-                if not whole:
-                    self._todo[0] = (name, topic)
-                    continue
+            if not self._take_back(topic):
+                self._reconcile_topic(topic, view)
             self._todo.pop(0)
 
+    def _reconcile_topic(self, topic: str, view: TierView) -> None:
+        """The topic's state from its table and the tier: the segments it lists and those it lacks,
+        its fresh files and their queues (from their footers); fresh files of this broker that no
+        kept snapshot lists are deleted (a crash left them, or their snapshots expired)."""
+        from connectors.tables.commit import spec_files
+
+        table = self._table(topic)
+        snapshot = table.current_snapshot()
+        seg_prefix, fresh_prefix = self._segment_prefix(topic), self._fresh_prefix(topic)
+        listed_segments, listed_fresh = set(), {}
+        if snapshot is not None:
+            for spec_id in sorted({s.spec_id for s in table.specs().values()}):
+                for f in spec_files(table, snapshot, spec_id):
+                    name = self._name_of(f.file_path)
+                    if name is None:
+                        continue
+                    if name.startswith(seg_prefix):
+                        listed_segments.add(name)
+                    elif name.startswith(fresh_prefix):
+                        listed_fresh[name] = f
+        state = fresh.TopicState()
+        for q in sorted(view.queues_of(topic)):
+            tier_segments = list(view.segments_of(topic, q))
+            in_tier = {s.name for s in tier_segments}
+            # The listed run, oldest first; a listed segment after one the table lacks is taken out
+            # and registered again in order (a table of an older tierlog could list any).
+            for seg in tier_segments:
+                listed = seg.name in listed_segments
+                if listed and not state.pending.get(q):
+                    state.registered[q] = state.cover[q] = seg.end + 1
+                elif listed:
+                    state.unregister.append(seg)
+                    state.pending[q].append(seg)
+                else:
+                    state.pending.setdefault(q, []).append(seg)
+            for name in sorted(listed_segments):  # listed, but retention expired it
+                if name.startswith(f"{seg_prefix}queue={q}/") and name not in in_tier:
+                    base = int(name.rsplit("/", 1)[1].split(".")[0])
+                    state.unregister.append(Segment(name, topic, q, base, base, 0, 0, 0, 0))
+        for name in sorted(listed_fresh):
+            footer = pq.read_metadata(self.backend.open_input(name))
+            queues_held = {q: (lo, hi) for q, lo, hi in json.loads(footer.metadata[QUEUES_KEY])}
+            state.files[name] = fresh.FreshFile(name, queues_held)
+            for q, (_lo, hi) in queues_held.items():
+                state.cover[q] = max(state.cover.get(q, 0), hi + 1)
+        self._topics[topic] = _Topic(state, None if snapshot is None else snapshot.snapshot_id, view.seq)
+        self._delete_unlisted_fresh(topic, table)
+        self._keep(topic)
+
+    def _take_back(self, topic: str) -> bool:
+        """The topic's state as the metadata store kept it, if its table is still at the snapshot
+        the state was true of (no manifest read)."""
+        record = self.states.table_state(topic) if self.states is not None else None
+        if record is None:
+            return False
+        current = self._table(topic).current_snapshot()
+        if (None if current is None else current.snapshot_id) != record["snapshot"]:
+            return False
+        self._topics[topic] = _Topic(fresh.TopicState.from_json(record["state"]), record["snapshot"], record["seen"])
+        return True
+
+    def _keep(self, topic: str) -> None:
+        if self.states is not None:
+            self.states.record_table_state(topic, self._topics[topic].record())
+
+    def _delete_unlisted_fresh(self, topic: str, table) -> None:
+        from connectors.tables.commit import spec_files
+
+        kept = set()
+        spec = self._fresh_spec(table)
+        for snap in table.metadata.snapshots:
+            kept |= {self._name_of(f.file_path) for f in spec_files(table, snap, spec)}
+        for info in list(self.backend.list(self._fresh_prefix(topic))):
+            if info.name not in kept:
+                self.backend.delete(info.name)
+
     def _topic_of(self, name: str) -> str | None:
-        """The topic of table ``name`` if it is one of this kind's tables, else None."""
         table = self.catalog.load_table((self.settings.namespace, name))
         if table.properties.get(KIND) != self.kind or TOPIC not in table.properties:
             return None
         self._tables.setdefault(table.properties[TOPIC], table)
         return table.properties[TOPIC]
 
-    def _reconciliation(self, topic: str, seq: int, tail: list[dict],
-                        segments_of: Callable[[str], Iterable[Segment]]) -> Change:
-        exists = topic in self._tables or self.catalog.table_exists(self._identifier(topic))
-        if exists:
-            recorded = self._table(topic).properties.get(SEQ + self.broker)
-            if recorded is not None and int(recorded) <= seq and _tail_covers(tail, int(recorded), seq):
-                return _changes_in(tail, int(recorded)).get(topic, Change({}, set()))
-        return _change({s.name: s for s in segments_of(topic)}, set(self._own_files(topic)) if exists else set())
+    def _name_of(self, uri: str) -> str | None:
+        root = data_location(self.tier_location, "")
+        return uri[len(root):] if uri.startswith(root) else None
 
-    def rebuild(self, seq: int, segments: Iterable[Segment]) -> int:
-        """Make every table equal to ``segments`` (the tier alone); returns the tables committed."""
-        changes = self._diff(segments)
-        for topic, change in sorted(changes.items()):
-            self._commit(topic, (change, seq))
-        self._todo, self._base = [], seq
-        return len(changes)
+    def _segment_prefix(self, topic: str) -> str:
+        return f"topic={escape_topic(topic)}/{self.names.level}"
 
-    def _diff(self, segments: Iterable[Segment], listed: dict | None = None) -> dict[str, Change]:
-        by_topic: dict[str, dict[str, Segment]] = {}
-        for seg in segments:
-            by_topic.setdefault(seg.topic, {})[seg.name] = seg
-        listed = self._listed() if listed is None else listed
-        self._tables.update(listed)  # loaded once: _own_files and the commits below use these
-        for topic in listed:
-            by_topic.setdefault(topic, {})
-        changes = {}
-        for topic, wanted in by_topic.items():
-            change = _change(wanted, set(self._own_files(topic)) if topic in listed else set())
-            if change.add or change.remove:
-                changes[topic] = change
-        return changes
+    def _fresh_prefix(self, topic: str) -> str:
+        return f"{FRESH_PREFIX}{self.names.level}topic={escape_topic(topic)}/"
 
-    def _commit_once(self, topic: str, change_at: tuple[Change, int]) -> None:
-        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+    # ------------------------------------------------------------ stops and rebuilds
 
-        change, seq = change_at
-        table = self._table(topic)
-        # The table's files are read only when some go: a seal's segments are new names (a sync
-        # after a crash diffs first), and reading every manifest per commit was most of its cost.
-        have = self._own_files(topic) if change.remove else {}
-        add = [self._uri(n) for n in sorted(change.add) if n not in have]
-        remove = [have[n] for n in sorted(change.remove) if n in have]
-        summary = {"tierlog.broker": self.broker}
-        if seq is not None:
-            summary["tierlog.tier-seq"] = str(seq)
-        with table.transaction() as tx:
-            if remove:
-                with tx.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
-                    for data_file in remove:
-                        overwrite.delete_data_file(data_file)
-                    for uri in add:
-                        overwrite.append_data_file(parquet_file_to_data_file(table.io, tx.table_metadata, uri))
-            elif add:
-                tx.add_files(add, snapshot_properties=summary, check_duplicate_files=False)
-            if seq is not None:
-                tx.set_properties({SEQ + self.broker: str(seq)})
-            elif SEQ + self.broker in table.properties:  # a part of a backlog: in step with no record yet
-                tx.remove_properties(SEQ + self.broker)
-            crash_point("table_committing")
-        crash_point("table_committed")  # the transaction has brought ``table`` to the new metadata
-        self._expire_snapshots(topic)
-        if add or remove:
-            log.info("table %s: %d segments added, %d removed (tier record %d)", self._name(topic),
-                     len(add), len(remove), seq)
+    def _table_names(self) -> set[str]:
+        return {ident[-1] for ident in self.catalog.list_tables(self.settings.namespace)}
 
-    def _expire_snapshots(self, topic: str) -> None:
-        """Keep the newest ``snapshots_kept`` snapshots, expiring in steps, so not at every commit."""
-        table, keep = self._tables[topic], self.settings.snapshots_kept
-        snapshots = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms)
-        if len(snapshots) < keep + max(10, keep // 5):
-            return
-        current = table.current_snapshot().snapshot_id
-        self._expire(topic, [s for s in snapshots[:-keep] if s.snapshot_id != current])
+    def rebuild(self, view: TierView) -> int:
+        """Make every table hold exactly the tier's committed rows (``tierlog table rebuild``):
+        reconciled from the table and the tier alone, then committed until nothing is left to do.
+        Returns the tables committed."""
+        self._last = view
+        self._start(view)
+        while self._todo:
+            name, topic = self._todo.pop(0)
+            if topic is None:
+                topic = self._topic_of(name)
+                if topic is None or topic in view.topics():
+                    continue
+            self._reconcile_topic(topic, view)
+        committed = set()
+        for _ in range(1000):
+            due = self._due(view, hold=False)
+            if not due:
+                break
+            self._commit_round(view, due)
+            committed |= {t for t, _ in due}
+        return len(committed)
 
-    def info(self, tier_seq: int | None = None, segments: Iterable[Segment] | None = None) -> list[dict]:
-        """One row per message table: what ``tierlog table info`` prints.  With ``segments`` (the
-        tier's committed ones), ``lag_segments`` counts what the table has yet to add or remove."""
-        listed = self._listed()
-        changes = self._diff(segments, listed) if segments is not None else {}
+    def info(self, view: TierView | None = None) -> list[dict]:
+        """One row per message table: what ``tierlog table info`` prints.  With ``view`` (the tier's
+        committed state), ``lag_messages`` and ``lag_s``: the committed messages the table does not
+        hold yet, and how long the oldest of them has waited."""
         rows = []
-        for topic, table in sorted(listed.items()):
+        now_ms = int(time.time() * 1000)
+        for topic, table in sorted(self._listed().items()):
             snapshot = table.current_snapshot()
             seq = table.properties.get(SEQ + self.broker)
-            change = changes.get(topic, Change({}, set()))
-            rows.append({"table": ".".join(self._identifier(topic)), "kind": self.kind, "topic": topic,
-                         "metadata_location": table.metadata_location,
-                         "snapshot_id": snapshot.snapshot_id if snapshot else None,
-                         "tier_seq": int(seq) if seq is not None else None, "tier_head_seq": tier_seq,
-                         "lag_segments": len(change.add) + len(change.remove) if segments is not None else None})
+            row = {"table": ".".join(self._identifier(topic)), "kind": self.kind, "topic": topic,
+                   "metadata_location": table.metadata_location,
+                   "snapshot_id": snapshot.snapshot_id if snapshot else None,
+                   "tier_seq": int(seq) if seq is not None else None,
+                   "tier_head_seq": None if view is None else view.seq}
+            if view is not None:
+                cover = dict(map(tuple, json.loads(table.properties.get(COVER + self.broker, "[]"))))
+                behind = {q: (max(cover.get(q, 0), now.low), now.commit) for q, now in view.queues_of(topic).items()
+                          if now.commit > max(cover.get(q, 0), now.low)}
+                oldest = oldest_ms(view, topic, behind)
+                row.update(lag_messages=sum(b - a for a, b in behind.values()),
+                           lag_s=round(max(0, now_ms - oldest) / 1000, 1) if oldest is not None else 0.0)
+            rows.append(row)
         return rows
 
     # ------------------------------------------------------------ tables
@@ -280,46 +636,84 @@ class MessageTables(TopicTables):
     def _name_template(self) -> str:
         return self.settings.name
 
-    def _own_files(self, topic: str) -> dict[str, object]:
-        """This broker's data files in the table's current snapshot, by tier object name."""
-        return self._files(topic, f"topic={escape_topic(topic)}/{self.names.level}")
-
     def _schema_and_spec(self):
         return _schema_and_spec()
 
+    def _segment_spec(self, table) -> int:
+        return _spec_with(table, ("broker", "queue_id"))
 
-def _change(wanted: dict[str, Segment], have: set[str]) -> Change:
-    """What a table holding ``have`` must gain and lose to hold exactly ``wanted``."""
-    return Change({n: s for n, s in wanted.items() if n not in have}, have - set(wanted))
+    def _fresh_spec(self, table) -> int:
+        return _spec_with(table, ("broker",))
+
+    def _prepare(self, table):
+        """A table without the fresh files' spec (made before there were fresh files, or just made)
+        gains it, as its default: the segments keep theirs."""
+        if _find_spec(table, ("broker",)) is None:
+            with table.update_spec() as update:
+                update.remove_field("queue_id")
+            table = self.catalog.load_table(self._identifier(table.properties[TOPIC]))
+        return table
 
 
-def _tail_covers(tail: list[dict], after: int, seq: int) -> bool:
-    """Whether ``tail`` holds every record in ``(after, seq]``: nothing was folded away unseen."""
+def _spec_with(table, fields: tuple[str, ...]) -> int:
+    found = _find_spec(table, fields)
+    if found is None:
+        raise RuntimeError(f"table {table.name()} has no partition spec of {fields}")  # _prepare adds it
+    return found
+
+
+def _find_spec(table, fields: tuple[str, ...]) -> int | None:
+    for spec_id, spec in sorted(table.specs().items()):
+        if tuple(f.name for f in spec.fields) == fields:
+            return spec_id
+    return None
+
+
+def _tail_covers(records: list[dict], after: int, seq: int) -> bool:
+    """Whether ``records`` hold every record in ``(after, seq]``: nothing was folded away unseen."""
     if seq <= after:
         return True
-    return bool(tail) and tail[0]["seq"] <= after + 1 and tail[-1]["seq"] >= seq
+    return bool(records) and records[0]["seq"] <= after + 1 and records[-1]["seq"] >= seq
 
 
-def _changes_in(tail: list[dict], after: int) -> dict[str, Change]:
-    changes: dict[str, Change] = {}
-    for record in tail:
-        if record["seq"] <= after or record["type"] not in ("seal", "expire"):
-            continue
-        for raw in record["segments"]:
-            seg = Segment.from_json(raw)
-            change = changes.setdefault(seg.topic, Change({}, set()))
-            if record["type"] == "seal":
-                change.add[seg.name] = seg
-                change.remove.discard(seg.name)
-            else:
-                change.add.pop(seg.name, None)
-                change.remove.add(seg.name)
-    return changes
+
+
+def _segment_rows(backend, seg: Segment, first: int, stop: int) -> pa.Table:
+    """The rows ``[first, stop)`` of a sealed segment."""
+    first, stop = max(first, seg.base), min(stop, seg.end + 1)
+    if seg.dense:
+        return layout.read_segment_slice(backend, seg.name, first - seg.base, stop - seg.base, size=seg.size)
+    import pyarrow.compute as pc
+
+    table = layout.from_parquet(backend.read_whole(seg.name))
+    offsets = table["queue_offset"]
+    return table.filter(pc.and_(pc.greater_equal(offsets, first), pc.less(offsets, stop)))
+
+
+def _parts(view: TierView) -> dict[QueueKey, list[tuple[int, int, int]]]:
+    """Per queue, its parts in the live staging objects, oldest first: (last offset, bytes, commit ms)."""
+    parts: dict[QueueKey, list[tuple[int, int, int]]] = {}
+    for obj in view.staging:
+        for key, st in obj.queues.items():
+            parts.setdefault(key, []).append((st["last"], st.get("bytes", 0), obj.time_ms))
+    return parts
+
+
+def oldest_ms(view: TierView, topic: str, behind: dict[int, tuple[int, int]],
+              parts: dict | None = None) -> int | None:
+    """When the oldest committed row a table lacks was committed (the time of the staging object
+    holding it), of the rows ``behind`` (queue -> [first, end)); None when none waits in staging."""
+    parts = _parts(view) if parts is None else parts
+    times = [next((ms for last, _b, ms in parts.get((topic, q), ()) if last >= first), None)
+             for q, (first, _end) in behind.items()]
+    times = [ms for ms in times if ms is not None]
+    return min(times) if times else None
 
 
 def _schema_and_spec():
-    """The message row as an Iceberg schema, partitioned by broker and queue: each segment is one
-    queue of one broker, so ``add_files`` finds each partition value in the file's statistics."""
+    """The message row as an Iceberg schema, and the segments' spec, by broker and queue: each
+    segment is one queue of one broker, so each partition value is in its statistics.  The fresh
+    files' spec (broker alone: a fresh file holds several queues) is added beside it (``_prepare``)."""
     from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
     from pyiceberg.partitioning import PartitionField, PartitionSpec
     from pyiceberg.schema import assign_fresh_schema_ids

@@ -284,11 +284,13 @@ def group_rows(table: pa.Table) -> int:
     return max(1, min(ROW_GROUP_ROWS, ROW_GROUP_BYTES * table.num_rows // body))
 
 
-def to_parquet(table: pa.Table) -> bytes:
-    """Serialize rows of the message schema, zstd, in row groups of ``group_rows``."""
+def to_parquet(table: pa.Table, metadata: dict[bytes, bytes] | None = None) -> bytes:
+    """Serialize rows of the message schema, zstd, in row groups of ``group_rows``; ``metadata``
+    goes into the footer's key-value metadata."""
     sink = io.BytesIO()
+    table = table.cast(MESSAGE_SCHEMA)
     pq.write_table(
-        table.cast(MESSAGE_SCHEMA),
+        table.replace_schema_metadata(metadata) if metadata else table,
         sink,
         compression=COMPRESSION,
         row_group_size=group_rows(table),

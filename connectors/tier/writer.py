@@ -10,8 +10,11 @@ query, a benchmark, a test.  The order of writes is the protocol, and the crash 
 2. **seal** queues due by size, count or age into segments and their key indexes, then a seal
    record that also retires the staging objects no queue needs any more;
 3. **expire** segments past retention with an expire record;
-4. **delete** retired objects once their grace has passed (readers may still be on them);
-5. **fold** the records since the last root into manifests now and then (``TierLog.fold``).
+4. keep the **tables** (``connectors.tables.MessageTables``) in step: each topic's committed rows,
+   fresh or sealed, in its Iceberg table within seconds;
+5. **delete** retired objects once their grace has passed (readers may still be on them) and the
+   tables no longer need them;
+6. **fold** the records since the last root into manifests now and then (``TierLog.fold``).
 
 Exactly once: the tier remembers the physical offset its last commit reached (``source_end``).
 Stagers drop rows below it, so a replayed batch commits nothing twice; a batch starting *above*
@@ -30,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -50,6 +53,9 @@ from connectors.tier.staging import Gap, StagedPart
 from connectors.tier.committed import CommittedTier
 
 log = logging.getLogger("tierlog.tier")
+
+if TYPE_CHECKING:
+    from connectors.tables.messages import TierView
 
 
 class SkippedMessagesError(TierlogError):
@@ -71,8 +77,8 @@ class TierIndex(Protocol):
     def held_from(self) -> int | None: ...
     def retention_holds(self) -> set[str]: ...
     def forget_deletes(self, names: list[str]) -> None: ...
-    def tables_stopped(self) -> dict | None: ...
-    def record_tables_stopped(self, where: dict | None) -> None: ...
+    def table_state(self, topic: str) -> dict | None: ...
+    def record_table_state(self, topic: str, state: dict) -> None: ...
 
 
 # A seal filters and gathers the rows of consecutive staging objects by queue this many bytes of
@@ -116,6 +122,9 @@ class TierWriter:
         self.settings = settings
         self.tables = tables  # connectors.tables.MessageTables: kept in step by maintain(), if set
         self.backend = backend or open_backend(settings.location, copies=settings.copies)
+        if tables is not None:
+            tables.states = index
+            tables._backend = tables._backend or self.backend
         self.log = TierLog(self.backend, settings.broker)
         self.index = index
         self.head = self.log.open_head()
@@ -124,7 +133,6 @@ class TierWriter:
         self._warned_holds: set[str] = set()  # topics whose retention waits on the KV view, said once each
         self._swept_at = float("-inf")  # when the current sweep began
         self.reconcile()
-        self._resume_tables()
 
     @property
     def source_end(self) -> int | None:
@@ -218,16 +226,21 @@ class TierWriter:
     # ------------------------------------------------------------ maintenance
 
     def maintain(self, now_ms: int | None = None) -> int:
-        """Seal due queues, expire old segments, delete retired objects, fold the log; returns the
-        segments sealed.  Each step is bounded (see the module's docstring)."""
+        """Seal due queues, expire old segments, keep the tables in step, delete retired objects,
+        fold the log; returns the segments sealed.  Each step is bounded (see the module's docstring)."""
         now_ms = now_ms or int(time.time() * 1000)
-        return self.finish_maintenance(self.build_seal(self.plan_seal(now_ms)), now_ms)
+        seals = self.finish_seal(self.build_seal(self.plan_seal(now_ms)), now_ms)
+        self.sync_tables(self.table_view())
+        self.finish_maintenance(now_ms)
+        return seals
 
-    # A maintenance in three calls, so that a caller with a lock around the writer can let commits
-    # go on while a seal reads its staging objects and writes its segments (``build_seal`` touches
-    # nothing of the writer's state): on a quiet broker every queue seals by age at once, reading
-    # hundreds of staging objects, and the batches of those seconds waited for it (docs/benchmarks.md,
-    # "the seals of a quiet broker").
+    # A maintenance in five calls, so that a caller with a lock around the writer can let commits go
+    # on while a seal reads its staging objects and writes its segments (``build_seal``) and while the
+    # tables read rows and commit (``sync_tables``), neither of which touches the writer's state: on a
+    # quiet broker every queue seals by age at once, reading hundreds of staging objects, and the
+    # batches of those seconds waited for it (docs/benchmarks.md, "the seals of a quiet broker").
+    # The caller holds its lock for ``plan_seal``, ``finish_seal`` with ``table_view``, and
+    # ``finish_maintenance``.
 
     def plan_seal(self, now_ms: int) -> "SealPlan":
         """What a maintenance at ``now_ms`` seals: the queues due, where each is sealed up to, and
@@ -261,57 +274,67 @@ class TierWriter:
         built.segments.extend(seg for key, pieces in parts.items() if (seg := self._write_segment(key, pieces, built.uploads)))
         return built
 
-    def finish_maintenance(self, built: "BuiltSeal", now_ms: int) -> int:
-        """Commit a built seal, then expire, delete and fold as ``maintain`` does; returns the
-        segments sealed.  ``now_ms`` is this call's clock (a seal built for seconds retires its
-        staging objects now, not when it was planned)."""
+    def finish_seal(self, built: "BuiltSeal", now_ms: int) -> int:
+        """Commit a built seal, then expire; returns the segments sealed.  ``now_ms`` is this call's
+        clock (a seal built for seconds retires its staging objects now, not when it was planned)."""
         seals = self._commit_seal(built, now_ms)
-        due = built.plan.keys
-        self.expire(now_ms, due)
+        self.expire(now_ms, built.plan.keys)
+        return seals
+
+    def finish_maintenance(self, now_ms: int) -> None:
+        """Delete and fold, as ``maintain`` does after the tables' round."""
         self.delete_due(now_ms)
         if len(self.head.tail) >= self.settings.fold_every or self.head.tail_bytes >= self.settings.fold_bytes:
             self.fold(now_ms)
-        return seals
 
-    def delete_due(self, now_ms: int) -> None:
-        """``delete_retired``, once the tables no longer list what it would delete (an expired
-        segment's object goes only once no table lists it)."""
-        if self._tables_in_step():
-            self.delete_retired(now_ms)
-
-    def settle_tables(self, seconds: float = 30.0) -> None:
-        """On a clean stop: let a reconciliation of the tables (a bounded part per maintenance
-        otherwise) go on to its end, for at most ``seconds``, so a run that stops caught up leaves
-        them in step, and record that, so the next process need not reconcile them.  A catalog
-        that fails ends it at once, as in maintain()."""
-        deadline = time.monotonic() + seconds
-        while self.tables is not None and self.tables.reconciling and time.monotonic() < deadline:
-            self._tables_in_step()
-        if self.tables is not None and self.tables.synced_seq == self.head.seq:
-            try:
-                self.index.record_tables_stopped(self.tables.stopped())
-            except Exception as exc:  # a catalog that is away: the next process reconciles
-                log.warning("the Iceberg tables' place at this stop could not be read (%s: %s)", type(exc).__name__, exc)
-
-    def _resume_tables(self) -> None:
-        """Take back where the last clean stop left the tables: only the process that stopped
-        cleanly, with no other opening the tier since, may trust it (this one will change them)."""
-        stopped = self.index.tables_stopped()
-        if stopped is None:
-            return
-        self.index.record_tables_stopped(None)
-        if self.tables is not None:
-            self.tables.resume(stopped)
-
-    def _tables_in_step(self) -> bool:
+    def table_view(self) -> "TierView | None":
+        """What the tables' next round sees of the tier now (None without tables): taken under the
+        caller's lock, read by ``sync_tables`` without it."""
         if self.tables is None:
+            return None
+        from connectors.tables.fresh import QueueNow
+        from connectors.tables.messages import TierView
+
+        head = self.head
+        return TierView(head.seq, time.time(), {k: QueueNow(s.commit, s.sealed, s.low) for k, s in head.queues.items()},
+                        sorted(head.staging.values(), key=lambda o: o.first_phy), list(head.tail),
+                        self.index.oldest_segments)
+
+    def sync_tables(self, view: "TierView | None", hold: bool = True) -> bool:
+        """One round of the tables at ``view``; whether they hold every row it has.  A catalog that
+        fails is logged and waited out: tiering goes on, and deletes wait for the tables."""
+        if view is None:
             return True
         try:
-            return self.tables.sync(self.head.seq, self.head.tail, self._topics, self._topic_segments)
+            return self.tables.sync(view, hold=hold)
         except Exception as exc:  # a catalog that is away must not stop tiering
             log.warning("the Iceberg tables are behind tier record %d (%s: %s); the tier goes on and deletes "
-                        "wait until the tables catch up", self.head.seq, type(exc).__name__, exc)
+                        "wait until the tables catch up", view.seq, type(exc).__name__, exc)
             return False
+
+    def delete_due(self, now_ms: int) -> None:
+        """``delete_retired``, of what was retired before the tables last held every row (an
+        expired segment's object goes only once no table lists it, a staging object only once the
+        tables hold its rows)."""
+        if self.tables is None:
+            self.delete_retired(now_ms)
+        elif self.tables.synced_at is not None:
+            self.delete_retired(now_ms, before=self.tables.synced_at)
+
+    def settle_tables(self, seconds: float = 30.0) -> None:
+        """On a clean stop: rounds of the tables without holding anything back, a reconciliation
+        included, until they hold every committed row (for at most ``seconds``), so a run that stops
+        caught up leaves them so.  A catalog that fails ends it at once."""
+        if self.tables is None:
+            return
+        deadline, behind = time.monotonic() + seconds, None
+        while time.monotonic() < deadline:
+            if self.sync_tables(self.table_view(), hold=False):
+                return
+            now = sum(n for n, _s in self.tables.lag().values())
+            if not self.tables.reconciling and behind is not None and now >= behind:
+                return  # no progress: a catalog that fails, and the next process takes it up
+            behind = now
 
     def _segments(self) -> Iterator[Segment]:
         for key in sorted(self.head.queues):
@@ -400,8 +423,12 @@ class TierWriter:
                 if key[0] in holds:
                     self._held_by_view(key[0])
                     continue
-                expired.extend(retention.expired(key[0], self.head.queues[key], self.index.oldest_segments(*key),
-                                                 now_ms))
+                # A segment whose rows a table's fresh file still holds stays until the file goes (at
+                # most about tier.segment_age_s): no table ever lists a row retention dropped.
+                table_holds = self.tables.holds(*key) if self.tables is not None else None
+                expired.extend(s for s in retention.expired(key[0], self.head.queues[key],
+                                                            self.index.oldest_segments(*key), now_ms)
+                               if table_holds is None or s.end < table_holds)
         if not expired:
             return
         record = expire_record([seg.to_json() for seg in expired])
@@ -418,13 +445,16 @@ class TierWriter:
                         "values of it in the tier, and takes them into itself when `tierlog run` next starts; then "
                         "the retention applies", topic)
 
-    def delete_retired(self, now_ms: int) -> None:
+    def delete_retired(self, now_ms: int, before: float | None = None) -> None:
         """Delete objects retired more than ``delete_grace_s`` ago (readers still on them had time),
-        at most ``delete_batch`` of them.  A staging object a consumer of the tier has yet to read
-        (at or above ``index.held_from()``) waits until it has."""
+        at most ``delete_batch`` of them; with ``before``, only those retired before it.  A staging
+        object a consumer of the tier has yet to read (at or above ``index.held_from()``) waits until
+        it has."""
         due, held = [], self.index.held_from()
         for name, when in self.index.pending_deletes().items():
             if held is not None and self._staged_from(name) >= held:
+                continue
+            if before is not None and when > before:
                 continue
             if now_ms / 1000 - when >= self.settings.delete_grace_s:
                 due.append(name)

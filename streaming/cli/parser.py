@@ -161,8 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "table", parents=[common, tier, printing], help="the Iceberg tables of the tier: info, rebuild",
         description="info: one row per table ([tables], on by default). A messages table (one per topic) "
-        "holds the tier's committed sealed segments; its row gives the tier commit record it reflects for this "
-        "broker (tier_seq), the tier's last (tier_head_seq) and how many segments it has yet to add or remove (lag_segments). A latest "
+        "holds every message the tier committed (its sealed segments and fresh files of the rest), within "
+        "seconds; its row gives the tier commit record it reflects for this broker (tier_seq), the tier's last "
+        "(tier_head_seq), and the committed messages it lacks (lag_messages) and how long the oldest has "
+        "waited (lag_s). A latest "
         "table (one per topic) holds the newest compacted snapshot of every key; its row gives the physical "
         "offset that snapshot reflects (through_phy). Each row names the metadata file any engine can read "
         "with no catalog (DuckDB's iceberg_scan). rebuild: make each table equal to the tier alone (after a "

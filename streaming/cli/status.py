@@ -20,7 +20,7 @@ log = logging.getLogger("tierlog")
 
 
 STATUS_COLUMNS = ["topic", "queue", "dispatch", "commit", "sealed", "low", "lag", "segments"]
-TABLE_COLUMNS = ["table", "kind", "tier_seq", "lag_segments", "through_phy"]
+TABLE_COLUMNS = ["table", "kind", "tier_seq", "lag_messages", "lag_s", "through_phy"]
 
 
 def queue_lag(settings: Settings, source_end: int | None, cap_bytes: int = 256 << 20) -> tuple[dict, int, bool]:

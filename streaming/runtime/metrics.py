@@ -39,6 +39,14 @@ class Metrics:
                                         ["kind"], buckets=_LATENCY_BUCKETS, registry=r)
         self.objects = Counter("tierlog_objects_written", "Objects written to the tier.", ["kind"], registry=r)
         self.seals = Counter("tierlog_seals", "Segments sealed.", registry=r)
+        self.table_lag_messages = Gauge("tierlog_table_lag_messages",
+                                        "Committed messages a topic's message table does not hold yet.", ["topic"],
+                                        registry=r)
+        self.table_lag_seconds = Gauge("tierlog_table_lag_seconds", "How long the oldest committed message a topic's "
+                                       "message table does not hold yet has waited.", ["topic"], registry=r)
+        self.table_commits = Counter("tierlog_table_commits", "Commits to the message tables.", registry=r)
+        self.table_files = Counter("tierlog_table_fresh_files", "Fresh files written for the message tables.",
+                                   registry=r)
         self.late_starts = Counter("tierlog_query_late_starts",
                                    "Starts of a query that failed because Spark's Python worker connected back late "
                                    "(a busy host); each is started again after a backoff.", ["query"], registry=r)

@@ -133,6 +133,7 @@ class TieringHandler:
             if settings.stage_processes else None
         self._maintenance = ThreadPoolExecutor(1, thread_name_prefix="tier-maintain", initializer=name_native)
         self._maintained: Future | None = None  # the last batch's maintenance: (seals, seconds)
+        self._idle_seals = 0  # seals of maintenances run between batches (``tick``), for the next report
         self.expect = expect  # begin -> (end, splits) of the batch the stream is expected to run from there
 
     def start_behind(self, begin: int, end: int) -> None:
@@ -229,18 +230,43 @@ class TieringHandler:
             plan = self.writer.plan_seal(now_ms)
         built = self.writer.build_seal(plan)  # commits go on meanwhile
         with self.writer_lock:  # its own clock: the seal retires its staging objects now, not when planned
-            seals = self.writer.finish_maintenance(built, int(time.time() * 1000))
+            seals = self.writer.finish_seal(built, int(time.time() * 1000))
+            view = self.writer.table_view()
+        self.writer.sync_tables(view)  # commits go on meanwhile
+        with self.writer_lock:
+            self.writer.finish_maintenance(int(time.time() * 1000))
         return seals, round(time.monotonic() - started, 3)
+
+    def tick(self) -> None:
+        """Between batches (the runner's clock): a maintenance when none runs, so that a broker that
+        went quiet still seals by age and its tables still take the rows they held back to fill a
+        commit.  Never waits: a batch in hand, or a maintenance running, is left alone."""
+        if not self.lock.acquire(blocking=False):
+            return
+        try:
+            done = self._maintained
+            if done is not None and not done.done():
+                return
+            if done is not None:
+                if done.exception() is not None:
+                    return  # the next batch raises it, as it would have
+                seals, seconds = done.result()
+                self._idle_seals += seals
+            self._maintained = self._maintenance.submit(self._maintain)
+        finally:
+            self.lock.release()
 
     def _maintenance_taken(self) -> tuple[int, float]:
         """The last maintenance's seals and seconds once it has finished, (0, 0.0) while it runs
         (the caller holds the writer lock, which the maintenance may be waiting for: never wait on
         it here)."""
         done = self._maintained
+        seals, self._idle_seals = self._idle_seals, 0  # those of maintenances the clock ran between batches
         if done is None or not done.done():
-            return 0, 0.0
+            return seals, 0.0
         self._maintained = None
-        return done.result()
+        more, seconds = done.result()
+        return seals + more, seconds
 
     def _maintenance_finished(self) -> None:
         """Wait for the maintenance that runs, without the writer lock (its last step takes it)."""
@@ -260,8 +286,8 @@ class TieringHandler:
         last maintenance retired was still held by them then)."""
         with self.lock:
             self._maintenance_finished()
+            self.writer.settle_tables()  # no commit runs now: the stream has stopped
             with self.writer_lock:
-                self.writer.settle_tables()
                 now_ms = int(time.time() * 1000)
                 self.writer.fold(now_ms)
                 try:

@@ -41,6 +41,8 @@ class TieringQuery(StreamedQuery):
         self.batches = self.rows = self.bytes = 0
         self._log_reader: CommitLogReader | None = None  # kept open: it remembers the frontier
         self._source_options: SourceOptions | None = None
+        self._table_counts = (0, 0)  # the message tables' commits and fresh files, as last counted
+        self._tables_logged = (0, 0)  # the same, as the last batch line gave them
 
     def start(self, committed_end: int | None) -> None:
         """Start staging the first batch when tiering resumes behind (``TieringHandler.start_behind``):
@@ -82,6 +84,21 @@ class TieringQuery(StreamedQuery):
         if self._log_reader is not None:
             self._log_reader.close()
 
+    def tick(self) -> None:
+        self.handler.tick()
+
+    def poll_metrics(self) -> None:
+        tables = self.handler.writer.tables
+        if tables is None:
+            return
+        m = self.ctx.metrics
+        for topic, (messages, seconds) in tables.lag().items():
+            m.table_lag_messages.labels(topic).set(messages)
+            m.table_lag_seconds.labels(topic).set(seconds)
+        m.table_commits.inc(tables.commits - self._table_counts[0])
+        m.table_files.inc(tables.files_written - self._table_counts[1])
+        self._table_counts = (tables.commits, tables.files_written)
+
     def report(self, report: BatchReport) -> None:
         frontier = self._frontier(report.source_end)
         lag_bytes = max(0, frontier - (report.source_end or 0)) if report.source_end is not None else 0
@@ -102,6 +119,11 @@ class TieringQuery(StreamedQuery):
             line["staged_by"] = report.staged_by
         if report.replay:
             line["replay"] = True
+        tables = self.handler.writer.tables
+        if tables is not None:  # since the last line: the message tables' commits and fresh files
+            done = (tables.commits, tables.files_written)
+            line["tables"] = {"commits": done[0] - self._tables_logged[0], "files": done[1] - self._tables_logged[1]}
+            self._tables_logged = done
         log.info("batch %s", json.dumps(line))
         m = self.ctx.metrics
         m.batch_seconds.labels(self.name).observe(report.seconds)
