@@ -617,15 +617,28 @@ class KVView:
         wb.delete(_UNSENT)
         self._write(wb)
 
-    def entries(self, times: dict[str, int] | None = None, bodies: bool = True) -> Iterator[tuple[str, Entry | None]]:
-        """Every key of every topic in (topic, key) order: ``(topic, entry)``, entry None for a tombstone.
+    def entries(self, times: dict[str, int] | None = None, bodies: bool = True,
+                topics: set[str] | None = None) -> Iterator[tuple[str, Entry | None]]:
+        """Every key of every topic (of ``topics``, if given) in (topic, key) order: ``(topic,
+        entry)``, entry None for a tombstone.
 
         ``times``, when given, takes each topic's newest store time (ms) of any key, a tombstone's
         included, as the walk passes it: the moment a snapshot of these entries stands as of.
         Without ``bodies``, a value kept in the tier has body None (``connectors.tier.snapshots``
         reads it from the previous snapshot where it can)."""
+        def keys():
+            if topics is None:
+                yield from self.db.items(from_key=_DATA_START)
+                return
+            for topic in sorted(topics):
+                start = _dbkey(topic, "").encode()
+                for raw_key, raw in self.db.items(from_key=start):
+                    if not raw_key.startswith(start):
+                        break
+                    yield raw_key, raw
+
         def walk():
-            for raw_key, raw in self.db.items(from_key=_DATA_START):
+            for raw_key, raw in keys():
                 dbkey = raw_key.decode()
                 topic = dbkey.partition(SEP)[0]
                 entry = _decode(dbkey, raw)

@@ -52,7 +52,7 @@ class CompactionSettings:
     reader: ReaderOptions  # its broker names the snapshots too: each broker's tierlog keeps its own keys
     tier_location: str
     ttl: dict[str, float] | None = None  # topic -> seconds; "*" for every other topic
-    snapshot_interval_s: float = 600.0  # 0: only on demand
+    snapshot_interval_s: float = 30.0  # 0: only on demand
     snapshot_keep: int = 2
     topics: object = None  # the TopicFilter of [topics] compaction; None takes every topic
     tables: object = None  # TableSettings: each snapshot is committed to the latest-per-key tables; None: off
@@ -151,6 +151,9 @@ class KVWriter:
         self.references = settings.references if messages is not None else ReferencePolicy()
         self._last_snapshot = self._last_snapshot_time()
         self._tables = None  # LatestTables, opened at the first snapshot (pyiceberg loads only then)
+        # Topics whose keys changed since their last snapshot, and when they first did: only they are
+        # written again.  None: not known (a new process), so the next snapshot writes every topic.
+        self._changed: dict[str, float] | None = None
 
     def catch_up(self, committed: int | None) -> int:
         """Replay what the query committed (through ``committed``, where its last committed batch
@@ -260,6 +263,8 @@ class KVWriter:
         referenced = table["referenced"].to_numpy(zero_copy_only=False) if "referenced" in table.column_names else None
         applied = self.kv.apply_table(table, applied_through=end, referenced=referenced)
         crash_point("kv_applied")
+        if self._changed is not None and table.num_rows:
+            self._touched(pc.unique(table.column("topic")).to_pylist())
         expired = self.expire()
         self._record_sink(KV, end)
         if self.changelog is not None:
@@ -289,6 +294,8 @@ class KVWriter:
         expired = self.kv.expire(int(time.time() * 1000), before_write=tombstones)
         if expired:
             log.info("expired %d key(s) past their time to live", len(expired))
+            if self._changed is not None:
+                self._touched({c.topic for c in expired})
         return expired
 
     def close(self) -> None:
@@ -313,15 +320,32 @@ class KVWriter:
             self.kv.put_meta("snapshot_clock", json.dumps({"at": now}))
         return now
 
+    def _touched(self, topics) -> None:
+        now = time.time()
+        for topic in topics:
+            self._changed.setdefault(topic, now)
+
     def _maybe_snapshot(self, through_phy: int) -> int | None:
+        """A snapshot of the topics whose keys changed since their last one, once the interval is up:
+        none when nothing changed (a quiet topic's newest snapshot still stands as of now).  With the
+        latest-per-key tables on, each topic's snapshot is a table commit, so a round takes at most
+        half the tables' request budget's share of the interval (``tables.commits_per_minute``), the
+        topics that changed first first; the others wait for the next."""
         interval = self.settings.snapshot_interval_s
-        if interval <= 0 or time.time() - self._last_snapshot < interval:
+        if interval <= 0 or time.time() - self._last_snapshot < interval or self._changed == {}:
             return None
         if self.settings.tables is not None and self._tables is None:
             self._tables = open_latest_tables(self.settings.tables, self.settings.tier_location,
                                               self.settings.reader.broker)
+        topics = None
+        if self._changed is not None:
+            by_age = sorted(self._changed, key=lambda t: (self._changed[t], t))
+            if self.settings.tables is not None:
+                by_age = by_age[:max(1, int(self.settings.tables.commits_per_minute * interval / 120))]
+            topics = set(by_age)
         rows = write_snapshot(self.kv, self.settings.tier_location, self.settings.reader.broker, through_phy,
-                              self.settings.snapshot_keep, self._tables)
+                              self.settings.snapshot_keep, self._tables, topics=topics)
+        self._changed = {} if topics is None else {t: at for t, at in self._changed.items() if t not in topics}
         self._last_snapshot = time.time()
         return rows
 
@@ -347,9 +371,9 @@ def open_latest_tables(settings, tier_location: str, broker: str):
 
 
 def write_snapshot(kv: KVView, tier_location: str, broker: str, through_phy: int | None = None, keep: int = 2,
-                   tables=None) -> int:
-    """Write every topic's live keys from ``kv`` (``broker``'s) to the tier, and commit them to
-    ``tables`` (``LatestTables``) if given; returns the rows written."""
+                   tables=None, topics: set[str] | None = None) -> int:
+    """Write every topic's live keys from ``kv`` (``broker``'s; of ``topics`` only, if given) to the
+    tier, and commit them to ``tables`` (``LatestTables``) if given; returns the rows written."""
     through = kv.applied_through() if through_phy is None else through_phy
     if through is None:
         raise TierlogError("the KV view has applied nothing yet: there is nothing to snapshot")
@@ -358,7 +382,7 @@ def write_snapshot(kv: KVView, tier_location: str, broker: str, through_phy: int
     try:
         times: dict[str, int] = {}
         written = snapshots.write_snapshots(
-            backend, broker, kv.entries(times, bodies=False), through, keep=keep,
+            backend, broker, kv.entries(times, bodies=False, topics=topics), through, keep=keep,
             on_topic=lambda topic, n: _snapshotted(topic, n, through), tables=tables, times=times,
             values=kv.values_of,
         )
