@@ -190,3 +190,61 @@ def test_no_batch_is_applied_past_one_that_failed(tmp_path):
     assert [r.batch_id for r in reports] == [0, 1]
     assert kv.applied_through() == batches[1]["end"]
     kv.close()
+
+
+def test_a_snapshot_round_writes_the_topics_that_changed_and_the_budget_defers_the_rest(tmp_path):
+    """The first round of a process writes every topic; then a round writes only the topics whose keys
+    changed since their last snapshot (none: no round at all), and with the tables on, at most its
+    share of the request budget, the topic that changed first first; the one deferred goes next."""
+    import time
+
+    import pyarrow as pa
+
+    from connectors.commitlog.reader import ReaderOptions
+    from connectors.tables.catalog import default_settings
+    from connectors.tier import snapshots
+    from connectors.tier.location import open_backend
+    from state.kv_writer import CompactionSettings, KVWriter
+
+    conf = make_conf(tmp_path, str(tmp_path / "tier"))
+    os.makedirs(conf.commitlog.dir)
+    append(conf, kv_messages(600, keys=60, seed=5, topics=3, delete_ratio=0))
+    [batch] = batches_from_ledger(conf.commitlog.dir, 1)
+    tier = str(tmp_path / "tier")
+    tables = default_settings(tier, str(tmp_path / "state"), commits_per_minute=60)
+    settings = CompactionSettings(ReaderOptions(conf.commitlog.dir), tier, snapshot_interval_s=1.0, tables=tables)
+    backend = open_backend(tier)
+
+    def written() -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for snap in snapshots.list_snapshots(backend, settings.reader.broker):
+            counts[snap.topic] = counts.get(snap.topic, 0) + 1
+        return counts
+
+    def only(*topics):
+        rows = [(t, k, p) for t, k, p in zip(batch["topics"], batch["keys"], batch["phys"]) if t in topics]
+        return pa.table({"topic": pa.array([r[0] for r in rows], pa.string()),
+                         "key": pa.array([r[1] for r in rows], pa.string()),
+                         "phy_offset": pa.array([r[2] for r in rows], pa.int64())})
+
+    # Each batch ends one byte further (a snapshot is named by its offset); the view takes what it is given.
+    with KVView(str(tmp_path / "kv")) as kv:
+        writer = KVWriter(settings, kv)
+        writer._last_snapshot = 0.0
+        writer.apply(0, only("t0", "t1", "t2"), batch["end"] + 0)
+        assert written() == {"t0": 1, "t1": 1, "t2": 1}  # a new process: every topic
+        writer._last_snapshot = 0.0
+        writer.apply(1, only(), batch["end"] + 1)
+        assert written() == {"t0": 1, "t1": 1, "t2": 1}  # nothing changed: no round
+        writer._last_snapshot = time.time()  # the interval not up while the next two change
+        writer.apply(2, only("t2"), batch["end"] + 2)
+        time.sleep(0.01)
+        writer.apply(3, only("t0"), batch["end"] + 3)
+        writer._last_snapshot = 0.0  # the budget's share of a 1 s interval: one topic a round
+        writer.apply(4, only(), batch["end"] + 4)
+        assert written() == {"t0": 1, "t1": 1, "t2": 2}  # t2 changed first
+        writer._last_snapshot = 0.0
+        writer.apply(5, only(), batch["end"] + 5)
+        assert written() == {"t0": 2, "t1": 1, "t2": 2}
+        writer.close()
+    backend.close()
