@@ -152,8 +152,8 @@ class KVWriter:
         self._last_snapshot = self._last_snapshot_time()
         self._tables = None  # LatestTables, opened at the first snapshot (pyiceberg loads only then)
         # Topics whose keys changed since their last snapshot, and when they first did: only they are
-        # written again.  None: not known (a new process), so the next snapshot writes every topic.
-        self._changed: dict[str, float] | None = None
+        # written again.  None: every topic (``_changed_before``).
+        self._changed: dict[str, float] | None = self._changed_before()
 
     def catch_up(self, committed: int | None) -> int:
         """Replay what the query committed (through ``committed``, where its last committed batch
@@ -271,7 +271,7 @@ class KVWriter:
             self._record_sink(CHANGELOG, end)
             self.changelog.floor = end - 1
         t3 = time.monotonic()
-        snapshot_rows = self._maybe_snapshot(end)
+        snapshot_rows = self.maybe_snapshot(end)
         return CompactionReport(
             batch_id, changes.num_rows, applied, len(expired), end,
             collect_s + resolve_s + time.monotonic() - t1, snapshot_rows,
@@ -320,19 +320,51 @@ class KVWriter:
             self.kv.put_meta("snapshot_clock", json.dumps({"at": now}))
         return now
 
+    def _changed_before(self) -> dict[str, float] | None:
+        """What changed before this process: the topics the last snapshot round left for the next,
+        if the view applied nothing since it; else (or with no snapshot yet) every topic."""
+        raw = self.kv.meta("snapshot")
+        last = json.loads(raw) if raw else {}
+        applied = self.kv.applied_through()
+        if last.get("through_phy") is None or (applied is not None and applied > last["through_phy"]):
+            return None
+        return {topic: last["at"] for topic in last.get("deferred", ())}
+
     def _touched(self, topics) -> None:
         now = time.time()
         for topic in topics:
             self._changed.setdefault(topic, now)
 
-    def _maybe_snapshot(self, through_phy: int) -> int | None:
-        """A snapshot of the topics whose keys changed since their last one, once the interval is up:
-        none when nothing changed (a quiet topic's newest snapshot still stands as of now).  With the
-        latest-per-key tables on, each topic's snapshot is a table commit, so a round takes at most
-        half the tables' request budget's share of the interval (``tables.commits_per_minute``), the
-        topics that changed first first; the others wait for the next."""
+    def snapshot_due(self) -> bool:
+        """Whether the interval is up and a topic changed since its last snapshot (or this process
+        wrote none yet)."""
         interval = self.settings.snapshot_interval_s
-        if interval <= 0 or time.time() - self._last_snapshot < interval or self._changed == {}:
+        return interval > 0 and time.time() - self._last_snapshot >= interval and self._changed != {}
+
+    def maybe_snapshot(self, through_phy: int | None = None) -> int | None:
+        """A snapshot through ``through_phy`` (what the view applied, by default) of the topics whose
+        keys changed since their last one, once due: none when nothing changed (a quiet topic's
+        newest snapshot still stands as of now).  After each batch, and between batches (the last
+        changes before a quiet spell reach the tables too).  With the latest-per-key tables on, each
+        topic's snapshot is a table commit, so a round takes at most half the tables' request
+        budget's share of the interval (``tables.commits_per_minute``), the topics that changed
+        first first; the others wait for the next."""
+        if not self.snapshot_due():
+            return None
+        return self._snapshot(through_phy, self.settings.snapshot_interval_s)
+
+    def snapshot_changed(self) -> int | None:
+        """A snapshot of every topic that changed since its last one, now, whatever the interval and
+        the budget: at the end of ``tierlog run --until-caught-up``, so the latest-per-key tables
+        then hold what the view holds."""
+        if self.settings.snapshot_interval_s <= 0 or self._changed == {}:
+            return None
+        return self._snapshot(None, None)
+
+    def _snapshot(self, through_phy: int | None, interval: float | None) -> int | None:
+        """Write the changed topics' snapshots; ``interval``: the round's share of the budget, or None: no cap."""
+        through_phy = self.kv.applied_through() if through_phy is None else through_phy
+        if through_phy is None:
             return None
         if self.settings.tables is not None and self._tables is None:
             self._tables = open_latest_tables(self.settings.tables, self.settings.tier_location,
@@ -340,12 +372,13 @@ class KVWriter:
         topics = None
         if self._changed is not None:
             by_age = sorted(self._changed, key=lambda t: (self._changed[t], t))
-            if self.settings.tables is not None:
+            if self.settings.tables is not None and interval is not None:
                 by_age = by_age[:max(1, int(self.settings.tables.commits_per_minute * interval / 120))]
             topics = set(by_age)
+        left = {} if topics is None else {t: at for t, at in self._changed.items() if t not in topics}
         rows = write_snapshot(self.kv, self.settings.tier_location, self.settings.reader.broker, through_phy,
-                              self.settings.snapshot_keep, self._tables, topics=topics)
-        self._changed = {} if topics is None else {t: at for t, at in self._changed.items() if t not in topics}
+                              self.settings.snapshot_keep, self._tables, topics=topics, deferred=sorted(left))
+        self._changed = left
         self._last_snapshot = time.time()
         return rows
 
@@ -371,9 +404,11 @@ def open_latest_tables(settings, tier_location: str, broker: str):
 
 
 def write_snapshot(kv: KVView, tier_location: str, broker: str, through_phy: int | None = None, keep: int = 2,
-                   tables=None, topics: set[str] | None = None) -> int:
+                   tables=None, topics: set[str] | None = None, deferred: list[str] = ()) -> int:
     """Write every topic's live keys from ``kv`` (``broker``'s; of ``topics`` only, if given) to the
-    tier, and commit them to ``tables`` (``LatestTables``) if given; returns the rows written."""
+    tier, and commit them to ``tables`` (``LatestTables``) if given; returns the rows written.
+    ``deferred``: the changed topics this round leaves for the next, recorded with it for a new
+    process (``KVWriter._changed_before``)."""
     through = kv.applied_through() if through_phy is None else through_phy
     if through is None:
         raise TierlogError("the KV view has applied nothing yet: there is nothing to snapshot")
@@ -389,7 +424,7 @@ def write_snapshot(kv: KVView, tier_location: str, broker: str, through_phy: int
     finally:
         backend.close()
     if not kv.read_only:
-        kv.put_meta("snapshot", json.dumps({"at": time.time(), "through_phy": through}))
+        kv.put_meta("snapshot", json.dumps({"at": time.time(), "through_phy": through, "deferred": list(deferred)}))
     total = sum(written.values())
     log.info("compacted snapshot: %d topic(s), %d key(s) in %.1f s", len(written), total, time.monotonic() - t0)
     return total

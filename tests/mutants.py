@@ -324,6 +324,23 @@ MUTANTS = (
          "tests/test_tables.py::test_the_request_budget_bounds_commits_and_the_longest_waiting_table_goes_first"),
     ),
     Mutant(
+        "snapshot_rounds_write_every_topic",
+        "each compacted snapshot round writes every topic, changed or not, whatever the tables' request budget",
+        "state/kv_writer.py",
+        """            topics = set(by_age)""",
+        """            topics = None""",
+        ("tests/test_kv_writer.py::test_a_snapshot_round_writes_the_topics_that_changed_and_the_budget_defers_the_rest",),
+    ),
+    Mutant(
+        "snapshots_only_after_batches",
+        "a snapshot falls due only when a batch comes: the last changes before a quiet spell never reach the "
+        "latest-per-key tables",
+        "streaming/queries/compaction/handler.py",
+        """                self._pending.append(self._apply_thread.submit(self.writer.maybe_snapshot))""",
+        """                pass""",
+        ("tests/test_kv_writer.py::test_a_snapshot_falls_due_between_batches_and_takes_what_the_view_applied",),
+    ),
+    Mutant(
         "latest_table_keeps_snapshots_of_pruned_files",
         "the latest-per-key tables let go of an older compacted snapshot without expiring the table snapshots "
         "that list it, so time travel names a deleted file",

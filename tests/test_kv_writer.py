@@ -135,7 +135,7 @@ class FailingMessages:
         self.reader.close()
 
 
-def handler_batches(tmp_path, fail_batch: int | None = None):
+def handler_batches(tmp_path, fail_batch: int | None = None, snapshot_interval_s: float = 0):
     """A commitlog, its batches from the ledger, and a compaction handler on a new view whose
     messages fail for ``fail_batch``."""
     import pyarrow as pa
@@ -152,7 +152,7 @@ def handler_batches(tmp_path, fail_batch: int | None = None):
     kv = KVView(str(tmp_path / "kv"))
     reports, released = [], []
     handler = CompactionHandler(CompactionSettings(ReaderOptions(conf.commitlog.dir), str(tmp_path / "tier"),
-                                                   snapshot_interval_s=0),
+                                                   snapshot_interval_s=snapshot_interval_s),
                                 kv, on_batch=reports.append, messages=messages, on_applied=released.append)
     stand_ins = []  # what Spark hands the handler: a DataFrame of the changed keys, the batch's range
     for i, b in enumerate(batches):
@@ -193,9 +193,10 @@ def test_no_batch_is_applied_past_one_that_failed(tmp_path):
 
 
 def test_a_snapshot_round_writes_the_topics_that_changed_and_the_budget_defers_the_rest(tmp_path):
-    """The first round of a process writes every topic; then a round writes only the topics whose keys
-    changed since their last snapshot (none: no round at all), and with the tables on, at most its
-    share of the request budget, the topic that changed first first; the one deferred goes next."""
+    """The first round on a new view writes every topic; then a round writes only the topics whose
+    keys changed since their last snapshot (none: no round at all), and with the tables on, at most
+    its share of the request budget, the topic that changed first first; the one deferred goes
+    next, in this process or, after a stop, in the next."""
     import time
 
     import pyarrow as pa
@@ -243,8 +244,40 @@ def test_a_snapshot_round_writes_the_topics_that_changed_and_the_budget_defers_t
         writer._last_snapshot = 0.0  # the budget's share of a 1 s interval: one topic a round
         writer.apply(4, only(), batch["end"] + 4)
         assert written() == {"t0": 1, "t1": 1, "t2": 2}  # t2 changed first
-        writer._last_snapshot = 0.0
-        writer.apply(5, only(), batch["end"] + 5)
-        assert written() == {"t0": 2, "t1": 1, "t2": 2}
         writer.close()
+        writer = KVWriter(settings, kv)  # a new process: the round before left t0 for the next
+        writer._last_snapshot = 0.0
+        assert writer.maybe_snapshot() is not None
+        assert written() == {"t0": 2, "t1": 1, "t2": 2}
+        writer._last_snapshot = 0.0
+        assert writer.maybe_snapshot() is None and not writer.snapshot_due()  # nothing changed since
+        writer.close()
+    backend.close()
+
+
+def test_a_snapshot_falls_due_between_batches_and_takes_what_the_view_applied(tmp_path):
+    """The last changes before a quiet spell reach the snapshots (and the latest-per-key tables)
+    with no batch to carry them: a tick writes the snapshot that fell due, through every batch
+    applied; a tick with nothing changed since writes none."""
+    from connectors.tier import snapshots
+    from connectors.tier.location import open_backend
+
+    conf, batches, kv, handler, _, stand_ins, reports, _ = handler_batches(tmp_path, snapshot_interval_s=3600)
+    for batch in stand_ins:
+        handler.process(batch)
+    handler.flush()
+    assert all(r.snapshot_rows is None for r in reports)  # the interval was not up at any batch
+    backend = open_backend(str(tmp_path / "tier"))
+    assert snapshots.list_snapshots(backend, handler.writer.settings.reader.broker) == []
+    handler.writer._last_snapshot = 0.0  # the interval is up, and no batch comes
+    handler.tick()
+    handler.flush()
+    written = snapshots.list_snapshots(backend, handler.writer.settings.reader.broker)
+    assert written and {s.through_phy for s in written} == {batches[-1]["end"]}
+    handler.writer._last_snapshot = 0.0
+    handler.tick()
+    handler.flush()
+    assert snapshots.list_snapshots(backend, handler.writer.settings.reader.broker) == written
+    handler.close()
+    kv.close()
     backend.close()

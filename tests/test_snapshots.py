@@ -43,13 +43,13 @@ def test_the_first_snapshot_comes_an_interval_after_the_first_start_and_restarts
     with KVView(str(tmp_path / "kv")) as kv:
         kv.apply([Change("t", "k", "put", 5, body=b"v")], applied_through=10)
         first = kv_writer.KVWriter(settings, kv)
-        assert first._maybe_snapshot(10) is None  # a view catching up is not snapshotted at its first batch
+        assert first.maybe_snapshot(10) is None  # a view catching up is not snapshotted at its first batch
         first.close()
         started = time.time()
         monkeypatch.setattr(kv_writer.time, "time", lambda: started + 601)
         restarted = kv_writer.KVWriter(settings, kv)  # the clock runs from the first start
-        assert restarted._maybe_snapshot(10) == 1
-        assert restarted._maybe_snapshot(10) is None
+        assert restarted.maybe_snapshot(10) == 1
+        assert restarted.maybe_snapshot(10) is None
         restarted.close()
     assert [s.through_phy for s in snapshots.list_snapshots(open_backend(tier_location), "broker-a")] == [10]
 

@@ -454,7 +454,7 @@ def test_a_table_rebuilt_beside_a_running_writer_is_taken_afresh(tmp_path):
     """``tierlog table rebuild`` (another process of the same broker: a second ``MessageTables`` over
     the committed tier) commits to the tables between two rounds of a running writer: the writer
     notices its tables moved on and takes their state afresh, so it adds no row twice."""
-    from connectors.tables.messages import TierView
+    from connectors.tables.view import TierView
 
     run = TablesRun(tmp_path, messages=200, seed=13, faults=tw.Faults())
     rng = random.Random(13)

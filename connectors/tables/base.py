@@ -178,3 +178,18 @@ def data_files(table, snapshot) -> list:
     """The data files ``snapshot`` of ``table`` lists."""
     return [entry.data_file for manifest in snapshot.manifests(table.io)
             for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)]
+
+
+def spec_with(table, fields: tuple[str, ...]) -> int:
+    """The id of ``table``'s partition spec of exactly ``fields`` (source column names, in order)."""
+    found = find_spec(table, fields)
+    if found is None:
+        raise RuntimeError(f"table {table.name()} has no partition spec of {fields}")  # the subclass's _prepare adds it
+    return found
+
+
+def find_spec(table, fields: tuple[str, ...]) -> int | None:
+    for spec_id, spec in sorted(table.specs().items()):
+        if tuple(f.name for f in spec.fields) == fields:
+            return spec_id
+    return None

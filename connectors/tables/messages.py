@@ -6,9 +6,10 @@ tier's committed, retained messages of the moment the round looked (its ``TierVi
 its queues' sealed segments, registered where they lie (no byte copied), and *fresh files*, Parquet
 files of the rows committed since, written by the tables under ``_tables/fresh/``, where the tier's
 Parquet globs and readers never look.  ``connectors.tables.fresh`` decides what each commit
-removes, registers and adds; this module reads the rows, writes the files and commits.  Other
-brokers' files in the same table are never touched, so several brokers may commit to one table;
-a commit that loses a race is retried against the table's new state.
+removes, registers and adds; ``connectors.tables.view`` reads the rows it adds; this module
+decides when, writes the files and commits.  Other brokers' files in the same table are never
+touched, so several brokers may commit to one table; a commit that loses a race is retried
+against the table's new state.
 
 When: a topic's table commits at most every ``commit_interval_s``, once its new rows reach
 ``min_commit_bytes`` or have waited ``max_commit_delay_s``, and all tables together at most
@@ -33,18 +34,18 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from connectors.faults import crash_point
 from connectors.tables import fresh
-from connectors.tables.base import KIND, TOPIC, TopicTables
+from connectors.tables.base import KIND, TOPIC, TopicTables, find_spec, spec_with
 from connectors.tables.catalog import data_location
+from connectors.tables.view import TierView, oldest_ms, read_rows, staging_parts
 from connectors.tier import layout
 from connectors.tier.layout import Names, escape_topic
-from connectors.tier.manifest import QueueKey, Segment, StagingObject
+from connectors.tier.manifest import Segment
 
 log = logging.getLogger(__name__)
 SEQ = "tierlog.tier-seq."  # + broker: the tier record whose rows the table held at its last commit
@@ -56,42 +57,6 @@ QUEUES_KEY = b"tierlog.queues"  # a fresh file's footer: [[queue, first, last], 
 # so it never holds a tiering batch for long.
 RECONCILE_BUDGET_S = 0.1
 FILES_PER_COMMIT = 500  # segments registered in one commit, at most: a backlog goes in parts
-ROUND_BYTES = 256 << 20  # staging and segment bytes one round reads for fresh files, at most
-
-
-@dataclass
-class TierView:
-    """What one round sees of this broker's tier, taken at one moment (under the writer's lock):
-    each queue's offsets, the live staging objects, and the commit records since the last root."""
-
-    seq: int
-    at: float  # time.time() of the moment
-    queues: dict[QueueKey, fresh.QueueNow]
-    staging: list[StagingObject]
-    records: list[dict]
-    segments_of: Callable[[str, int], Iterable[Segment]]  # a queue's retained segments, oldest first
-    time_ms: dict[int, int] = field(default_factory=dict)  # a record's seq -> when it was committed
-
-    def topics(self) -> set[str]:
-        return {t for t, _ in self.queues}
-
-    @classmethod
-    def from_committed(cls, committed) -> "TierView":
-        """The view of a tier as a reader loads it (``CommittedTier``): for the CLI's ``table``
-        commands, which run beside the service or without it."""
-        states = committed.queue_states()
-        staging: dict[str, StagingObject] = {}
-        for key in sorted(states):
-            for p in committed.staging_for(key):
-                obj = staging.setdefault(p.name, StagingObject(p.name, p.size, p.first_phy, {}, p.time_ms))
-                obj.queues[key] = {"first": p.first, "last": p.last, "rows": p.rows, "bytes": p.bytes,
-                                   "min_ts": p.min_ts, "max_ts": p.max_ts}
-        return cls(committed.seq, time.time(), {k: fresh.QueueNow(s.commit, s.sealed, s.low) for k, s in states.items()},
-                   sorted(staging.values(), key=lambda o: o.first_phy), list(committed.tail),
-                   lambda topic, q: committed.segments_for((topic, q)))
-
-    def queues_of(self, topic: str) -> dict[int, fresh.QueueNow]:
-        return {q: now for (t, q), now in self.queues.items() if t == topic}
 
 
 class _TableMoved(Exception):
@@ -193,7 +158,7 @@ class MessageTables(TopicTables):
         last, now_ms, out = self._last, time.time() * 1000, {}
         if last is None:
             return out
-        parts = _parts(last)
+        parts = staging_parts(last)
         for topic, behind in self.behind.items():
             oldest = oldest_ms(last, topic, behind, parts)
             out[topic] = (sum(b - a for a, b in behind.values()),
@@ -234,7 +199,7 @@ class MessageTables(TopicTables):
         while self._commits and now - self._commits[0] > 60:
             self._commits.popleft()
         waiting, behind = [], {}
-        parts = _parts(view)
+        parts = staging_parts(view)
         for topic in sorted(view.topics()):
             known = self._topics.get(topic)
             if known is None:
@@ -260,7 +225,7 @@ class MessageTables(TopicTables):
         return [(topic, plan) for _, topic, plan in waiting[:room]]
 
     def _commit_round(self, view: TierView, due: list[tuple[str, fresh.Plan]]) -> None:
-        rows, covered = self._read_rows(view, due)
+        rows, covered = read_rows(view, due, lambda topic: self._topics[topic].state.pending, self.backend)
         for topic, plan in due:
             try:
                 self._commit_topic(view, topic, plan, rows.get(topic), covered.get(topic, {}))
@@ -277,59 +242,6 @@ class MessageTables(TopicTables):
                 if self._todo is not None:
                     self._todo.append((self._name(topic), topic))
                 raise
-
-    # ------------------------------------------------------------ rows
-
-    def _read_rows(self, view: TierView, due: list[tuple[str, fresh.Plan]]):
-        """The rows each due plan adds, read once per object for every topic of the round, at most
-        ``ROUND_BYTES`` of objects: per topic a table in (queue, offset) order, and per queue how
-        far it covers (the plan's end when every object it needed was read)."""
-        wants: dict[QueueKey, tuple[int, int]] = {(t, q): r for t, plan in due for q, r in plan.rows.items()}
-        if not wants:
-            return {}, {}
-        budget, spent = ROUND_BYTES, 0
-        pieces: dict[QueueKey, list[pa.Table]] = {}
-        cut: set[QueueKey] = set()
-        # Sealed rows the table lacks come from the pending segments holding them (the table fell
-        # behind a seal: rare); the rest from the live staging objects.
-        for key, (first, end) in sorted(wants.items()):
-            sealed = view.queues[key].sealed
-            if first >= sealed:
-                continue
-            for seg in self._topics[key[0]].state.pending.get(key[1], ()):
-                if seg.end < first or seg.base >= min(end, sealed):
-                    continue
-                if spent and spent + seg.size > budget:
-                    cut.add(key)
-                    break
-                spent += seg.size
-                pieces.setdefault(key, []).append(_segment_rows(self.backend, seg, first, min(end, sealed)))
-        floor = {key: max(first, view.queues[key].sealed) for key, (first, _end) in wants.items() if key not in cut}
-        group: list[pa.Table] = []
-        for obj in view.staging:
-            needs = [k for k in obj.queues if k in floor and obj.queues[k]["last"] >= floor[k]]
-            if not needs:
-                continue
-            if spent and spent + obj.size > budget:
-                cut.update(k for k in floor if any(o.queues.get(k, {}).get("last", -1) >= floor[k]
-                                                   for o in view.staging if o.first_phy >= obj.first_phy))
-                break
-            spent += obj.size
-            group.append(layout.from_parquet(self.backend.read_whole(obj.name)))
-        for key, table in layout.unsealed_by_queue(group, floor).items():
-            pieces.setdefault(key, []).append(table)
-        by_topic: dict[str, pa.Table] = {}
-        covered: dict[str, dict[int, int]] = {}
-        for key in sorted(wants):
-            topic, q = key
-            got = [p for p in pieces.get(key, ()) if p.num_rows]
-            if got:
-                by_topic.setdefault(topic, []).extend(got)
-            if key not in cut:
-                covered.setdefault(topic, {})[q] = wants[key][1]
-            elif got:
-                covered.setdefault(topic, {})[q] = max(p["queue_offset"][-1].as_py() for p in got) + 1
-        return {t: pa.concat_tables(parts).combine_chunks() for t, parts in by_topic.items()}, covered
 
     # ------------------------------------------------------------ commits
 
@@ -640,33 +552,19 @@ class MessageTables(TopicTables):
         return _schema_and_spec()
 
     def _segment_spec(self, table) -> int:
-        return _spec_with(table, ("broker", "queue_id"))
+        return spec_with(table, ("broker", "queue_id"))
 
     def _fresh_spec(self, table) -> int:
-        return _spec_with(table, ("broker",))
+        return spec_with(table, ("broker",))
 
     def _prepare(self, table):
         """A table without the fresh files' spec (made before there were fresh files, or just made)
         gains it, as its default: the segments keep theirs."""
-        if _find_spec(table, ("broker",)) is None:
+        if find_spec(table, ("broker",)) is None:
             with table.update_spec() as update:
                 update.remove_field("queue_id")
             table = self.catalog.load_table(self._identifier(table.properties[TOPIC]))
         return table
-
-
-def _spec_with(table, fields: tuple[str, ...]) -> int:
-    found = _find_spec(table, fields)
-    if found is None:
-        raise RuntimeError(f"table {table.name()} has no partition spec of {fields}")  # _prepare adds it
-    return found
-
-
-def _find_spec(table, fields: tuple[str, ...]) -> int | None:
-    for spec_id, spec in sorted(table.specs().items()):
-        if tuple(f.name for f in spec.fields) == fields:
-            return spec_id
-    return None
 
 
 def _tail_covers(records: list[dict], after: int, seq: int) -> bool:
@@ -675,39 +573,6 @@ def _tail_covers(records: list[dict], after: int, seq: int) -> bool:
         return True
     return bool(records) and records[0]["seq"] <= after + 1 and records[-1]["seq"] >= seq
 
-
-
-
-def _segment_rows(backend, seg: Segment, first: int, stop: int) -> pa.Table:
-    """The rows ``[first, stop)`` of a sealed segment."""
-    first, stop = max(first, seg.base), min(stop, seg.end + 1)
-    if seg.dense:
-        return layout.read_segment_slice(backend, seg.name, first - seg.base, stop - seg.base, size=seg.size)
-    import pyarrow.compute as pc
-
-    table = layout.from_parquet(backend.read_whole(seg.name))
-    offsets = table["queue_offset"]
-    return table.filter(pc.and_(pc.greater_equal(offsets, first), pc.less(offsets, stop)))
-
-
-def _parts(view: TierView) -> dict[QueueKey, list[tuple[int, int, int]]]:
-    """Per queue, its parts in the live staging objects, oldest first: (last offset, bytes, commit ms)."""
-    parts: dict[QueueKey, list[tuple[int, int, int]]] = {}
-    for obj in view.staging:
-        for key, st in obj.queues.items():
-            parts.setdefault(key, []).append((st["last"], st.get("bytes", 0), obj.time_ms))
-    return parts
-
-
-def oldest_ms(view: TierView, topic: str, behind: dict[int, tuple[int, int]],
-              parts: dict | None = None) -> int | None:
-    """When the oldest committed row a table lacks was committed (the time of the staging object
-    holding it), of the rows ``behind`` (queue -> [first, end)); None when none waits in staging."""
-    parts = _parts(view) if parts is None else parts
-    times = [next((ms for last, _b, ms in parts.get((topic, q), ()) if last >= first), None)
-             for q, (first, _end) in behind.items()]
-    times = [ms for ms in times if ms is not None]
-    return min(times) if times else None
 
 
 def _schema_and_spec():

@@ -55,7 +55,7 @@ from connectors.tier.committed import CommittedTier
 log = logging.getLogger("tierlog.tier")
 
 if TYPE_CHECKING:
-    from connectors.tables.messages import TierView
+    from connectors.tables.view import TierView
 
 
 class SkippedMessagesError(TierlogError):
@@ -293,7 +293,7 @@ class TierWriter:
         if self.tables is None:
             return None
         from connectors.tables.fresh import QueueNow
-        from connectors.tables.messages import TierView
+        from connectors.tables.view import TierView
 
         head = self.head
         return TierView(head.seq, time.time(), {k: QueueNow(s.commit, s.sealed, s.low) for k, s in head.queues.items()},

@@ -134,6 +134,18 @@ class CompactionHandler:
         self.flush()
         return True
 
+    def tick(self) -> None:
+        """Between batches (a quiet stream runs none): expire keys past their time to live, and
+        write a snapshot that is due, on the apply thread; never waits for a batch."""
+        self.sweep()
+        if not self.writer.snapshot_due() or not self.lock.acquire(blocking=False):
+            return
+        try:
+            if self.applied_all():  # nothing on the apply thread: the snapshot is of every batch applied
+                self._pending.append(self._apply_thread.submit(self.writer.maybe_snapshot))
+        finally:
+            self.lock.release()
+
     def sweep(self) -> int:
         """Expire keys between batches (a quiet stream runs no batches); returns how many expired."""
         if not self.writer.settings.ttl:

@@ -38,9 +38,10 @@ class CompactionQuery(StreamedQuery):
 
     @classmethod
     def guarded_settings(cls, settings: Settings, spark) -> dict[str, str]:
-        return {**super().guarded_settings(settings, spark),
-                "commitlog.key_property": settings.compaction.key_property,
-                "spark.shuffle_partitions": spark.conf.get(SHUFFLE_PARTITIONS),  # what the session uses
+        guarded = {**super().guarded_settings(settings, spark), "commitlog.key_property": settings.compaction.key_property}
+        if spark is None:  # checked before the session starts: only what the settings say
+            return guarded
+        return {**guarded, "spark.shuffle_partitions": spark.conf.get(SHUFFLE_PARTITIONS),  # what the session uses
                 "state store provider": spark.conf.get(STATE_PROVIDER, "")}
 
     def __init__(self, ctx: RunContext):
@@ -110,7 +111,7 @@ class CompactionQuery(StreamedQuery):
         self.jvm_threads.lower()  # the task threads this batch's Spark job started
 
     def tick(self) -> None:
-        self.handler.sweep()  # a quiet stream runs no batches, but keys still expire
+        self.handler.tick()  # a quiet stream runs no batches, but keys still expire and snapshots fall due
 
     def poll_metrics(self) -> None:
         m, kv = self.ctx.metrics, self.ctx.kv
@@ -125,6 +126,8 @@ class CompactionQuery(StreamedQuery):
 
     def flush(self) -> None:
         self.handler.flush()  # the last batch's view update, on the apply thread
+        if self.ctx.until_caught_up:  # the latest-per-key tables hold what the view holds, at the end
+            self.handler.writer.snapshot_changed()
 
     def close(self) -> None:
         self.handler.close()
