@@ -195,8 +195,9 @@ class CompactionConfig:
     snapshot_interval_s: float = setting(
         30.0, ("Seconds between compacted snapshots written to the tier, each of the topics whose keys changed "
                "since the last (a quiet topic's newest still stands), the first one this long after the service "
-               "first starts on its KV view; each is a commit of the topic's latest-per-key table, so the table "
-               "follows the KV view within about this long (0: only by `tierlog kv snapshot`).")
+               "first starts on its KV view, and one at the end of `run --until-caught-up`; each is a commit of "
+               "the topic's latest-per-key table, so the table follows the KV view within about this long (0: "
+               "only by `tierlog kv snapshot`).")
     )
     snapshot_keep: int = setting(2, "Compacted snapshots kept per topic; older ones are deleted.")
     reference_min_bytes: int = setting(
@@ -294,6 +295,11 @@ class KafkaConfig:
         "the sending thread's CPU a record of the binding's produce, itself a fifth of kafka-python's).",
         choices=PRODUCERS,
     )
+    native_send: bool = setting(
+        True, "With kafka.producer = librdkafka: the mirror's batches go to librdkafka through ctypes, from their "
+        "Arrow buffers, when the library the binding loaded passes a self-test at the first send (its version is "
+        "the binding's, and one record sent to librdkafka's in-process mock broker comes back as sent); false, or "
+        "a failed check: through the binding's produce, one call a record.")
     security_protocol: str = setting(
         "PLAINTEXT", "How to reach the brokers.", choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
     )

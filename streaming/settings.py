@@ -279,6 +279,7 @@ def kafka_settings(conf: cfg.Config) -> KafkaSettings | None:
         delivery_timeout_s=max(2.0 + k.linger_ms / 1000, k.delivery_timeout_s),
         on_too_large=k.on_too_large,
         producer=k.producer,
+        native_send=k.native_send,
     )
 
 

@@ -61,6 +61,37 @@ def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
         admin.close()
 
 
+def read_with_librdkafka(bootstrap: str, partitions: list[tuple[str, int]], expected: int = 0,
+                         timeout_s: float = 120.0) -> dict[tuple[str, int], list]:
+    """Every record of ``partitions`` ((topic, partition) pairs), each from offset 0 to the high
+    watermark the broker gives once at least ``expected`` records are in, read by librdkafka
+    (confluent-kafka's consumer): a client independent of kafka-python, whose consumer can stop
+    fetching an assigned partition (``poll_partitions``).  Each record as
+    ``confluent_kafka.Message``, by partition, in offset order."""
+    import confluent_kafka
+
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "tierlog-tests-read-back",
+                                         "enable.auto.commit": False, "enable.partition.eof": False})
+    got: dict[tuple[str, int], list] = {tp: [] for tp in partitions}
+    deadline = time.monotonic() + timeout_s
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(t, p, 0) for t, p in partitions])
+        ends: dict | None = None
+        while True:
+            have = sum(map(len, got.values()))
+            if ends is None and have >= expected:
+                ends = {tp: consumer.get_watermark_offsets(confluent_kafka.TopicPartition(*tp), timeout=30)[1]
+                        for tp in partitions}
+            if ends is not None and all((got[tp][-1].offset() + 1 if got[tp] else 0) >= ends[tp] for tp in partitions):
+                return got
+            assert time.monotonic() < deadline, f"librdkafka read {have} records of {expected} in {timeout_s} s"
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                got[(message.topic(), message.partition())].append(message)
+    finally:
+        consumer.close()
+
+
 STALL_S = 15.0  # no record for this long while more are wanted: a new consumer takes over
 
 

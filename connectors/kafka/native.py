@@ -116,19 +116,35 @@ _PROTOTYPES = [
 ]
 
 
+def binding_version() -> int | None:
+    """The librdkafka version confluent-kafka's binding was loaded with (``libversion()``)."""
+    try:
+        import confluent_kafka
+    except ImportError:
+        return None
+    return confluent_kafka.libversion()[1]
+
+
 @lru_cache(maxsize=1)
 def library() -> Library | None:
-    """The first librdkafka found that has what is used here, or None (the binding's own
-    ``produce`` is used then: ``connectors.kafka.producers.open_producer``)."""
+    """The first librdkafka found that has what is used here and is the very version the binding
+    loaded (a second copy found by the glob, older or newer, is not the ABI the binding was built
+    against), or None (the binding's own ``produce`` is used then:
+    ``connectors.kafka.producers.open_producer``)."""
+    wanted = binding_version()
     for path in library_paths():
         try:
             lib = Library(path)
         except (OSError, AttributeError) as exc:
             log.debug("librdkafka at %s not usable through ctypes: %s", path, exc)
             continue
-        if lib.version >= MIN_VERSION:
+        if lib.version < MIN_VERSION:
+            log.debug("librdkafka at %s is version %#x, older than %#x", path, lib.version, MIN_VERSION)
+        elif wanted is not None and lib.version != wanted:
+            log.warning("librdkafka at %s is version %#x, but confluent-kafka's binding loaded %#x: not calling it "
+                        "through ctypes (the binding's produce sends instead)", path, lib.version, wanted)
+        else:
             return lib
-        log.debug("librdkafka at %s is version %#x, older than %#x", path, lib.version, MIN_VERSION)
     return None
 
 
@@ -149,8 +165,12 @@ class Handle:
     callbacks for delivery reports (``on_report(code, topic, partition)``), client errors and log
     lines, all called from ``poll``/``flush`` on the calling thread."""
 
-    def __init__(self, lib: Library, conf: dict, on_report, on_error):
+    def __init__(self, lib: Library, conf: dict, on_report, on_error, on_delivered=None):
+        """``on_delivered(err, partition, key, value)``, if given, hears every report, delivered
+        records' too (with ``delivery.report.only.error`` off): the self-test's way to see what
+        librdkafka took."""
         self.lib = lib
+        self.on_delivered = on_delivered
         errstr = ctypes.create_string_buffer(512)
         c = lib.fast.rd_kafka_conf_new()
         try:
@@ -233,6 +253,9 @@ class Handle:
     def _dr(self, _rk, msg, _opaque) -> None:
         try:
             m = msg.contents
+            if self.on_delivered is not None:
+                self.on_delivered(m.err, m.partition, ctypes.string_at(m.key, m.key_len) if m.key else None,
+                                  ctypes.string_at(m.payload, m.len) if m.payload else None)
             if m.err:
                 name = self.lib.fast.rd_kafka_topic_name(m.rkt) if m.rkt else b""
                 self.on_report(m.err, (name or b"").decode(errors="replace"), m.partition)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from functools import lru_cache
 
 import numpy as np
 import pyarrow as pa
@@ -34,20 +35,68 @@ FIXED = 6  # arguments every record has: topic, partition, flags, value, key, ti
 
 
 def open_native(settings: KafkaSettings) -> NativeProducer | None:
-    """A native producer, or None where no usable librdkafka was found."""
-    lib = native.library()
+    """A native producer, or None where no usable librdkafka was found or it failed its self-test."""
+    lib = usable_library()
     return None if lib is None else NativeProducer(settings, lib)
+
+
+@lru_cache(maxsize=1)
+def usable_library() -> native.Library | None:
+    """``native.library()``, once it passed ``self_test`` in this process; None otherwise (said once)."""
+    lib = native.library()
+    if lib is None:
+        return None
+    problem = self_test(lib)
+    if problem is not None:
+        log.warning("librdkafka at %s failed tierlog's self-test (%s): the mirror sends through the binding's "
+                    "produce instead", lib.path, problem)
+        return None
+    return lib
+
+
+SELF_TEST = {"key": b"tierlog-self-test-key", "value": b"tierlog self-test value \x00\xff" * 3, "partition": 2,
+             "headers": (("h1", b"first"), ("h2", b""))}
+
+
+def self_test(lib: native.Library, timeout_s: float = 10.0) -> str | None:
+    """One record with a key, a value, headers and a partition, sent the way every batch is sent
+    (``send_records``: the ``rd_kafka_vu_t`` arrays filled here) to librdkafka's in-process mock
+    broker (``test.mock.num.brokers``: no network, no Kafka); its delivery report must give back
+    the key, value and partition as sent.  So a librdkafka whose argument layout or numbering
+    moved is never called with ours.  None when it holds, else what differed."""
+    got: list[tuple] = []
+    settings = KafkaSettings(client={"bootstrap_servers": "127.0.0.1:1"})
+    try:
+        producer = NativeProducer(settings, lib, on_delivered=lambda *report: got.append(report), conf_overrides={
+            "test.mock.num.brokers": 1, "delivery.report.only.error": False, "linger.ms": 0, "log_level": 3,
+            "topic.metadata.refresh.interval.ms": 100})
+    except KafkaSinkError as exc:
+        return f"it could not start a producer: {exc}"
+    try:
+        t = SELF_TEST
+        producer.send("tierlog-self-test", t["partition"], t["key"], t["value"], list(t["headers"]), 1, 0)
+        producer.flush(timeout_s)
+    except Exception as exc:  # noqa: BLE001 - any failure means: do not use this path
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        producer.discard()
+    want = (0, t["partition"], t["key"], t["value"])
+    if got != [want]:
+        return f"its delivery report said {got!r} for {want!r}"
+    return None
 
 
 class NativeProducer(Producer):
     """One ``native.Handle``; one thread calls it (``Producer``'s contract)."""
 
-    def __init__(self, settings: KafkaSettings, lib: native.Library):
+    def __init__(self, settings: KafkaSettings, lib: native.Library, *, on_delivered=None,
+                 conf_overrides: dict | None = None):
         super().__init__()
         conf = {name: value for name, value in rdkafka_options(settings).items() if name != "logger"}
         conf["delivery.report.only.error"] = True
+        conf.update(conf_overrides or {})
         try:
-            self._handle = native.Handle(lib, conf, self._report, self._client_error)
+            self._handle = native.Handle(lib, conf, self._report, self._client_error, on_delivered)
         except native.NativeError as exc:
             raise KafkaSinkError(str(exc)) from None
         self._discarded = False

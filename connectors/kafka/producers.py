@@ -31,7 +31,7 @@ def open_producer(settings: KafkaSettings, *, records: bool = False) -> Producer
     (the mirror), so librdkafka is called through ctypes where the library can be loaded so
     (``connectors.kafka.native_producer``), else through its binding, one call a record."""
     if settings.producer == "librdkafka":
-        if records:
+        if records and settings.native_send:
             native = open_native(settings)
             if native is not None:
                 return native

@@ -40,6 +40,7 @@ class KafkaSettings:
     delivery_timeout_s: float = 120.0
     on_too_large: str = "fail"  # or "skip": log it and record it in the metadata store
     producer: str = "librdkafka"  # or "kafka-python" (connectors.kafka.producers)
+    native_send: bool = True  # librdkafka through ctypes for Records batches, where it passes its self-test
 
     @property
     def bootstrap(self) -> str:
