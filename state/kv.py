@@ -533,6 +533,18 @@ class KVView:
         raw = self.db.get(k.encode())
         return None if raw is None else self.values_of([_decode(k, raw)])[0]
 
+    def tombstone(self, topic: str, key: str) -> tuple[str, int, int] | None:
+        """Why ``key`` has no value, when the view keeps a tombstone for it: ("deleted" or "expired",
+        the physical offset and store time (ms) of the delete, or of the put that expired); None for
+        a live key or one the view never had."""
+        raw = self.db.get(_dbkey(topic, key).encode())
+        if raw is None:
+            return None
+        phy, _queue_id, _queue_offset, store_ts, tomb = _HEAD.unpack_from(raw)
+        if tomb in (0, _REFERENCED):
+            return None
+        return ("deleted" if tomb == _DELETED else "expired"), phy, store_ts
+
     def multi_get(self, topic: str, keys: list[str]) -> dict[str, Entry | None]:
         raw_keys = [_dbkey(topic, key).encode() for key in keys]
         values = self.db.get(raw_keys) if raw_keys else []

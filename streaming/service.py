@@ -24,6 +24,7 @@ import threading
 import time
 from contextlib import contextmanager
 
+from connectors.commitlog.reader import directory_problem
 from connectors.errors import ConfigError, StopRequested, TierlogError
 from connectors.faults import DRIVER_PID, late_worker_fault
 from connectors.stopping import STOP_FILE, clear_stop, request_stop
@@ -33,7 +34,7 @@ from state.kv_writer import retained_topics, take_inline_where_retained
 from state.metadata import MetadataStore
 from streaming import config as cfg
 from streaming import plan
-from streaming.runtime.checkpoints import Checkpoint, check_or_record, foreach_batch
+from streaming.runtime.checkpoints import Checkpoint, check_before_start, check_or_record, foreach_batch
 from streaming.runtime.follower import Follower
 from streaming.runtime.metrics import Metrics
 from streaming.queries.base import Query, RunContext
@@ -89,17 +90,22 @@ class Service:
     def run(self, until_caught_up: bool = False, spark=None) -> int:
         settings = self.settings
         paths = settings.paths
-        if not os.path.isdir(paths.commitlog):
-            raise ConfigError(
-                f"commitlog.dir {paths.commitlog!r} does not exist: produce to it first "
-                "(`tierlog produce`) or point it at a broker's store/commitlog"
-            )
+        problem = directory_problem(paths.commitlog)
+        if problem is not None and problem[0] != "empty":
+            raise ConfigError(problem[1])
+        if problem is not None:  # a broker may not have written yet: the service waits for it
+            log.warning("%s%s", problem[1], "; there is nothing to tier" if until_caught_up else
+                        "; waiting for the first to appear")
         from streaming.runtime.checkpoints import location_problem
 
         problem = location_problem(settings.spark.jars, paths.checkpoints)
         if problem:
             raise ConfigError(problem)
         kinds = plan.queries(settings)
+        for q in kinds:  # a checkpoint made with other settings is refused before anything opens
+            if q.spark_stream:  # the commitlog may have moved (a replica): checked once the session runs
+                check_before_start(paths.checkpoint(q.name), q.name, q.guarded_settings(settings, None),
+                                   movable=("commitlog.dir",))
         metadata = self._metadata = MetadataStore(paths.metadata)
         gone = metadata.feed.keep_only(plan.tier_consumers(settings))
         if gone:
@@ -404,8 +410,17 @@ class Service:
         if spark_state is not None:
             m.state_memory.labels("spark").set(spark_state)
         m.state_memory.labels("metadata").set(self._metadata.memory_bytes())
-        point = plan.safepoint(self.settings, self._metadata.journal.sinks())
+        sinks = self._metadata.journal.sinks()
+        point = plan.safepoint(self.settings, sinks)
         m.safepoint.set(-1 if point is None else point)
+        for sink, applied in sinks.items():
+            if applied is not None:
+                m.sink_applied.labels(sink).set(applied)
+        tiering = self.queries.get("tiering")
+        end = tiering.known_end() if tiering is not None else None
+        if end is not None:
+            m.commitlog_end.set(end)
+        m.quarantined.set(len(self._metadata.quarantined()))
         self._watch_retention(point)
 
     def _watch_retention(self, needed: int | None) -> None:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -265,3 +266,24 @@ def test_task_cpu_to_a_path_a_task_cannot_write_warns_and_the_task_goes_on(tmp_p
     warnings = [r.getMessage() for r in caplog.records if r.name == "tierlog.ledger"]
     assert len(warnings) == 1 and str(path) in warnings[0], warnings  # once a process, naming the path
     assert not path.exists()
+
+
+def test_every_metric_the_grafana_dashboard_names_is_one_the_service_exports():
+    """docs/grafana/tierlog.json: each panel's queries name only series `tierlog run` exports (a
+    counter as ``_total``, a histogram as ``_bucket``, ``_sum`` or ``_count``), and it has the panels
+    an operator looks for."""
+    import re
+
+    from streaming.runtime.metrics import Metrics
+
+    exported = set()
+    for family in Metrics().registry.collect():
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "info": ("_info",)}
+        exported |= {family.name + s for s in suffixes.get(family.type, ("",))}
+    dashboard = json.loads((Path(__file__).parents[1] / "docs" / "grafana" / "tierlog.json").read_text())
+    named = {name for panel in dashboard["panels"] for target in panel["targets"]
+             for name in re.findall(r"\btierlog_[a-z_]+", target["expr"])}
+    assert named and named <= exported, sorted(named - exported)
+    titles = " ".join(p["title"].lower() for p in dashboard["panels"])
+    for wanted in ("lag per sink", "freshness", "headroom", "batch times", "table lag", "errors", "quarantines"):
+        assert wanted in titles, wanted

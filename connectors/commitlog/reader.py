@@ -91,6 +91,30 @@ class MappedFile:
         return self.base + self.length
 
 
+def directory_problem(path: str) -> tuple[str, str] | None:
+    """Why ``path`` is not a commitlog directory to read (setting ``commitlog.dir``), or None: (kind,
+    one line), kind ``missing``, ``file``, ``layout``, ``store`` (a broker's ``store/``, the parent
+    of its commitlog) or ``empty``.  A missing or empty one is the likeliest mistake against a real
+    broker, whose commitlog is ``store/commitlog``."""
+    if not os.path.exists(path):
+        return "missing", (f"commitlog.dir {path!r} does not exist: point it at the broker's store/commitlog, "
+                           "or make one with `tierlog produce`")
+    if not os.path.isdir(path):
+        return "file", f"commitlog.dir {path!r} is not a directory"
+    try:
+        files = list_files(path)
+    except LogLayoutError as exc:
+        return "layout", f"commitlog.dir {path!r}: {exc}"
+    if files:
+        return None
+    if os.path.isdir(os.path.join(path, "commitlog")):
+        return "store", (f"commitlog.dir {path!r} holds no commitlog files, but a commitlog/ directory: it looks "
+                         f"like a broker's store/; point commitlog.dir at {os.path.join(path, 'commitlog')!r}")
+    return "empty", (f"commitlog.dir {path!r} holds no commitlog files (files named by their 20-digit offset, "
+                     "like 00000000000000000000): point it at the broker's store/commitlog, or fill it with "
+                     "`tierlog produce`")
+
+
 def list_files(directory: str) -> list[MappedFile]:
     """The mapped files in ``directory``, in offset order, checked to be contiguous.
 
@@ -741,6 +765,20 @@ class CommitLogReader:
         for f in self.files():
             if f.base <= start and start + length <= f.end:
                 return bytes(self._map(f)[start - f.base : start - f.base + length])
+        return None
+
+    def record_at(self, offset: int) -> tuple[int, int] | None:
+        """The (start, size) of the complete record that holds physical offset ``offset``, found by
+        walking its file's record headers from the file's start; None when no record holds it (it
+        is in no retained file, or at or past the frontier)."""
+        files = self.files()
+        if not files or not files[0].base <= offset < files[-1].end:
+            return None
+        for span in self.spans(files[self._locate(files, offset)].base):
+            for pos, size in zip(span.starts, span.sizes):
+                start = span.file.base + pos
+                if start + size > offset:
+                    return (start, size) if start <= offset else None
         return None
 
     def end_offset(self, hint: int | None = None) -> int:

@@ -8,7 +8,7 @@ import uuid
 from typing import Iterator
 
 from connectors.tier.backend import Backend, ObjectInfo, check_name
-from connectors.tier.retry import RETRY_DEADLINE_S, retry_transient
+from connectors.tier.retry import patience, retry_transient
 from connectors.tier.errors import ObjectNotFound, TierError, TransientTierError
 from connectors.faults import disk_full_fault
 
@@ -77,11 +77,11 @@ class PosixBackend(Backend):
     throttling: tiering waits for space instead of failing.
     """
 
-    def __init__(self, root: str, *, retry_deadline_s: float = RETRY_DEADLINE_S, create: bool = True):
+    def __init__(self, root: str, *, retry_deadline_s: float | None = None, create: bool = True):
         """``create=False`` for readers: a missing root reads as an empty tier and is not made, since
         a read command pointed at the wrong place must not leave an empty tier behind."""
         self.location = root
-        self.retry_deadline_s = retry_deadline_s
+        self.retry_deadline_s = patience() if retry_deadline_s is None else retry_deadline_s
         self.root = os.path.abspath(root)
         if create:
             try:

@@ -25,7 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as B
 from botocore.exceptions import FlexibleChecksumError, HTTPClientError, IncompleteReadError
 
 from connectors.tier.backend import Backend, ObjectInfo, check_name
-from connectors.tier.retry import RETRY_DEADLINE_S, retry_transient
+from connectors.tier.retry import RETRY_DEADLINE_S, patience, retry_transient
 from connectors.tier.errors import AccessDenied, BucketNotFound, ObjectNotFound, TierError, TransientTierError
 
 S3_MAX_KEY_BYTES = 1024
@@ -50,14 +50,16 @@ class S3Backend(Backend):
         *,
         multipart_threshold: int = 64 << 20,
         multipart_chunksize: int = 16 << 20,
-        retry_deadline_s: float = RETRY_DEADLINE_S,
-        botocore_attempts: int = 8,
+        retry_deadline_s: float | None = None,
+        botocore_attempts: int | None = None,
         retry_mode: str = "adaptive",
         client=None,
     ):
         self.location = location
         self.bucket, self.prefix = parse_location(location)
-        self.retry_deadline_s = retry_deadline_s
+        self.retry_deadline_s = patience() if retry_deadline_s is None else retry_deadline_s
+        if botocore_attempts is None:  # botocore's own backoff between attempts outlasts a short patience
+            botocore_attempts = 8 if self.retry_deadline_s >= RETRY_DEADLINE_S else 2
         self.transfer = TransferConfig(
             multipart_threshold=multipart_threshold, multipart_chunksize=multipart_chunksize, use_threads=False
         )
@@ -104,7 +106,8 @@ class S3Backend(Backend):
                 return TransientTierError(f"S3 {what} {where} failed with {code or status}")
             return TierError(f"S3 {what} {where} failed: {code} {exc.response.get('Error', {}).get('Message', '')}")
         if isinstance(exc, (BotoConnectionError,)) or "timeout" in type(exc).__name__.lower():
-            return TransientTierError(f"S3 {what} {where}: endpoint unreachable ({type(exc).__name__})")
+            return TransientTierError(f"S3 {what} {where}: endpoint {self.client.meta.endpoint_url} unreachable "
+                                      f"({type(exc).__name__}; AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL names it)")
         # A connection closed mid-answer, or a body that arrived short or damaged (its checksum does
         # not match, as when a proxy cuts it): the object is fine, reading it again is the remedy.
         if isinstance(exc, (HTTPClientError, IncompleteReadError, FlexibleChecksumError)):

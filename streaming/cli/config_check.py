@@ -22,30 +22,47 @@ def cmd_config(args, conf: cfg.Config) -> int:
         print(f"tierlog: config: {problem}", file=sys.stderr)
     if not problems:
         print("configuration OK")
-    return 1 if problems else 0
+        return 0
+    # Only systems that are away (75: trying again later can succeed), or a setting to fix (1).
+    return 75 if all(isinstance(p, Away) for p in problems) else 1
+
+
+class Away(str):
+    """A problem that is a system away (an endpoint that refuses, a broker down), not a setting."""
 
 
 def _dir_problem(path: str) -> str | None:
-    """Why ``path`` cannot be used as a directory tierlog writes to, or None."""
+    """Why ``path`` cannot be used as a directory tierlog writes to, or None.  Tried with a file made
+    and removed in it, or in its nearest existing parent (permission bits do not bind root, and
+    some file systems refuse writes whatever they say): nothing is left behind."""
     import os
+    import tempfile
 
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            return "is not a directory"
-        return None if os.access(path, os.W_OK) else "is not writable"
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        return f"does not exist and cannot be created under {parent}"
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return "is not a directory" if existing == os.path.abspath(path) else f"cannot be created: {existing} is a file"
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".tierlog-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        where = "" if existing == os.path.abspath(path) else f" (it does not exist, and {existing} is where it would be made)"
+        return f"is not writable{where}: {exc.strerror or exc}"
     return None
 
 
 def check_config(conf: cfg.Config) -> list[str]:
     """Reach out to what the configuration names; one line per problem, naming the setting."""
     problems = []
-    for name, path in (("commitlog.dir", conf.commitlog.dir), ("tier.location", conf.tier.location),
-                       ("state.dir", conf.state.dir), ("checkpoint.dir", conf.checkpoint.dir)):
+    from connectors.commitlog.reader import directory_problem
+
+    commitlog = directory_problem(conf.commitlog.dir)
+    if commitlog:
+        problems.append(commitlog[1])
+    for name, path in (("tier.location", conf.tier.location), ("state.dir", conf.state.dir),
+                       ("checkpoint.dir", conf.checkpoint.dir)):
         if "://" not in path:
             problem = _dir_problem(path)
             if problem:
@@ -75,7 +92,7 @@ def check_config(conf: cfg.Config) -> list[str]:
         try:
             socket.create_connection((host, int(port)), timeout=3).close()
         except OSError as exc:
-            problems.append(f"kafka.bootstrap {hostport!r} is unreachable: {exc.strerror or exc}")
+            problems.append(Away(f"kafka.bootstrap {hostport!r} is unreachable: {exc.strerror or exc}"))
     problems += _kafka_problems(conf)
     return problems
 
@@ -95,7 +112,8 @@ def _s3_problems(location: str) -> list[str]:
             backend.close()
     except TierlogError as exc:
         text = str(exc)
-        return [text if "tier.location" in text else f"tier.location {location!r}: {text}"]
+        text = text if "tier.location" in text else f"tier.location {location!r}: {text}"
+        return [Away(text) if exc.retriable else text]
     return []
 
 

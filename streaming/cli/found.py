@@ -23,9 +23,13 @@ def open_reader(settings: Settings, broker: str | None = None, topic: str | None
     from connectors.tier.reader import TierReader
 
     location = settings.paths.tier
-    if not TierReader(location).brokers():
+    brokers = TierReader(location).brokers()
+    if not brokers:
         raise NotFoundInTier(f"the tier at {location!r} (tier.location, {settings.origin('tier.location')}) holds "
                              f"nothing: {hint(settings, 'tier.location')}")
+    if broker is not None and broker not in brokers:
+        raise NotFoundInTier(f"no broker {broker!r} in the tier at {location!r} (--broker); brokers: "
+                             f"{', '.join(sorted(brokers))}")
     reader = TierReader(location, broker=broker)
     if topic is not None:
         reader.require_topic(topic)

@@ -25,12 +25,29 @@ def cmd_inspect(args, conf: cfg.Config) -> int:
     with s.reader.open(on_corrupt="fail") as reader:
         if not reader.files():
             raise ConfigError(f"commitlog.dir {s.paths.commitlog!r} holds no commitlog files")
+        if args.from_phy is not None:
+            _check_start(reader, args.from_phy)
         if args.summary:
             emit(_topic_summary(reader, args, s.filters), args.format, SUMMARY_COLUMNS)
             return 0
         rows = _inspect_rows(reader, args, s.reader.key_property)
         emit(rows, args.format, INSPECT_COLUMNS if args.format == "table" else None)
     return 0
+
+
+def _check_start(reader, offset: int) -> None:
+    """``--from-phy`` must be where a record starts: a usage error names the records around it."""
+    first, end = reader.first_offset(), reader.end_offset()
+    if offset < first:
+        raise ConfigError(f"--from-phy {offset} is below the first retained record, at {first}: start there "
+                          "or later (the broker's retention deleted the files below it)")
+    if offset >= end:
+        raise ConfigError(f"--from-phy {offset} is at or past the end of the commitlog's data, at {end} (the "
+                          f"first retained record is at {first}); nothing is stored there yet")
+    start, size = reader.record_at(offset)
+    if start != offset:
+        raise ConfigError(f"--from-phy {offset} is inside the record that starts at {start} ({size} bytes): "
+                          f"records start at {start} and {start + size}; give one of those")
 
 
 SUMMARY_COLUMNS = ["topic", "class", "messages", "not_dispatched", "bytes", "tier", "compaction", "mirror"]

@@ -42,8 +42,16 @@ def cmd_kv(args, conf: cfg.Config) -> int:
             entry = kv.get(args.topic, args.key)
             if entry is None:
                 require_kv_topic(kv, args.topic)
-                raise TierlogError(f"key {args.key!r} is not in topic {args.topic!r} (the view has applied "
-                                   f"messages below physical offset {kv.applied_through()})")
+                gone = kv.tombstone(args.topic, args.key)
+                if gone is not None:
+                    state, phy, ms = gone
+                    why = ("deleted by the message" if state == "deleted" else
+                           "past its time to live (compaction.ttl) since the message")
+                    raise TierlogError(f"key {args.key!r} of topic {args.topic!r} has no value: {why} stored "
+                                       f"{ms_to_iso(ms)} at physical offset {phy}")
+                raise TierlogError(f"key {args.key!r} is not in topic {args.topic!r}: no message of the topic "
+                                   f"below physical offset {kv.applied_through()} (what the view has applied) "
+                                   "carried it")
             emit([_kv_row(entry)], args.format, KV_COLUMNS)
             return 0
         require_kv_topic(kv, args.topic)
@@ -65,11 +73,20 @@ def _from_tier(args, settings: Settings) -> int:
                         {t: int(s * 1000) for t, s in (settings.ttl or {}).items()})
     if args.kv_command == "history":
         start = parse_time(args.source) if args.source else None
-        rows = reader.history(args.topic, args.key, start, parse_time(args.until) if args.until else None)
+        until = parse_time(args.until) if args.until else None
+        if start is not None and until is not None and start > until:
+            raise ConfigError(f"`tierlog kv history --from {args.source} --to {args.until}`: the window ends before "
+                              "it starts; give --from the earlier time")
+        rows = reader.history(args.topic, args.key, start, until)
         emit(({**r, "store_ts": ms_to_iso(r["store_ts"])} for r in rows), args.format, HISTORY_COLUMNS)
         log.info("%d change(s) of key %r in topic %s in the tier", len(rows), args.key, args.topic)
         return 0
-    answer = reader.get(args.topic, args.key, parse_time(args.as_of))
+    at = parse_time(args.as_of)
+    now = parse_time("now")
+    if at > now + 1000:  # a second of clock skew
+        raise ConfigError(f"--as-of {args.as_of} ({ms_to_iso(at)}) is in the future: the tier answers up to now "
+                          f"({ms_to_iso(now)}); give --as-of now, or leave it out for the KV view's value")
+    answer = reader.get(args.topic, args.key, at)
     row = {"topic": args.topic, "key": args.key, "as_of": ms_to_iso(answer.at_ms), "state": answer.state,
            "body": answer.value}
     if answer.change is not None:

@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     # kafka-python logs every connection, and every refused one with a traceback; the sinks report
     # what matters (waiting for the broker, in the log and in status) in one line each.
     logging.getLogger("kafka").setLevel(logging.DEBUG if args.log_level == "DEBUG" else logging.CRITICAL)
+    if getattr(args, "reads", False):  # a person waits on it: a store that is away is said in seconds
+        from connectors.tier.retry import READ_DEADLINE_S, set_patience
+
+        set_patience(READ_DEADLINE_S)
     try:
         conf = cfg.load(args.config, overrides=overrides_from(args))
         return args.func(args, conf)

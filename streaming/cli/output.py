@@ -67,7 +67,11 @@ def parse_time(text: str) -> int:
     if text == "now":
         return int(datetime.now(timezone.utc).timestamp() * 1000)
     if text.lstrip("-").isdigit():
-        return int(text)
+        value = int(text)
+        if 10**9 <= abs(value) < 10**11:  # 2001 to 5138 in seconds; 1970-01-12 to 1973-03 in milliseconds
+            raise ConfigError(f"time {text!r} looks like epoch seconds ({ms_to_iso(value * 1000)}); tierlog takes "
+                              f"epoch milliseconds ({text}000) or ISO 8601")
+        return value
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:

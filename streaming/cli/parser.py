@@ -19,6 +19,17 @@ class Parser(argparse.ArgumentParser):
     """argparse with one-line errors that name the command and its choices, not the parser's internal
     names (``argument kv_command: invalid choice``), and say where the help is."""
 
+    commands: dict = {}  # the top parser's subcommands, by name
+
+    def parse_args(self, args=None, namespace=None):
+        # argparse leaves a subcommand's unknown options to the top parser, which would point at
+        # `tierlog --help`: the subcommand's own parser says it, and points at its own help.
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.commands.get(getattr(parsed, "command", None), self).error(
+                f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {self._plain(message)}; `{self.prog} --help` explains\n")
 
@@ -31,6 +42,9 @@ class Parser(argparse.ArgumentParser):
             word, choices = bad.group(2), [c.strip(" '") for c in bad.group(3).split(",")]
             close = difflib.get_close_matches(word, choices, n=1)
             guess = f" (did you mean {close[0]}?)" if close else ""
+            option = bad.group(1).split("/")[-1]
+            if option.startswith("-"):  # an option's value, not a command
+                return f"{option} {word!r} is not one of its choices{guess}: {_one_of(choices)}"
             return f"{word!r} is not a command of `{self.prog}`{guess}; choose {_one_of(choices)}"
         missing = re.match(r"the following arguments are required: (.*)$", message)
         if missing:
@@ -42,7 +56,48 @@ class Parser(argparse.ArgumentParser):
                 else:
                     wanted.append(dest)
             return f"`{self.prog}` needs {' and '.join(wanted)}"
+        unknown = re.match(r"unrecognized arguments: (.*)$", message)
+        if unknown:
+            words = unknown.group(1).split()
+            options = [a for action in self._actions for a in action.option_strings]
+            close = difflib.get_close_matches(words[0], options, n=1) if words[0].startswith("-") else []
+            guess = f" (did you mean {close[0]}?)" if close else ""
+            return f"`{self.prog}` takes no {' '.join(words)!r}{guess}"
+        named = re.match(r"argument (\S+): (.*)$", message)  # argparse's own wording of a bad value
+        if named:
+            return f"{named.group(1).split('/')[-1]}: {named.group(2)}"
         return message
+
+
+def counting(least: int):
+    """An argparse type: a whole number of at least ``least`` (a count or limit: 1; an offset: 0)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is below {least}: give {least} or more")
+        return value
+    return parse
+
+
+def within(low: float, high: float | None = None, *, above: bool = False):
+    """An argparse type: a number from ``low`` (or above it) up to ``high``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if (value <= low if above else value < low) or (high is not None and value > high):
+            span = (f"from {low:g} to {high:g}" if high is not None else f"above {low:g}" if above
+                    else f"of at least {low:g}")
+            raise argparse.ArgumentTypeError(f"{value:g} is out of range: give a number {span}")
+        return value
+    return parse
+
+
+COUNT, OFFSET = counting(1), counting(0)
 
 
 def _one_of(choices: list[str]) -> str:
@@ -79,19 +134,20 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.commands = sub.choices
 
     p = sub.add_parser(
         "produce", parents=[common, printing], help="append a synthetic workload (or JSON lines) to the commitlog",
         description="Append messages to the commitlog with the embedded producer. Generates a synthetic "
         "workload, or reads JSON lines from stdin with --stdin. Another writer on the same directory is refused.",
     )
-    p.add_argument("--messages", type=int, default=10000, metavar="N", help="how many messages (default 10000)")
-    p.add_argument("--topics", type=int, default=2, metavar="T", help="spread over T topics (default 2)")
-    p.add_argument("--queues", type=int, default=4, metavar="Q", help="queues per topic (default 4)")
-    p.add_argument("--keys", type=int, default=1000, metavar="K", help="distinct keys (default 1000)")
-    p.add_argument("--body-size", type=int, default=1024, metavar="B", help="body bytes (default 1024)")
-    p.add_argument("--delete-ratio", type=float, default=0.0, metavar="R", help="fraction of KV_OP=DELETE messages")
-    p.add_argument("--rate", type=float, default=0.0, metavar="R", help="at most R msgs/s (default: as fast as possible)")
+    p.add_argument("--messages", type=OFFSET, default=10000, metavar="N", help="how many messages (default 10000)")
+    p.add_argument("--topics", type=COUNT, default=2, metavar="T", help="spread over T topics (default 2)")
+    p.add_argument("--queues", type=COUNT, default=4, metavar="Q", help="queues per topic (default 4)")
+    p.add_argument("--keys", type=COUNT, default=1000, metavar="K", help="distinct keys (default 1000)")
+    p.add_argument("--body-size", type=OFFSET, default=1024, metavar="B", help="body bytes (default 1024)")
+    p.add_argument("--delete-ratio", type=within(0, 1), default=0.0, metavar="R", help="fraction of KV_OP=DELETE messages")
+    p.add_argument("--rate", type=within(0), default=0.0, metavar="R", help="at most R msgs/s (default: as fast as possible)")
     p.add_argument("--seed", type=int, default=0, help="workload seed: same seed, same messages")
     p.add_argument("--stdin", action="store_true", help='read JSON lines: {"topic", "queue_id", "body" or "body_b64", "keys", "tags", "properties"}')
     p.set_defaults(func=cmd_produce)
@@ -100,23 +156,23 @@ def build_parser() -> argparse.ArgumentParser:
         "inspect", parents=[common, printing], help="decode commitlog messages",
         description="Decode messages from the commitlog, from a physical offset or a queue offset.",
     )
-    p.add_argument("--from-phy", type=int, default=None, metavar="N", help="start at physical offset N (default: the first retained)")
+    p.add_argument("--from-phy", type=OFFSET, default=None, metavar="N", help="start at physical offset N (default: the first retained)")
     p.add_argument("--topic", help="only this topic")
-    p.add_argument("--queue", type=int, help="only this queue id")
-    p.add_argument("--from-queue-offset", type=int, metavar="N", help="with --topic and --queue: from queue offset N")
-    p.add_argument("--limit", type=int, default=20, metavar="N", help="at most N messages (default 20)")
+    p.add_argument("--queue", type=OFFSET, help="only this queue id")
+    p.add_argument("--from-queue-offset", type=OFFSET, metavar="N", help="with --topic and --queue: from queue offset N")
+    p.add_argument("--limit", type=COUNT, default=20, metavar="N", help="at most N messages (default 20)")
     p.add_argument("--summary", action="store_true",
                    help="instead of messages: per topic its class (business, retry, system), messages, bytes and "
                         "which sinks take it under [topics]; reads the whole commitlog (or from --from-phy)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser(
-        "config", parents=[common, printing], help="show or check the effective configuration",
+        "config", parents=[common, tier, printing], help="show or check the effective configuration",
         description="show: print the effective configuration, every setting with its doc, secrets masked. "
         "check: validate it and reach the commitlog directory, the tier and Kafka; one line per problem.",
     )
     p.add_argument("config_command", choices=["show", "check"])
-    p.set_defaults(func=cmd_config)
+    p.set_defaults(func=cmd_config, reads=True)
 
     p = sub.add_parser(
         "run", parents=[common, tier], help="run the service: tier the commitlog and keep the latest value per key",
@@ -139,13 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
         "`tierlog run` runs): per queue the dispatch, commit and sealed offsets, the lowest retained offset, "
         "messages not yet tiered, and segments; then the safepoint and each sink's applied offset.",
     )
-    p.add_argument("--watch", type=float, metavar="SECONDS", nargs="?", const=2.0,
+    p.add_argument("--watch", type=within(0, above=True), metavar="SECONDS", nargs="?", const=2.0,
                    help="refresh every SECONDS (default 2) until Ctrl-C; the table view redraws in place, "
                         "JSON prints each refresh after the last")
-    p.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N refreshes")
+    p.add_argument("--count", type=COUNT, metavar="N", help="with --watch: stop after N refreshes")
     p.add_argument("--topic", metavar="TOPIC", help="only this topic's queues")
-    p.add_argument("--limit", type=int, metavar="N", help="at most N queues, in name order")
-    p.set_defaults(func=cmd_status)
+    p.add_argument("--limit", type=COUNT, metavar="N", help="at most N queues, in name order")
+    p.set_defaults(func=cmd_status, reads=True)
 
     p = sub.add_parser(
         "tier", parents=[common, tier, printing], help="tier maintenance: rebuild-metadata, upgrade",
@@ -171,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         "catalog was lost or restored from a backup); safe while `tierlog run` runs.",
     )
     p.add_argument("table_command", choices=["info", "rebuild"])
-    p.set_defaults(func=cmd_table)
+    p.set_defaults(func=cmd_table, reads=True)
 
     p = sub.add_parser(
         "gap", parents=[common, printing], help="acknowledge commitlog ranges deleted before tierlog read them",
@@ -180,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         "in them; `status` exits non-zero until then. Works while `tierlog run` runs.",
     )
     p.add_argument("gap_command", choices=["ack"])
-    p.set_defaults(func=cmd_gap)
+    p.set_defaults(func=cmd_gap, reads=True)
 
     p = sub.add_parser(
         "commitlog", parents=[common, printing], help="local commitlog maintenance: gc",
@@ -201,10 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
         "offset prints nothing (caught up). Needs only tier.location.",
     )
     p.add_argument("topic", metavar="TOPIC")
-    p.add_argument("queue", type=int, metavar="QUEUE")
-    p.add_argument("offset", type=int, metavar="OFFSET")
-    p.add_argument("--max", type=int, default=32, metavar="N", help="at most N messages (default 32)")
-    p.set_defaults(func=cmd_get)
+    p.add_argument("queue", type=OFFSET, metavar="QUEUE")
+    p.add_argument("offset", type=OFFSET, metavar="OFFSET")
+    p.add_argument("--max", type=COUNT, default=32, metavar="N", help="at most N messages (default 32)")
+    p.set_defaults(func=cmd_get, reads=True)
 
     p = sub.add_parser(
         "offset-for-time", parents=[common, tier, brokers, printing], help="find a queue offset by store time",
@@ -213,10 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
         "lowest retained offset if none). TS is epoch milliseconds or ISO 8601.",
     )
     p.add_argument("topic", metavar="TOPIC")
-    p.add_argument("queue", type=int, metavar="QUEUE")
+    p.add_argument("queue", type=OFFSET, metavar="QUEUE")
     p.add_argument("timestamp", metavar="TS")
     p.add_argument("--boundary", choices=["lower", "upper"], default="lower")
-    p.set_defaults(func=cmd_offset_for_time)
+    p.set_defaults(func=cmd_offset_for_time, reads=True)
 
     p = sub.add_parser(
         "key", parents=[common, tier, brokers, printing], help="every message with a key, from the tier",
@@ -230,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since", metavar="TS", help="only messages stored at or after TS")
     p.add_argument("--until", metavar="TS", help="only messages stored at or before TS")
     p.add_argument("--latest", action="store_true", help="also say what the local KV view holds for the key")
-    p.set_defaults(func=cmd_key)
+    p.set_defaults(func=cmd_key, reads=True)
 
     p = sub.add_parser(
         "queues", parents=[common, tier, brokers, printing], help="list the queues in the tier",
@@ -239,8 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--topic reads only that topic's.",
     )
     p.add_argument("--topic", metavar="TOPIC", help="only this topic's queues")
-    p.add_argument("--limit", type=int, metavar="N", help="at most N queues, in name order")
-    p.set_defaults(func=cmd_queues)
+    p.add_argument("--limit", type=COUNT, metavar="N", help="at most N queues, in name order")
+    p.set_defaults(func=cmd_queues, reads=True)
 
     p = sub.add_parser(
         "kv", parents=[common, tier, brokers, printing],
@@ -261,14 +317,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topic", nargs="?", metavar="TOPIC")
     p.add_argument("key", nargs="?", metavar="KEY")
     p.add_argument("--prefix", metavar="P", help="scan: only keys starting with P")
-    p.add_argument("--limit", type=int, default=0, metavar="N", help="scan: at most N keys (default: all)")
+    p.add_argument("--limit", type=OFFSET, default=0, metavar="N", help="scan: at most N keys (default 0: all)")
     p.add_argument("--as-of", dest="as_of", metavar="TIME",
                    help="get: the value at TIME (epoch ms, or ISO 8601 / RFC 3339 like 2026-11-21T10:42:00Z)")
     p.add_argument("--from", dest="source", metavar="FROM",
                    help="rebuild: where to start, snapshot (default), tier or commitlog; history: the window's "
                    "start (a TIME as for --as-of)")
     p.add_argument("--to", dest="until", metavar="TIME", help="history: the window's end (default: now)")
-    p.set_defaults(func=cmd_kv)
+    p.set_defaults(func=cmd_kv, reads=True)
 
     p = sub.add_parser(
         "demo", parents=[common], help="run the main job on the embedded default (needs only Python and Java)",
@@ -276,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
         "keys, some deletes), tier it with Spark in local mode to a posix tier, and print what to try next.",
     )
     p.add_argument("--dir", default="data/demo", help="where the demo's commitlog, tier and state go (default data/demo)")
-    p.add_argument("--messages", type=int, default=50000, help="messages to produce (default 50000)")
+    p.add_argument("--messages", type=COUNT, default=50000, help="messages to produce (default 50000)")
     p.add_argument("--seed", type=int, default=0,
                    help="workload seed (default 0): the same seed gives the same keys and values, so the README's "
                         "examples name keys the demo has")

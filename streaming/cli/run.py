@@ -66,8 +66,7 @@ def cmd_demo(args, conf: cfg.Config) -> int:
                 "embedded one)")
     try:
         service = Service(conf)
-        service.run(until_caught_up=True)
-        _snapshot(derive(written))  # the service snapshots every compaction.snapshot_interval_s: the demo is shorter
+        service.run(until_caught_up=True)  # which ends with a snapshot the latest-per-key tables take
         state = TierReader(demo.paths.tier).committed()
         kafka_line = _kafka_summary(service)
     finally:
@@ -162,15 +161,6 @@ def _command(name: str, in_checkout: str | None) -> str:
     path = mine if os.path.exists(mine) else sys.executable
     relative = os.path.relpath(path)
     return relative if not relative.startswith("..") else path
-
-
-def _snapshot(settings: Settings) -> None:
-    """One compacted snapshot of the demo's KV view, committed to its latest-per-key tables."""
-    from state.kv import KVView
-    from streaming.cli.kv import snapshot_now
-
-    with KVView(settings.paths.kv, tier=settings.paths.tier, broker=settings.broker) as view:
-        snapshot_now(settings, view)
 
 
 def _some_key(settings: Settings, topic: str) -> str:

@@ -97,6 +97,7 @@ def show_status(args, settings: Settings) -> int:
                "lag_bytes": None if frontier is None or source_end is None else frontier - source_end,
                "safepoint": point, "headroom_bytes": None if room is None else room.bytes,
                "headroom_s": None if room is None or room.seconds is None else round(room.seconds),
+               "headroom_at_risk": None if room is None else room.at_risk,
                "held_batches": held[0], "held_bytes": held[1],
                "sinks": sinks, "queues": len(queues), "quarantined": len(quarantined),
                "gaps": sum(1 for g in gap_rows if not g["acknowledged"])}
@@ -130,7 +131,8 @@ def show_status(args, settings: Settings) -> int:
             print("gaps (commitlog ranges deleted before tierlog read them, skipped under source.on_missing = skip):")
             emit(gap_rows, "table")
             print()
-        emit([{k: v for k, v in summary.items() if k != "sinks"}], "table")
+        shown = {k: v for k, v in summary.items() if k not in ("sinks", "headroom_bytes", "headroom_s", "headroom_at_risk")}
+        emit([{**shown, "headroom": _headroom_text(room)}], "table")
     if room is not None and room.below(settings.headroom_warn_fraction, settings.headroom_warn_s):
         log.warning(room.warning())
     if summary["gaps"]:
@@ -154,6 +156,19 @@ def cmd_gap(args, conf: cfg.Config) -> int:
           for g in new], args.format)
     log.info("%d gap(s) acknowledged now, %d before", len(new), len(found) - len(new))
     return 0
+
+
+def _headroom_text(room) -> str | None:
+    """The headroom as a person reads it: how much the broker's retention may delete before it
+    reaches what tierlog has not read, or that it cannot reach it at all."""
+    if room is None:
+        return None
+    if not room.at_risk:
+        return "not at risk (unread data only in the file being written)"
+    if room.bytes < 0:
+        return f"none: {-room.bytes:,} bytes were deleted unread"
+    hours = "" if room.seconds is None else f", {room.seconds / 3600:.1f} h"
+    return f"{room.bytes:,} bytes{hours} of older files"
 
 
 def _headroom(settings: Settings, needed: int | None):

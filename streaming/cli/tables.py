@@ -20,20 +20,35 @@ def cmd_table(args, conf: cfg.Config) -> int:
     if settings.tables is None:
         raise ConfigError("setting tables.enabled is false: set `[tables] enabled = true` in tierlog.toml "
                           "(or TIERLOG_TABLES_ENABLED=true) to keep Iceberg tables of the tier")
-    emit(table_rows(settings, rebuild=args.table_command == "rebuild"), args.format, COLUMNS)
+    from streaming.cli.found import open_reader
+
+    open_reader(settings)  # a tier that holds nothing is refused, naming the setting, before a catalog opens
+    rows = table_rows(settings, rebuild=args.table_command == "rebuild")
+    if not rows and args.format == "table":
+        log.info("no table yet: `tierlog run` makes each topic's tables as it tiers the topic")
+    emit(rows, args.format, COLUMNS)
     return 0
 
 
 def table_rows(settings: Settings, rebuild: bool = False) -> list[dict]:
     """One row per table of this broker (``tierlog table info``, and ``status``'s table lag); with
-    ``rebuild``, each table is first made equal to the tier alone."""
+    ``rebuild``, each table is first made equal to the tier alone.  Without ``rebuild`` nothing is
+    created: a SQLite catalog file that is not there yet means no table yet."""
+    import os
+
+    from connectors.tables.catalog import sqlite_file
+
     from connectors.tables.latest import LatestTables
-    from connectors.tables.messages import MessageTables, TierView
+    from connectors.tables.messages import MessageTables
+    from connectors.tables.view import TierView
     from connectors.tier.location import open_backend
     from connectors.tier.log import TierLog
 
     location, broker = settings.paths.tier, settings.broker
-    backend = open_backend(location)
+    catalog_file = sqlite_file(settings.tables.catalog_uri)
+    if not rebuild and catalog_file is not None and not os.path.exists(catalog_file):
+        return []
+    backend = open_backend(location, create=False)
     try:
         tier = TierLog(backend, broker).committed()
         view = TierView.from_committed(tier)

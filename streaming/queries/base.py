@@ -94,7 +94,8 @@ class Query(ABC):
 
     @classmethod
     def guarded_settings(cls, settings: Settings, spark) -> dict[str, str]:
-        """Every query's offsets point into one broker's commitlog; subclasses add their own."""
+        """Every query's offsets point into one broker's commitlog; subclasses add their own
+        (``spark`` None: before the session starts, only those the settings alone give)."""
         return {"broker.name": settings.broker, "commitlog.dir": os.path.abspath(settings.paths.commitlog)}
 
     def __init__(self, ctx: RunContext):

@@ -91,6 +91,26 @@ def recorded_settings(spark, path: str) -> dict[str, str]:
     return json.loads(text)["settings"] if text else _from_offset_log(store)
 
 
+def check_before_start(path: str, query: str, settings: dict[str, str], movable: tuple[str, ...] = ()) -> None:
+    """``check_or_record``'s refusal, for a local checkpoint, before anything opens (no JVM, no
+    store): what the fingerprint recorded against ``settings`` (those known without Spark)."""
+    if not is_local(path):
+        return
+    text = Checkpoint(path).read(FINGERPRINT)
+    if text:
+        _refuse_changed(path, query, json.loads(text)["settings"], settings, movable)
+
+
+def _refuse_changed(path: str, query: str, recorded: dict, settings: dict[str, str], movable: tuple[str, ...]) -> None:
+    for name, value in settings.items():
+        if name in recorded and recorded[name] != value and name not in movable:
+            raise ConfigError(
+                f"the {query} query's checkpoint {path} was made with {name} = {recorded[name]!r}, but this "
+                f"start would use {value!r}: {WHY[name]}. Set {name} back, or give checkpoint.dir a new "
+                f"directory to start the {query} query over (from source.starting_offset)"
+            )
+
+
 def check_or_record(spark, path: str, query: str, settings: dict[str, str], movable: tuple[str, ...] = ()) -> None:
     """Refuse with a ``ConfigError`` if ``path`` was made with other ``settings``; else record them.
     ``movable``: settings that may change (checked by the caller: a commitlog replica).
@@ -101,13 +121,7 @@ def check_or_record(spark, path: str, query: str, settings: dict[str, str], mova
     store = Checkpoint(path, spark)
     text = store.read(FINGERPRINT)
     recorded = json.loads(text)["settings"] if text else _from_offset_log(store)
-    for name, value in settings.items():
-        if name in recorded and recorded[name] != value and name not in movable:
-            raise ConfigError(
-                f"the {query} query's checkpoint {path} was made with {name} = {recorded[name]!r}, but this "
-                f"start would use {value!r}: {WHY[name]}. Set {name} back, or give checkpoint.dir a new "
-                f"directory to start the {query} query over (from source.starting_offset)"
-            )
+    _refuse_changed(path, query, recorded, settings, movable)
     if not text or recorded != settings:
         store.write(FINGERPRINT, json.dumps({"query": query, "settings": settings}, indent=1))
 

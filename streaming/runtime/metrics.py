@@ -71,6 +71,13 @@ class Metrics:
                           "skip), not yet acknowledged with `tierlog gap ack`.", registry=r)
         self.safepoint = Gauge("tierlog_safepoint_offset",
                                "Lowest physical offset every enabled sink has applied (-1 until each has).", registry=r)
+        self.sink_applied = Gauge("tierlog_sink_applied_offset", "The physical offset a sink (tier, kv, mirror, "
+                                  "changelog) has applied through: its lag is tierlog_commitlog_end_offset minus this.",
+                                  ["sink"], registry=r)
+        self.commitlog_end = Gauge("tierlog_commitlog_end_offset", "The commitlog's end (physical offset) as the "
+                                   "tiering query last found it.", registry=r)
+        self.quarantined = Gauge("tierlog_commitlog_quarantined", "Corrupt commitlog ranges skipped under "
+                                 "commitlog.on_corrupt = quarantine.", registry=r)
         for query in queries:  # present from the start, so dashboards see 0
             self.rows_in.labels(query)
             self.bytes_in.labels(query)
