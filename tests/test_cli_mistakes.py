@@ -205,5 +205,5 @@ def test_a_read_against_an_s3_endpoint_that_refuses_fails_within_seconds_naming_
         assert took < 30, (argv, took)
         assert "http://127.0.0.1:1" in r.stderr and "Traceback" not in r.stderr, r.stderr
         if argv[0] == "queues":
-            assert_one_plain_line(r, 75, ["endpoint http://127.0.0.1:1 unreachable"])
+            assert_one_plain_line(r, 75, ["endpoint unreachable, http://127.0.0.1:1"])
     assert os.listdir(tmp_path) == []

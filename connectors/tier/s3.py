@@ -106,7 +106,7 @@ class S3Backend(Backend):
                 return TransientTierError(f"S3 {what} {where} failed with {code or status}")
             return TierError(f"S3 {what} {where} failed: {code} {exc.response.get('Error', {}).get('Message', '')}")
         if isinstance(exc, (BotoConnectionError,)) or "timeout" in type(exc).__name__.lower():
-            return TransientTierError(f"S3 {what} {where}: endpoint {self.client.meta.endpoint_url} unreachable "
+            return TransientTierError(f"S3 {what} {where}: endpoint unreachable, {self.client.meta.endpoint_url} "
                                       f"({type(exc).__name__}; AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL names it)")
         # A connection closed mid-answer, or a body that arrived short or damaged (its checksum does
         # not match, as when a proxy cuts it): the object is fine, reading it again is the remedy.

@@ -6,6 +6,7 @@ import logging
 import time
 from typing import Iterator
 
+from connectors.commitlog.errors import DeletedBeforeReadError
 from connectors.errors import ConfigError
 from streaming import config as cfg
 from streaming.cli.output import emit, ms_to_iso
@@ -39,8 +40,10 @@ def _check_start(reader, offset: int) -> None:
     """``--from-phy`` must be where a record starts: a usage error names the records around it."""
     first, end = reader.first_offset(), reader.end_offset()
     if offset < first:
-        raise ConfigError(f"--from-phy {offset} is below the first retained record, at {first}: start there "
-                          "or later (the broker's retention deleted the files below it)")
+        # Not a usage error: the offset was real (a log line, a checkpoint) until retention deleted it.
+        raise DeletedBeforeReadError(f"--from-phy {offset}: the commitlog files below physical offset {first} "
+                                     f"were deleted before they were read (the broker's retention); start at "
+                                     f"{first}, the first retained record, or later")
     if offset >= end:
         raise ConfigError(f"--from-phy {offset} is at or past the end of the commitlog's data, at {end} (the "
                           f"first retained record is at {first}); nothing is stored there yet")
