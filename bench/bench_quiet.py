@@ -29,6 +29,7 @@ variants
   compaction-min-mib-N
                  the defaults, but compaction.min_batch_bytes = N MiB: fewer, larger compaction
                  batches at a sustained rate, the KV view that much staler
+  tables-off     the defaults, but no Iceberg tables (tables.enabled = false): what they cost
   mirror-only    the defaults, but compaction off (so, with Kafka, no changelog either): tiering
                  and the mirror alone
   max-batch-mib-N
@@ -93,6 +94,8 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
         conf = dataclasses.replace(conf, spark=dataclasses.replace(conf.spark, jit_c1_only=False))
     if name == "mirror-process":
         conf = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, mirror_process=True))
+    if name == "tables-off":  # what the Iceberg tables cost: the service without them
+        conf = dataclasses.replace(conf, tables=dataclasses.replace(conf.tables, enabled=False))
     if name == "mirror-only":
         conf = dataclasses.replace(conf, compaction=dataclasses.replace(conf.compaction, enabled=False))
     for prefix, (section, key, unit) in NUMBERED.items():

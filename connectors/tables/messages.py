@@ -42,7 +42,7 @@ from connectors.faults import crash_point
 from connectors.tables import fresh
 from connectors.tables.base import KIND, TOPIC, TopicTables, find_spec, spec_with
 from connectors.tables.catalog import data_location
-from connectors.tables.view import TierView, oldest_ms, read_rows, staging_parts
+from connectors.tables.view import StagingParts, TierView, oldest_ms, parts_from, read_rows
 from connectors.tier import layout
 from connectors.tier.layout import Names, escape_topic
 from connectors.tier.manifest import Segment
@@ -97,6 +97,8 @@ class MessageTables(TopicTables):
         self._todo: list[tuple[str, str | None]] | None = None  # still to look at: (table name, topic or None)
         self._commits: deque[float] = deque()  # monotonic times of the last minute's commits
         self.behind: dict[str, dict[int, tuple[int, int]]] = {}  # topic -> its rows not in its table, by queue
+        self._lag: dict[str, tuple[int, int | None]] = {}  # topic -> (rows behind, commit ms of the oldest)
+        self._parts = StagingParts()  # the staging objects' parts, kept from round to round
         self._last: TierView | None = None  # the view of the last round
         self.commits = 0  # commits made, since this process started
         self.files_written = 0  # fresh files written, likewise
@@ -155,15 +157,9 @@ class MessageTables(TopicTables):
     def lag(self) -> dict[str, tuple[int, float]]:
         """Per table, as of the last round: the committed messages it lacks, and how long the oldest
         of them has waited (seconds)."""
-        last, now_ms, out = self._last, time.time() * 1000, {}
-        if last is None:
-            return out
-        parts = staging_parts(last)
-        for topic, behind in self.behind.items():
-            oldest = oldest_ms(last, topic, behind, parts)
-            out[topic] = (sum(b - a for a, b in behind.values()),
-                          round(max(0.0, now_ms - oldest) / 1000, 1) if oldest is not None else 0.0)
-        return out
+        now_ms = time.time() * 1000  # the round worked out what lags; asking (the metrics' clock) only reads it
+        return {topic: (messages, round(max(0.0, now_ms - oldest) / 1000, 1) if oldest is not None else 0.0)
+                for topic, (messages, oldest) in self._lag.items()}
 
     def holds(self, topic: str, queue_id: int) -> int | None:
         """The lowest offset of the queue a fresh file of its table holds (None: none): retention
@@ -198,14 +194,15 @@ class MessageTables(TopicTables):
         now, s = time.monotonic(), self.settings
         while self._commits and now - self._commits[0] > 60:
             self._commits.popleft()
-        waiting, behind = [], {}
-        parts = staging_parts(view)
+        waiting, behind, lag = [], {}, {}
+        parts = self._parts.of(view)
         for topic in sorted(view.topics()):
             known = self._topics.get(topic)
             if known is None:
                 continue  # still to reconcile
             plan = fresh.plan(known.state, view.queues_of(topic), FILES_PER_COMMIT)
             behind[topic] = dict(plan.rows)
+            lag[topic] = (sum(b - a for a, b in plan.rows.values()), oldest_ms(view, topic, plan.rows, parts))
             if not plan.rows and not plan.unregister:
                 known.caught_up_at = view.at
             if plan.empty:
@@ -213,13 +210,12 @@ class MessageTables(TopicTables):
                 continue
             if known.waiting_since is None:
                 known.waiting_since = now
-            pending = sum(b for q, (a, _end) in plan.rows.items() for last, b, _ms in parts.get((topic, q), ())
-                          if last >= a)
+            pending = sum(b for q, (a, _end) in plan.rows.items() for _last, b, _ms in parts_from(parts, (topic, q), a))
             ready = not hold or (now - known.last_commit >= s.commit_interval_s and (
                 pending >= s.min_commit_bytes or now - known.waiting_since >= s.max_commit_delay_s))
             if ready:
                 waiting.append((known.waiting_since, topic, plan))
-        self.behind = behind  # whole, for ``lag`` on another thread
+        self.behind, self._lag = behind, lag  # whole, for ``lag`` on another thread
         waiting.sort(key=lambda w: (w[0], w[1]))
         room = len(waiting) if not hold else max(0, s.commits_per_minute - len(self._commits))
         return [(topic, plan) for _, topic, plan in waiting[:room]]

@@ -7,6 +7,7 @@ next batch beside it); the round works from one consistent moment and the next r
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -123,11 +124,34 @@ def _segment_rows(backend, seg: Segment, first: int, stop: int) -> pa.Table:
 
 def staging_parts(view: TierView) -> dict[QueueKey, list[tuple[int, int, int]]]:
     """Per queue, its parts in the live staging objects, oldest first: (last offset, bytes, commit ms)."""
-    parts: dict[QueueKey, list[tuple[int, int, int]]] = {}
-    for obj in view.staging:
-        for key, st in obj.queues.items():
-            parts.setdefault(key, []).append((st["last"], st.get("bytes", 0), obj.time_ms))
-    return parts
+    return StagingParts().of(view)
+
+
+def parts_from(parts: dict, key: QueueKey, first: int) -> list[tuple[int, int, int]]:
+    """A queue's parts that hold its offset ``first`` or later (a queue's parts end in rising order)."""
+    mine = parts.get(key, ())
+    return mine[bisect.bisect_left(mine, (first,)):]
+
+
+class StagingParts:
+    """``staging_parts`` kept from one round to the next.  Between two seals the live staging
+    objects only grow at the end (one a batch, hundreds before a queue seals by age), and a round
+    runs more often than a batch: each adds only what is new.  Not thread-safe: one per caller."""
+
+    def __init__(self):
+        self._names: list[str] = []
+        self._parts: dict[QueueKey, list[tuple[int, int, int]]] = {}
+
+    def of(self, view: TierView) -> dict[QueueKey, list[tuple[int, int, int]]]:
+        names = [obj.name for obj in view.staging]
+        known = len(self._names)
+        if names[:known] != self._names:  # a seal retired some: again from the start
+            self._parts, known = {}, 0
+        for obj in view.staging[known:]:
+            for key, st in obj.queues.items():
+                self._parts.setdefault(key, []).append((st["last"], st.get("bytes", 0), obj.time_ms))
+        self._names = names
+        return self._parts
 
 
 def oldest_ms(view: TierView, topic: str, behind: dict[int, tuple[int, int]],
@@ -135,7 +159,7 @@ def oldest_ms(view: TierView, topic: str, behind: dict[int, tuple[int, int]],
     """When the oldest committed row a table lacks was committed (the time of the staging object
     holding it), of the rows ``behind`` (queue -> [first, end)); None when none waits in staging."""
     parts = staging_parts(view) if parts is None else parts
-    times = [next((ms for last, _b, ms in parts.get((topic, q), ()) if last >= first), None)
+    times = [next((ms for _last, _b, ms in parts_from(parts, (topic, q), first)), None)
              for q, (first, _end) in behind.items()]
     times = [ms for ms in times if ms is not None]
     return min(times) if times else None

@@ -42,6 +42,9 @@ from connectors.threads import name_native
 from connectors.tier.writer import TierWriter, WriterSettings
 
 log = logging.getLogger("tierlog.tier")
+# Between batches, a maintenance at most this often: what it waits on (a seal by age, a table
+# commit held for more rows) is due in seconds, and each round re-plans every table.
+TICK_MAINTAIN_S = 1.0
 
 if TYPE_CHECKING:
     from connectors.commitlog.reader import CommitLogReader
@@ -134,6 +137,7 @@ class TieringHandler:
         self._maintenance = ThreadPoolExecutor(1, thread_name_prefix="tier-maintain", initializer=name_native)
         self._maintained: Future | None = None  # the last batch's maintenance: (seals, seconds)
         self._idle_seals = 0  # seals of maintenances run between batches (``tick``), for the next report
+        self._maintain_started = 0.0  # monotonic: when the last maintenance was handed to its thread
         self.expect = expect  # begin -> (end, splits) of the batch the stream is expected to run from there
 
     def start_behind(self, begin: int, end: int) -> None:
@@ -199,7 +203,7 @@ class TieringHandler:
         report.rows, report.bytes, report.objects = committed.rows, committed.bytes, committed.objects
         report.source_end, report.max_store_ts = committed.source_end, committed.max_store_ts
         if self._maintained is None:  # none running: the last one's result was taken above
-            self._maintained = self._maintenance.submit(self._maintain)
+            self._submit_maintenance()
         return report
 
     def _stage_on_driver(self, batch: Batch, floor: int) -> tuple[list[StagedPart], int, str] | None:
@@ -240,8 +244,9 @@ class TieringHandler:
     def tick(self) -> None:
         """Between batches (the runner's clock): a maintenance when none runs, so that a broker that
         went quiet still seals by age and its tables still take the rows they held back to fill a
-        commit.  Never waits: a batch in hand, or a maintenance running, is left alone."""
-        if not self.lock.acquire(blocking=False):
+        commit.  Never waits: a batch in hand, or a maintenance running, is left alone; nor runs
+        one within ``TICK_MAINTAIN_S`` of the last (each batch runs one: the clock only fills gaps)."""
+        if time.monotonic() - self._maintain_started < TICK_MAINTAIN_S or not self.lock.acquire(blocking=False):
             return
         try:
             done = self._maintained
@@ -252,9 +257,13 @@ class TieringHandler:
                     return  # the next batch raises it, as it would have
                 seals, seconds = done.result()
                 self._idle_seals += seals
-            self._maintained = self._maintenance.submit(self._maintain)
+            self._submit_maintenance()
         finally:
             self.lock.release()
+
+    def _submit_maintenance(self) -> None:
+        self._maintain_started = time.monotonic()
+        self._maintained = self._maintenance.submit(self._maintain)
 
     def _maintenance_taken(self) -> tuple[int, float]:
         """The last maintenance's seals and seconds once it has finished, (0, 0.0) while it runs
