@@ -246,8 +246,11 @@ class KafkaConfig:
         1 << 20, "A mirror batch waits until this many commitlog bytes are there, or until "
         "kafka.mirror_max_batch_delay_s, as compaction.min_batch_bytes does for the KV view. 0: every trigger.",
         size=True)
+    # Why 3 s and not compaction's 5: a quiet broker's messages then reach Kafka within the owners'
+    # 6 s at the p99, for no CPU the yardstick resolves (docs/benchmarks.md, "A quiet broker on the
+    # yardstick").
     mirror_max_batch_delay_s: float = setting(
-        5.0, "The longest a mirror batch below kafka.mirror_min_batch_bytes waits: how far Kafka may trail "
+        3.0, "The longest a mirror batch below kafka.mirror_min_batch_bytes waits: how far Kafka may trail "
         "the tier on a quiet broker. 0: never waits.")
     # Why 32 MiB: a busy broker's tier batch must fit, or it goes to Spark's tasks and reaches Kafka
     # later; and every step of a catch-up is cheaper sent from the driver (docs/benchmarks.md, "The
