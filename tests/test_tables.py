@@ -767,11 +767,8 @@ def test_a_sync_that_fails_after_its_commit_landed_registers_nothing_twice(tmp_p
         run.close()
 
 
-def test_a_commit_interval_holds_a_table_and_its_lag_shows_what_waits(tmp_path, monkeypatch):
-    """With ``commit_interval_s`` far off, each table commits at its first round, then holds its new
-    rows: ``info`` counts them as its lag, and the writer deletes no staging object the tables
-    still need; with the interval 0, the next round takes them, and nothing is left behind.  Rounds
-    that find nothing new commit nothing (a replacement the last commit made possible aside)."""
+def count_commits(monkeypatch) -> list[str]:
+    """The topics of the table commits made from now on, in order."""
     commits: list[str] = []
     real = MessageTables._commit_once
 
@@ -779,6 +776,15 @@ def test_a_commit_interval_holds_a_table_and_its_lag_shows_what_waits(tmp_path, 
         commits.append(topic)
         return real(self, topic, *args)
     monkeypatch.setattr(MessageTables, "_commit_once", counted)
+    return commits
+
+
+def test_a_commit_interval_holds_a_table_and_its_lag_shows_what_waits(tmp_path, monkeypatch):
+    """With ``commit_interval_s`` far off, each table commits at its first round, then holds its new
+    rows: ``info`` counts them as its lag, and the writer deletes no staging object the tables
+    still need; with the interval 0, the next round takes them, and nothing is left behind.  Rounds
+    that find nothing new commit nothing (a replacement the last commit made possible aside)."""
+    commits = count_commits(monkeypatch)
     run = TablesRun(tmp_path, messages=240, seed=3, faults=tw.Faults())
     tables = run.writer.tables
     tables.settings = replace(tables.settings, commit_interval_s=3600.0)
@@ -815,13 +821,7 @@ def test_the_request_budget_bounds_commits_and_the_longest_waiting_table_goes_fi
     longest), the others wait their turn, and every table catches up as the budget allows."""
     now = [1000.0]
     monkeypatch.setattr(tables_module.time, "monotonic", lambda: now[0])
-    commits: list[str] = []
-    real = MessageTables._commit_once
-
-    def counted(self, topic, *args):
-        commits.append(topic)
-        return real(self, topic, *args)
-    monkeypatch.setattr(MessageTables, "_commit_once", counted)
+    commits = count_commits(monkeypatch)
     run = TablesRun(tmp_path, messages=120, seed=12, faults=tw.Faults())
     tables = run.writer.tables
     tables.settings = replace(tables.settings, commits_per_minute=1)
