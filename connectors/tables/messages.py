@@ -96,7 +96,6 @@ class MessageTables(TopicTables):
         self._topics: dict[str, _Topic] = {}
         self._todo: list[tuple[str, str | None]] | None = None  # still to look at: (table name, topic or None)
         self._commits: deque[float] = deque()  # monotonic times of the last minute's commits
-        self.behind: dict[str, dict[int, tuple[int, int]]] = {}  # topic -> its rows not in its table, by queue
         self._lag: dict[str, tuple[int, int | None]] = {}  # topic -> (rows behind, commit ms of the oldest)
         self._parts = StagingParts()  # the staging objects' parts, kept from round to round
         self._last: TierView | None = None  # the view of the last round
@@ -194,14 +193,13 @@ class MessageTables(TopicTables):
         now, s = time.monotonic(), self.settings
         while self._commits and now - self._commits[0] > 60:
             self._commits.popleft()
-        waiting, behind, lag = [], {}, {}
+        waiting, lag = [], {}
         parts = self._parts.of(view)
         for topic in sorted(view.topics()):
             known = self._topics.get(topic)
             if known is None:
                 continue  # still to reconcile
             plan = fresh.plan(known.state, view.queues_of(topic), FILES_PER_COMMIT)
-            behind[topic] = dict(plan.rows)
             lag[topic] = (sum(b - a for a, b in plan.rows.values()), oldest_ms(view, topic, plan.rows, parts))
             if not plan.rows and not plan.unregister:
                 known.caught_up_at = view.at
@@ -215,7 +213,7 @@ class MessageTables(TopicTables):
                 pending >= s.min_commit_bytes or now - known.waiting_since >= s.max_commit_delay_s))
             if ready:
                 waiting.append((known.waiting_since, topic, plan))
-        self.behind, self._lag = behind, lag  # whole, for ``lag`` on another thread
+        self._lag = lag  # whole, for ``lag`` on another thread
         waiting.sort(key=lambda w: (w[0], w[1]))
         room = len(waiting) if not hold else max(0, s.commits_per_minute - len(self._commits))
         return [(topic, plan) for _, topic, plan in waiting[:room]]
