@@ -42,7 +42,7 @@ from connectors.faults import crash_point
 from connectors.tables import fresh
 from connectors.tables.base import KIND, TOPIC, TopicTables, find_spec, spec_with
 from connectors.tables.catalog import data_location
-from connectors.tables.view import StagingParts, TierView, oldest_ms, parts_from, read_rows
+from connectors.tables.view import StagingParts, TierView, oldest_ms, parts_from, read_rows, staging_parts
 from connectors.tier import layout
 from connectors.tier.layout import Names, escape_topic
 from connectors.tier.manifest import Segment
@@ -200,7 +200,7 @@ class MessageTables(TopicTables):
             if known is None:
                 continue  # still to reconcile
             plan = fresh.plan(known.state, view.queues_of(topic), FILES_PER_COMMIT)
-            lag[topic] = (sum(b - a for a, b in plan.rows.values()), oldest_ms(view, topic, plan.rows, parts))
+            lag[topic] = (sum(b - a for a, b in plan.rows.values()), oldest_ms(topic, plan.rows, parts))
             if not plan.rows and not plan.unregister:
                 known.caught_up_at = view.at
             if plan.empty:
@@ -519,6 +519,7 @@ class MessageTables(TopicTables):
         hold yet, and how long the oldest of them has waited."""
         rows = []
         now_ms = int(time.time() * 1000)
+        parts = staging_parts(view) if view is not None else {}  # once, not once a table
         for topic, table in sorted(self._listed().items()):
             snapshot = table.current_snapshot()
             seq = table.properties.get(SEQ + self.broker)
@@ -531,7 +532,7 @@ class MessageTables(TopicTables):
                 cover = dict(map(tuple, json.loads(table.properties.get(COVER + self.broker, "[]"))))
                 behind = {q: (max(cover.get(q, 0), now.low), now.commit) for q, now in view.queues_of(topic).items()
                           if now.commit > max(cover.get(q, 0), now.low)}
-                oldest = oldest_ms(view, topic, behind)
+                oldest = oldest_ms(topic, behind, parts)
                 row.update(lag_messages=sum(b - a for a, b in behind.values()),
                            lag_s=round(max(0, now_ms - oldest) / 1000, 1) if oldest is not None else 0.0)
             rows.append(row)

@@ -154,11 +154,10 @@ class StagingParts:
         return self._parts
 
 
-def oldest_ms(view: TierView, topic: str, behind: dict[int, tuple[int, int]],
-              parts: dict | None = None) -> int | None:
+def oldest_ms(topic: str, behind: dict[int, tuple[int, int]], parts: dict) -> int | None:
     """When the oldest committed row a table lacks was committed (the time of the staging object
-    holding it), of the rows ``behind`` (queue -> [first, end)); None when none waits in staging."""
-    parts = staging_parts(view) if parts is None else parts
+    holding it), of the rows ``behind`` (queue -> [first, end)) and the view's ``staging_parts``;
+    None when none waits in staging."""
     times = [next((ms for _last, _b, ms in parts_from(parts, (topic, q), first)), None)
              for q, (first, _end) in behind.items()]
     times = [ms for ms in times if ms is not None]
