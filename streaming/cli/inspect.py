@@ -7,6 +7,7 @@ import time
 from typing import Iterator
 
 from connectors.commitlog.errors import DeletedBeforeReadError
+from connectors.commitlog.reader import directory_problem
 from connectors.errors import ConfigError
 from streaming import config as cfg
 from streaming.cli.output import emit, ms_to_iso
@@ -23,9 +24,10 @@ def cmd_inspect(args, conf: cfg.Config) -> int:
     s = derive(conf)
     if args.from_queue_offset is not None and (args.topic is None or args.queue is None):
         raise ConfigError("inspect --from-queue-offset needs --topic and --queue")
+    problem = directory_problem(s.paths.commitlog)  # the same words as run's and config check's
+    if problem is not None:
+        raise ConfigError(problem[1])
     with s.reader.open(on_corrupt="fail") as reader:
-        if not reader.files():
-            raise ConfigError(f"commitlog.dir {s.paths.commitlog!r} holds no commitlog files")
         if args.from_phy is not None:
             _check_start(reader, args.from_phy)
         if args.summary:
