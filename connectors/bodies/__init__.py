@@ -1,0 +1,1 @@
+"""Body formats: how a topic's message bodies become typed columns (``base.BodyFormat``)."""

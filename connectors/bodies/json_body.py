@@ -1,0 +1,473 @@
+"""JSON bodies as typed columns, the types inferred from the data and evolved by Iceberg's rules.
+
+The types: JSON true/false -> bool; an integer -> long (beyond a long's range: double); any other
+number -> double; a string -> string, or timestamp (UTC, microseconds) where every value a field
+first had was an RFC 3339 date-time; an object -> struct; an array -> list of its items' type.  A
+field only ever seen as null, ``{}`` or ``[]`` has no type yet and no column.
+
+How the schema evolves, batch by batch against the ``known`` schema (the topic's table):
+- a field not known adds a column (appended; inside a struct, appended to it);
+- a known long field meeting a fraction widens to double (``Typed.widened`` names it);
+- any other value that does not fit its field's type (a string where a long was, an RFC 3339
+  field meeting other text) leaves the row's value null and names the field in ``_body_errors``;
+  within a batch, a new field takes the first type its values had, widened as above, and a string
+  field with some RFC 3339 values is a string;
+- a body that is not a JSON object (not JSON at all, empty, an array, a scalar) has every typed
+  column null and ``_body_errors`` ``["$"]``.
+
+Field names: a dot becomes ``_`` (Iceberg and SQL read dots as paths), and a top-level field named
+like a message column (``topic``, ``body``, ...) gets ``json_`` before it; both are logged once.
+
+Why two paths: pyarrow's JSON reader parses a batch in C++, several times faster than a parse per
+body in Python (docs/benchmarks.md), but it fails a whole batch on one body that does not fit.
+Then the batch is read again body by body (``json.loads``), the reference semantics above; the
+fast path is taken only where its answer is the same.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from datetime import datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from connectors.bodies.base import ERRORS, ERRORS_TYPE, WHOLE, BodyFormat, Typed
+from connectors.commitlog.arrow import MESSAGE_SCHEMA
+
+log = logging.getLogger(__name__)
+RESERVED = frozenset(MESSAGE_SCHEMA.names) | {ERRORS}
+RFC3339 = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+_RFC3339 = re.compile(RFC3339)
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+LONG_MIN, LONG_MAX = -(2 ** 63), 2 ** 63 - 1
+_warned: set[str] = set()
+
+
+class _Conflict(Exception):
+    """A value that does not fit its field's type."""
+
+
+class _Inferred(Exception):
+    """pyarrow took a new field's strings for timestamps: read them as strings (``path``)."""
+
+    def __init__(self, path: tuple[str, ...]):
+        super().__init__(".".join(path))
+        self.path = path
+
+
+EXACT_ROWS = 16  # a failing part of a batch is halved down to this many bodies, then read body by body
+
+
+def clean_name(name: str, top: bool) -> str:
+    """The column name of a JSON field (see the module's docstring)."""
+    out = name.replace(".", "_")
+    if top and out in RESERVED:
+        out = "json_" + out
+    if out != name and name not in _warned:
+        _warned.add(name)
+        log.warning("JSON field %r is the column %r: %s", name, out,
+                    "a dot reads as a path" if "." in name else "a message column has its name")
+    return out
+
+
+class JsonFormat(BodyFormat):
+    """Bodies that are JSON objects."""
+
+    name = "json"
+
+    def typed(self, bodies: pa.Array, known: pa.Schema) -> Typed:
+        parts: list[Typed] = []
+        self._read(bodies.to_pylist(), known, parts)
+        schema = parts[-1].schema if parts else known
+        columns = [_to_schema(p.columns, schema) for p in parts]
+        whole = pa.concat_tables(columns) if columns else _with_errors(
+            pa.table({f.name: pa.nulls(0, f.type) for f in schema}), [], 0)
+        return Typed(whole, schema, set().union(*(p.widened for p in parts)) & _paths(known),
+                     sum(p.unreadable for p in parts))
+
+    def _read(self, values: list, known: pa.Schema, parts: list[Typed]) -> pa.Schema:
+        """Read ``values`` into ``parts``, fast where pyarrow's answer is the exact one; the schema after."""
+        if not values:
+            return known
+        objects = [i for i, b in enumerate(values) if _looks_like_object(b)]
+        strings: list[tuple[str, ...]] = []
+        for _ in range(32):
+            try:
+                parts.append(self._fast(values, objects, known, strings))
+                return parts[-1].schema
+            except _Inferred as e:
+                strings.append(e.path)
+            except (pa.ArrowInvalid, _Conflict):
+                break
+        if len(values) <= EXACT_ROWS:
+            parts.append(self._exact(values, known))
+            return parts[-1].schema
+        half = len(values) // 2
+        return self._read(values[half:], self._read(values[:half], known, parts), parts)
+
+    # ------------------------------------------------------------ pyarrow's reader, a batch at once
+
+    def _fast(self, values: list, objects: list[int], known: pa.Schema, strings: list[tuple[str, ...]]) -> Typed:
+        n = len(values)
+        if not objects:
+            return _assemble(pa.table({f.name: pa.nulls(0, f.type) for f in known}), [], n, known, set(), n)
+        block = b"\n".join(values[i].replace(b"\n", b" ").replace(b"\r", b" ") for i in objects)
+        parse = pa.schema([pa.field(f.name, _as_parsed(f.type)) for f in known])
+        for path in strings:
+            parse = _with_string(parse, path)
+        table = pj.read_json(io.BytesIO(block), read_options=pj.ReadOptions(use_threads=False),
+                             parse_options=pj.ParseOptions(explicit_schema=parse, unexpected_field_behavior="infer"))
+        if table.num_rows != len(objects):
+            raise _Conflict("rows")
+        errors: dict[int, set[str]] = {}
+        fields, columns = [], []
+        for name, column in zip(table.column_names, table.columns):
+            raw = (name,)
+            column = column.combine_chunks()
+            top = known.field(name).type if name in known.names else None
+            if top is None:
+                name = clean_name(name, top=True)
+                if name in known.names or name in [f.name for f in fields]:
+                    raise _Conflict(name)  # a cleaned name met another: the exact path decides
+            column, type_ = _finish(column, top, name, None, errors, raw)
+            if type_ is None:
+                continue  # only nulls so far: no type, no column
+            fields.append(pa.field(name, type_))
+            columns.append(column)
+        evolved = _grown(known, pa.schema(fields))
+        read = dict(zip((f.name for f in fields), columns))
+        typed = pa.table({f.name: _cast(read[f.name], f.type) if f.name in read else pa.nulls(len(objects), f.type)
+                          for f in evolved})
+        rows = [sorted(errors[i]) if i in errors else None for i in range(len(objects))]
+        return _assemble(typed, rows, n, evolved, set(), n - len(objects), objects)
+
+    # ------------------------------------------------------------ the reference: body by body
+
+    def _exact(self, values: list, known: pa.Schema) -> Typed:
+        parsed: list[dict | None] = []
+        for body in values:
+            try:
+                value = json.loads(body) if body else None
+            except (ValueError, UnicodeDecodeError):
+                value = None
+            parsed.append(_clean_object(value) if isinstance(value, dict) else None)
+        types = {f.name: f.type for f in known}
+        widened: set[str] = set()
+        for obj in parsed:
+            if obj is not None:
+                _unify_fields(types, obj, set(known.names), widened, "")
+        evolved = pa.schema([pa.field(name, t) for name, t in types.items() if t is not None])
+        rows, errors = [], []
+        for obj in parsed:
+            if obj is None:
+                rows.append(None)
+                errors.append([WHOLE])
+                continue
+            errs: set[str] = set()
+            rows.append({f.name: _conform(obj.get(f.name), f.type, f.name, errs) for f in evolved})
+            errors.append(sorted(errs) or None)
+        struct = pa.array([r if r is not None else {} for r in rows], type=pa.struct(list(evolved)))
+        typed = pa.Table.from_arrays(struct.flatten(), schema=evolved) if len(evolved) else pa.table({})
+        unreadable = sum(1 for obj in parsed if obj is None)
+        return Typed(_with_errors(typed, errors, len(values)), evolved, widened & _paths(known), unreadable)
+
+
+# ---------------------------------------------------------------- the exact path's rules
+
+
+def _clean_object(obj: dict, top: bool = True) -> dict:
+    out = {}
+    for key, value in obj.items():
+        out[clean_name(key, top)] = _clean_object(value, False) if isinstance(value, dict) else (
+            [(_clean_object(v, False) if isinstance(v, dict) else v) for v in value] if isinstance(value, list) else value)
+    return out
+
+
+def _infer(value) -> pa.DataType | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return pa.bool_()
+    if isinstance(value, int):
+        return pa.int64() if LONG_MIN <= value <= LONG_MAX else pa.float64()
+    if isinstance(value, float):
+        return pa.float64()
+    if isinstance(value, str):
+        return TIMESTAMP if _RFC3339.match(value) else pa.string()
+    if isinstance(value, dict):
+        types: dict[str, pa.DataType | None] = {}
+        _unify_fields(types, value, set(), set(), "")
+        fields = [pa.field(k, t) for k, t in types.items() if t is not None]
+        return pa.struct(fields) if fields else None
+    if isinstance(value, list):
+        item = None
+        for v in value:
+            item = _unify(item, v, new=True, widened=set(), path="")
+        return pa.list_(item) if item is not None else None
+    return None
+
+
+def _unify_fields(types: dict, obj: dict, known: set[str], widened: set[str], prefix: str) -> None:
+    for name, value in obj.items():
+        path = prefix + name
+        types[name] = _unify(types.get(name), value, new=name not in known, widened=widened, path=path)
+
+
+def _unify(type_: pa.DataType | None, value, *, new: bool, widened: set[str], path: str) -> pa.DataType | None:
+    """``type_`` grown to take ``value`` where the rules allow; else unchanged (the value conflicts)."""
+    seen = _infer(value)
+    if seen is None:
+        return type_
+    if type_ is None:
+        return seen
+    if type_ == seen:
+        if pa.types.is_struct(type_):
+            return _unify_struct(type_, value, new, widened, path)
+        if pa.types.is_list(type_):
+            item = type_.value_type
+            for v in value:
+                item = _unify(item, v, new=new, widened=widened, path=path + "[]")
+            return pa.list_(item)
+        return type_
+    if pa.types.is_int64(type_) and pa.types.is_float64(seen):
+        if not path.endswith("[]"):  # a list's items keep their type: Iceberg widens a column, not an element
+            widened.add(path)
+            return seen
+    if new and pa.types.is_timestamp(type_) and pa.types.is_string(seen):
+        return seen  # not every value was RFC 3339: a string
+    if pa.types.is_struct(type_) and pa.types.is_struct(seen):
+        return _unify_struct(type_, value, new, widened, path)
+    if pa.types.is_list(type_) and pa.types.is_list(seen):
+        item = type_.value_type
+        for v in value:
+            item = _unify(item, v, new=new, widened=widened, path=path + "[]")
+        return pa.list_(item)
+    return type_
+
+
+def _unify_struct(type_: pa.StructType, value: dict, new: bool, widened: set[str], path: str) -> pa.DataType:
+    types = {f.name: f.type for f in type_}
+    known = set() if new else set(types)
+    _unify_fields(types, value, known, widened, path + ".")
+    return pa.struct([pa.field(k, t) for k, t in types.items() if t is not None])
+
+
+def _conform(value, type_: pa.DataType, path: str, errs: set[str]):
+    """``value`` as ``type_``, or None with ``path`` in ``errs`` when it does not fit."""
+    if value is None:
+        return None
+    ok = None
+    if pa.types.is_boolean(type_):
+        ok = value if isinstance(value, bool) else None
+    elif pa.types.is_int64(type_):
+        ok = value if isinstance(value, int) and not isinstance(value, bool) and LONG_MIN <= value <= LONG_MAX else None
+    elif pa.types.is_float64(type_):
+        ok = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    elif pa.types.is_string(type_):
+        ok = value if isinstance(value, str) else None
+    elif pa.types.is_timestamp(type_):
+        ok = _timestamp(value) if isinstance(value, str) and _RFC3339.match(value) else None
+    elif pa.types.is_struct(type_):
+        if isinstance(value, dict):
+            return {f.name: _conform(value.get(f.name), f.type, f"{path}.{f.name}", errs) for f in type_}
+    elif pa.types.is_list(type_):
+        if isinstance(value, list):
+            return [_conform(v, type_.value_type, path + "[]", errs) for v in value]
+    if ok is None:
+        errs.add(path)
+    return ok
+
+
+def _timestamp(text: str) -> datetime:
+    # fromisoformat takes at most microseconds: a longer fraction is cut, as Arrow's cast cuts it
+    head, dot, rest = text.partition(".")
+    if dot:
+        digits = re.match(r"\d+", rest).group(0)
+        text = f"{head}.{digits[:6].ljust(6, '0')}{rest[len(digits):]}"
+    return datetime.fromisoformat(text.replace("z", "Z").replace("t", "T", 1))
+
+
+# ---------------------------------------------------------------- the fast path's finishing
+
+
+def _looks_like_object(body) -> bool:
+    if not body:
+        return False
+    stripped = body.strip()
+    return stripped[:1] == b"{" and stripped[-1:] == b"}"
+
+
+def _as_parsed(type_: pa.DataType) -> pa.DataType:
+    """What pyarrow's reader is told a known type is: timestamps as strings, checked after."""
+    if pa.types.is_timestamp(type_):
+        return pa.string()
+    if pa.types.is_struct(type_):
+        return pa.struct([pa.field(f.name, _as_parsed(f.type)) for f in type_])
+    if pa.types.is_list(type_):
+        return pa.list_(_as_parsed(type_.value_type))
+    return type_
+
+
+def _finish(arr: pa.Array, known: pa.DataType | None, path: str, rows: pa.Array | None,
+            errors: dict[int, set[str]], raw: tuple[str, ...]) -> tuple[pa.Array, pa.DataType | None]:
+    """A column pyarrow read, as its type by the rules (``known``: the table's type, else inferred
+    here).  ``rows``: the batch row of each element (None: the element is the row)."""
+    t = arr.type
+    if pa.types.is_null(t):
+        return arr, None
+    if pa.types.is_struct(t):
+        children, fields = [], []
+        known_fields = {f.name: f.type for f in known} if known is not None else {}
+        for i, f in enumerate(t):
+            name = f.name if f.name in known_fields else clean_name(f.name, top=False)
+            if name != f.name and name in [g.name for g in t]:
+                raise _Conflict(name)
+            child, ct = _finish(arr.field(i), known_fields.get(f.name), f"{path}.{name}", rows, errors, raw + (f.name,))
+            if ct is not None:
+                children.append(child)
+                fields.append(pa.field(name, ct))
+        if not fields:
+            return arr, None  # only empty objects so far
+        return pa.StructArray.from_arrays(children, fields=fields, mask=arr.is_null()), pa.struct(fields)
+    if pa.types.is_list(t):
+        parents = pc.list_parent_indices(arr)
+        item_rows = parents if rows is None else rows.take(parents)
+        values, vt = _finish(arr.flatten(), known.value_type if known is not None else None, path + "[]",
+                             item_rows, errors, raw + ("[]",))
+        if vt is None:
+            return arr, None
+        offsets = pc.subtract(arr.offsets, arr.offsets[0]) if len(arr) else arr.offsets
+        return pa.ListArray.from_arrays(offsets, values, type=pa.list_(vt), mask=arr.is_null()), pa.list_(vt)
+    if pa.types.is_timestamp(t):
+        # pyarrow took a new field's strings for ISO 8601 timestamps, by its rules, not RFC 3339's,
+        # and the strings are gone: read again, told the field is a string
+        raise _Inferred(tuple(raw))
+    if pa.types.is_string(t) and (known is None or pa.types.is_timestamp(known)):
+        fits = pc.match_substring_regex(arr, RFC3339)
+        if known is None:
+            if arr.null_count == len(arr) or not pc.all(pc.fill_null(fits, True)).as_py():
+                return arr, t
+        bad = pc.and_(pc.invert(pc.fill_null(fits, True)), arr.is_valid())
+        if pc.any(bad).as_py():
+            for i in pc.indices_nonzero(bad).to_pylist():
+                errors.setdefault(i if rows is None else rows[i].as_py(), set()).add(path)
+        clean = pc.if_else(bad, pa.scalar(None, pa.string()), arr)
+        return _parse_timestamps(clean), TIMESTAMP
+    if known is not None and known != t:
+        if pa.types.is_float64(known) and pa.types.is_int64(t):
+            return arr.cast(known), known
+        raise _Conflict(path)
+    return arr, t
+
+
+def _parse_timestamps(arr: pa.Array) -> pa.Array:
+    try:
+        return arr.cast(TIMESTAMP)
+    except pa.ArrowInvalid:  # a form Arrow's parser does not take (a lower-case t, a space, nanoseconds)
+        return pa.array([None if v is None else _timestamp(v) for v in arr.to_pylist()], type=TIMESTAMP)
+
+
+def _cast(arr: pa.Array, type_: pa.DataType) -> pa.Array:
+    return arr if arr.type == type_ else _to_type(arr, type_)
+
+
+def _to_type(arr, type_: pa.DataType):
+    """``arr`` as ``type_``, a type it grew into: struct fields it lacks are null, longs widen."""
+    if arr.type == type_:
+        return arr
+    if isinstance(arr, pa.ChunkedArray):
+        return pa.chunked_array([_to_type(c, type_) for c in arr.chunks], type=type_)
+    if pa.types.is_struct(type_):
+        have = {f.name: i for i, f in enumerate(arr.type)}
+        children = [_to_type(arr.field(have[f.name]), f.type) if f.name in have else pa.nulls(len(arr), f.type)
+                    for f in type_]
+        return pa.StructArray.from_arrays(children, fields=list(type_), mask=arr.is_null())
+    if pa.types.is_list(type_):
+        offsets = pc.subtract(arr.offsets, arr.offsets[0]) if len(arr) else arr.offsets
+        return pa.ListArray.from_arrays(offsets, _to_type(arr.flatten(), type_.value_type), type=type_,
+                                        mask=arr.is_null())
+    return arr.cast(type_)
+
+
+def _to_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A part's columns as the batch's final schema (it may have grown after the part)."""
+    cols = {name: table.column(name) for name in table.column_names}
+    n = table.num_rows
+    out = {f.name: _to_type(cols[f.name], f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema}
+    out[ERRORS] = cols[ERRORS]
+    return pa.table(out)
+
+
+def _with_string(schema: pa.Schema, path: tuple[str, ...]) -> pa.Schema:
+    """``schema`` told that the field at ``path`` (raw JSON names; list items as ``[]``) is a string."""
+    def into(type_: pa.DataType | None, rest: tuple[str, ...]) -> pa.DataType:
+        if not rest:
+            return pa.string()
+        if rest[0] == "[]":
+            return pa.list_(into(type_.value_type if type_ is not None and pa.types.is_list(type_) else None, rest[1:]))
+        fields = list(type_) if type_ is not None and pa.types.is_struct(type_) else []
+        names = [f.name for f in fields]
+        child = fields[names.index(rest[0])].type if rest[0] in names else None
+        new = pa.field(rest[0], into(child, rest[1:]))
+        return pa.struct([new if f.name == rest[0] else f for f in fields] + ([] if rest[0] in names else [new]))
+    return pa.schema(list(into(pa.struct(list(schema)), path)))
+
+
+def _grown(known: pa.Schema, seen: pa.Schema) -> pa.Schema:
+    """``known`` with the fields ``seen`` adds (at any depth), appended."""
+    fields = []
+    for f in known:
+        if f.name in seen.names:
+            fields.append(pa.field(f.name, _grown_type(f.type, seen.field(f.name).type)))
+        else:
+            fields.append(f)
+    fields += [f for f in seen if f.name not in known.names]
+    return pa.schema(fields)
+
+
+def _grown_type(known: pa.DataType, seen: pa.DataType) -> pa.DataType:
+    if pa.types.is_struct(known) and pa.types.is_struct(seen):
+        return pa.struct(list(_grown(pa.schema(list(known)), pa.schema(list(seen)))))
+    if pa.types.is_list(known) and pa.types.is_list(seen):
+        return pa.list_(_grown_type(known.value_type, seen.value_type))
+    return known
+
+
+def _paths(schema: pa.Schema) -> set[str]:
+    out = set()
+
+    def walk(prefix: str, type_: pa.DataType) -> None:
+        out.add(prefix)
+        if pa.types.is_struct(type_):
+            for f in type_:
+                walk(f"{prefix}.{f.name}", f.type)
+
+    for f in schema:
+        walk(f.name, f.type)
+    return out
+
+
+def _with_errors(typed: pa.Table, errors: list, n: int) -> pa.Table:
+    col = pa.array(errors, type=ERRORS_TYPE)
+    if typed.num_columns == 0:
+        return pa.table({ERRORS: col})
+    return typed.append_column(ERRORS, col)
+
+
+def _assemble(typed: pa.Table, errors: list, n: int, schema: pa.Schema, widened: set[str], unreadable: int,
+              objects: list[int] | None = None) -> Typed:
+    """The batch's columns, the rows that were not objects null with ``["$"]``."""
+    if objects is not None and len(objects) == n:
+        return Typed(_with_errors(typed, errors, n), schema, widened, unreadable)
+    at = {row: i for i, row in enumerate(objects or [])}
+    take = pa.array([at.get(i) for i in range(n)], type=pa.int64())
+    whole = typed.take(take) if typed.num_columns else typed
+    errs = [errors[at[i]] if i in at else [WHOLE] for i in range(n)]
+    if not typed.num_columns:
+        return Typed(pa.table({ERRORS: pa.array(errs, type=ERRORS_TYPE)}), schema, widened, unreadable)
+    return Typed(_with_errors(whole, errs, n), schema, widened, unreadable)
