@@ -68,6 +68,17 @@ def parsed_by(parse, **kw):
     return check
 
 
+def body_format_problem(value: str) -> str | None:
+    from connectors.bodies.formats import BodyFormats
+    from connectors.errors import ConfigError
+
+    try:
+        BodyFormats(value)
+    except ConfigError as e:
+        return str(e).split(": ", 1)[1]
+    return None
+
+
 def topic_classes_problem(value: str) -> str | None:
     from connectors.commitlog.topics import CLASSES
 
@@ -401,6 +412,11 @@ class TopicsConfig:
     compaction_exclude: str = setting("", "Topics the KV view and changelog leave out (globs).")
     mirror_include: str = setting("", "Topics the Kafka mirror sends whatever their class (globs).")
     mirror_exclude: str = setting("", "Topics the Kafka mirror leaves out (globs).")
+    body_format: str = setting("", "How topics' bodies are read into the message tables: `glob=format` pairs, "
+                                   "`orders=json,events-*=json`, the first match winning. `json`: each top-level "
+                                   "field of a JSON object body is a typed column beside the raw body, the types "
+                                   "inferred from the data (docs/reading.md, \"Typed columns\"). Topics no glob "
+                                   "matches stay `bytes`: the body alone.", check=body_format_problem)
 
 
 @dataclass(frozen=True)

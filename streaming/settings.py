@@ -322,7 +322,7 @@ def tables(conf: cfg.Config) -> TableSettings | None:
                             namespace=t.namespace, name=t.name, latest_name=t.latest_name, properties=props,
                             commit_interval_s=t.commit_interval_s, min_commit_bytes=t.min_commit_bytes,
                             max_commit_delay_s=t.max_commit_delay_s, commits_per_minute=t.commits_per_minute,
-                            snapshots_kept=max(1, t.snapshots_kept))
+                            snapshots_kept=max(1, t.snapshots_kept), body_formats=conf.topics.body_format)
 
 
 def _globs(text: str) -> tuple[str, ...]:

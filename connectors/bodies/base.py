@@ -12,13 +12,11 @@ the caller.  A format never raises for a body.
 
 from __future__ import annotations
 
-import fnmatch
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-
-from connectors.errors import ConfigError
+import pyarrow.compute as pc
 
 ERRORS = "_body_errors"  # per row: the fields that did not fit its type, "$" for the body as a whole
 WHOLE = "$"
@@ -33,6 +31,7 @@ class Typed:
     schema: pa.Schema  # the evolved schema (without ERRORS): ``known`` grown
     widened: set[str] = field(default_factory=set)  # dotted paths of known fields whose type widened
     unreadable: int = 0  # bodies that were not what the format reads at all (their ERRORS is ["$"])
+    dropped: bool = False  # some values were left out for want of a type (a field seen only as {} or [])
 
 
 class BodyFormat(ABC):
@@ -54,40 +53,29 @@ class BytesFormat(BodyFormat):
         return None
 
 
-def formats() -> dict[str, type[BodyFormat]]:
-    from connectors.bodies.json_body import JsonFormat
+def to_type(arr, type_: pa.DataType):
+    """``arr`` as ``type_``, a type it grew into: struct fields it lacks are null, longs widen."""
+    if arr.type == type_:
+        return arr
+    if isinstance(arr, pa.ChunkedArray):
+        return pa.chunked_array([to_type(c, type_) for c in arr.chunks], type=type_)
+    if pa.types.is_struct(type_):
+        have = {f.name: i for i, f in enumerate(arr.type)}
+        children = [to_type(arr.field(have[f.name]), f.type) if f.name in have else pa.nulls(len(arr), f.type)
+                    for f in type_]
+        return pa.StructArray.from_arrays(children, fields=list(type_), mask=arr.is_null())
+    if pa.types.is_list(type_):
+        offsets = pc.subtract(arr.offsets, arr.offsets[0]) if len(arr) else arr.offsets
+        return pa.ListArray.from_arrays(offsets, to_type(arr.flatten(), type_.value_type), type=type_,
+                                        mask=arr.is_null())
+    return arr.cast(type_)
 
-    return {"bytes": BytesFormat, "json": JsonFormat}
 
-
-class BodyFormats:
-    """Which format each topic's bodies are in: ``glob=format`` pairs (``orders=json,events-*=json``),
-    the first matching glob wins, and ``bytes`` for every topic none matches."""
-
-    def __init__(self, spec: str = "", source: str = "topics.body_format"):
-        known = formats()
-        self.rules: list[tuple[str, BodyFormat]] = []
-        for item in filter(None, (part.strip() for part in spec.split(","))):
-            glob, sep, name = item.partition("=")
-            glob, name = glob.strip(), name.strip()
-            if not sep or not glob or name not in known:
-                raise ConfigError(f"setting {source}: {item!r} is not topic=format; give comma-separated "
-                                  f"pairs such as orders=json,events-*=json, each format one of "
-                                  f"{', '.join(sorted(known))}")
-            self.rules.append((glob, known[name]()))
-        self._default = BytesFormat()
-        self._cache: dict[str, BodyFormat] = {}
-
-    def of(self, topic: str) -> BodyFormat:
-        found = self._cache.get(topic)
-        if found is None:
-            found = next((fmt for glob, fmt in self.rules if fnmatch.fnmatchcase(topic, glob)), self._default)
-            self._cache[topic] = found
-        return found
-
-    def typed(self, topic: str) -> bool:
-        """Whether ``topic``'s bodies get typed columns."""
-        return not isinstance(self.of(topic), BytesFormat)
-
-    def __bool__(self) -> bool:
-        return any(not isinstance(fmt, BytesFormat) for _, fmt in self.rules)
+def as_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Typed columns (``ERRORS`` last) as ``schema``, a schema they grew into since they were read:
+    a later part of their batch, or the table's after another file of the commit widened it."""
+    cols = {name: table.column(name) for name in table.column_names}
+    n = table.num_rows
+    out = {f.name: to_type(cols[f.name], f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema}
+    out[ERRORS] = cols[ERRORS]
+    return pa.table(out)

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from connectors.bodies.base import ERRORS, ERRORS_TYPE, WHOLE, BodyFormat, Typed
+from connectors.bodies.base import ERRORS, ERRORS_TYPE, WHOLE, BodyFormat, Typed, as_schema, to_type
 from connectors.commitlog.arrow import MESSAGE_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,17 @@ _warned: set[str] = set()
 
 class _Conflict(Exception):
     """A value that does not fit its field's type."""
+
+
+class _Row(Exception):
+    """pyarrow's reader found a value that does not fit its field at this body (an index of the batch)."""
+
+    def __init__(self, at: int):
+        super().__init__(at)
+        self.at = at
+
+
+_AT_ROW = re.compile(r" in row (\d+)")
 
 
 class _Inferred(Exception):
@@ -81,34 +92,58 @@ class JsonFormat(BodyFormat):
     name = "json"
 
     def typed(self, bodies: pa.Array, known: pa.Schema) -> Typed:
-        parts: list[Typed] = []
-        self._read(bodies.to_pylist(), known, parts)
-        schema = parts[-1].schema if parts else known
-        columns = [_to_schema(p.columns, schema) for p in parts]
+        read: list[tuple[Typed, list]] = []
+        self._read(bodies.to_pylist(), known, read)
+        schema = read[-1][0].schema if read else known
+        # A part that left out a field's values for want of a type ({} or [] alone), where a later
+        # part gave the field one: read again against the batch's schema, so they fit it or are marked.
+        parts = [self._exact(values, schema) if part.dropped and part.schema != schema else part
+                 for part, values in read]
+        columns = [as_schema(p.columns, schema) for p in parts]
         whole = pa.concat_tables(columns) if columns else _with_errors(
             pa.table({f.name: pa.nulls(0, f.type) for f in schema}), [], 0)
         return Typed(whole, schema, set().union(*(p.widened for p in parts)) & _paths(known),
                      sum(p.unreadable for p in parts))
 
-    def _read(self, values: list, known: pa.Schema, parts: list[Typed]) -> pa.Schema:
-        """Read ``values`` into ``parts``, fast where pyarrow's answer is the exact one; the schema after."""
-        if not values:
-            return known
-        objects = [i for i, b in enumerate(values) if _looks_like_object(b)]
-        strings: list[tuple[str, ...]] = []
-        for _ in range(32):
-            try:
-                parts.append(self._fast(values, objects, known, strings))
-                return parts[-1].schema
-            except _Inferred as e:
-                strings.append(e.path)
-            except (pa.ArrowInvalid, _Conflict):
-                break
-        if len(values) <= EXACT_ROWS:
-            parts.append(self._exact(values, known))
-            return parts[-1].schema
-        half = len(values) // 2
-        return self._read(values[half:], self._read(values[:half], known, parts), parts)
+    def _read(self, values: list, known: pa.Schema, parts: list[tuple[Typed, list]]) -> pa.Schema:
+        """Read ``values`` into ``parts``, fast where pyarrow's answer is the exact one; the schema
+        after.  A body pyarrow names as not fitting is read alone, exactly, and the rest around it
+        fast again: a field one producer sends as a number now and then costs its bodies alone."""
+        start, window = 0, len(values)
+        while start < len(values):
+            # After a body that did not fit, the next attempt takes a window twice as long as the
+            # run before it: pyarrow parses all it is given before it names the body, so bodies
+            # that often do not fit would otherwise cost a parse of the whole rest each.
+            rest = values[start:start + window]
+            if start + window < len(values):
+                known = self._read(rest, known, parts)
+                start, window = start + len(rest), min(len(values), window * 2)
+                continue
+            objects = [i for i, b in enumerate(rest) if _looks_like_object(b)]
+            strings: list[tuple[str, ...]] = []
+            for _ in range(32):
+                try:
+                    parts.append((self._fast(rest, objects, known, strings), rest))
+                    return parts[-1][0].schema
+                except _Inferred as e:
+                    strings.append(e.path)
+                except _Row as e:
+                    if e.at:
+                        known = self._read(rest[:e.at], known, parts)
+                    parts.append((self._exact(rest[e.at:e.at + 1], known), rest[e.at:e.at + 1]))
+                    known, start = parts[-1][0].schema, start + e.at + 1
+                    window = max(EXACT_ROWS * 4, 2 * e.at)
+                    break
+                except (pa.ArrowInvalid, _Conflict):
+                    if len(rest) <= EXACT_ROWS:
+                        parts.append((self._exact(rest, known), rest))
+                        return parts[-1][0].schema
+                    half = len(rest) // 2
+                    return self._read(rest[half:], self._read(rest[:half], known, parts), parts)
+            else:
+                parts.append((self._exact(rest, known), rest))
+                return parts[-1][0].schema
+        return known
 
     # ------------------------------------------------------------ pyarrow's reader, a batch at once
 
@@ -120,8 +155,16 @@ class JsonFormat(BodyFormat):
         parse = pa.schema([pa.field(f.name, _as_parsed(f.type)) for f in known])
         for path in strings:
             parse = _with_string(parse, path)
-        table = pj.read_json(io.BytesIO(block), read_options=pj.ReadOptions(use_threads=False),
-                             parse_options=pj.ParseOptions(explicit_schema=parse, unexpected_field_behavior="infer"))
+        try:
+            # one block: the row an error names is the batch's
+            table = pj.read_json(io.BytesIO(block), read_options=pj.ReadOptions(use_threads=False,
+                                                                                block_size=len(block) + 1),
+                                 parse_options=pj.ParseOptions(explicit_schema=parse, unexpected_field_behavior="infer"))
+        except pa.ArrowInvalid as e:
+            at = _AT_ROW.search(str(e))
+            if at is not None and int(at.group(1)) < len(objects):
+                raise _Row(objects[int(at.group(1))]) from e
+            raise
         if table.num_rows != len(objects):
             raise _Conflict("rows")
         errors: dict[int, set[str]] = {}
@@ -143,8 +186,11 @@ class JsonFormat(BodyFormat):
         read = dict(zip((f.name for f in fields), columns))
         typed = pa.table({f.name: _cast(read[f.name], f.type) if f.name in read else pa.nulls(len(objects), f.type)
                           for f in evolved})
+        dropped = errors.pop(-1, None) is not None
         rows = [sorted(errors[i]) if i in errors else None for i in range(len(objects))]
-        return _assemble(typed, rows, n, evolved, set(), n - len(objects), objects)
+        out = _assemble(typed, rows, n, evolved, set(), n - len(objects), objects)
+        out.dropped = dropped
+        return out
 
     # ------------------------------------------------------------ the reference: body by body
 
@@ -174,7 +220,8 @@ class JsonFormat(BodyFormat):
         struct = pa.array([r if r is not None else {} for r in rows], type=pa.struct(list(evolved)))
         typed = pa.Table.from_arrays(struct.flatten(), schema=evolved) if len(evolved) else pa.table({})
         unreadable = sum(1 for obj in parsed if obj is None)
-        return Typed(_with_errors(typed, errors, len(values)), evolved, widened & _paths(known), unreadable)
+        dropped = any(obj is not None and _untyped(obj, pa.struct(list(evolved))) for obj in parsed)
+        return Typed(_with_errors(typed, errors, len(values)), evolved, widened & _paths(known), unreadable, dropped)
 
 
 # ---------------------------------------------------------------- the exact path's rules
@@ -283,6 +330,18 @@ def _conform(value, type_: pa.DataType, path: str, errs: set[str]):
     return ok
 
 
+def _untyped(value, type_: pa.DataType) -> bool:
+    """Whether ``value`` holds a value (an empty object or list) where ``type_`` has no field."""
+    if isinstance(value, dict):
+        if not pa.types.is_struct(type_):
+            return False
+        names = {f.name for f in type_}
+        return any(v is not None and (k not in names or _untyped(v, type_.field(k).type)) for k, v in value.items())
+    if isinstance(value, list) and pa.types.is_list(type_):
+        return any(_untyped(v, type_.value_type) for v in value)
+    return False
+
+
 def _timestamp(text: str) -> datetime:
     # fromisoformat takes at most microseconds: a longer fraction is cut, as Arrow's cast cuts it
     head, dot, rest = text.partition(".")
@@ -320,6 +379,7 @@ def _finish(arr: pa.Array, known: pa.DataType | None, path: str, rows: pa.Array 
     t = arr.type
     if pa.types.is_null(t):
         return arr, None
+    dropping = arr.null_count < len(arr)  # values with no type, if none is found below
     if pa.types.is_struct(t):
         children, fields = [], []
         known_fields = {f.name: f.type for f in known} if known is not None else {}
@@ -332,7 +392,9 @@ def _finish(arr: pa.Array, known: pa.DataType | None, path: str, rows: pa.Array 
                 children.append(child)
                 fields.append(pa.field(name, ct))
         if not fields:
-            return arr, None  # only empty objects so far
+            if dropping:
+                errors.setdefault(-1, set()).add(path)  # only empty objects so far
+            return arr, None
         return pa.StructArray.from_arrays(children, fields=fields, mask=arr.is_null()), pa.struct(fields)
     if pa.types.is_list(t):
         parents = pc.list_parent_indices(arr)
@@ -340,6 +402,8 @@ def _finish(arr: pa.Array, known: pa.DataType | None, path: str, rows: pa.Array 
         values, vt = _finish(arr.flatten(), known.value_type if known is not None else None, path + "[]",
                              item_rows, errors, raw + ("[]",))
         if vt is None:
+            if dropping:
+                errors.setdefault(-1, set()).add(path)  # only empty lists so far
             return arr, None
         offsets = pc.subtract(arr.offsets, arr.offsets[0]) if len(arr) else arr.offsets
         return pa.ListArray.from_arrays(offsets, values, type=pa.list_(vt), mask=arr.is_null()), pa.list_(vt)
@@ -373,34 +437,7 @@ def _parse_timestamps(arr: pa.Array) -> pa.Array:
 
 
 def _cast(arr: pa.Array, type_: pa.DataType) -> pa.Array:
-    return arr if arr.type == type_ else _to_type(arr, type_)
-
-
-def _to_type(arr, type_: pa.DataType):
-    """``arr`` as ``type_``, a type it grew into: struct fields it lacks are null, longs widen."""
-    if arr.type == type_:
-        return arr
-    if isinstance(arr, pa.ChunkedArray):
-        return pa.chunked_array([_to_type(c, type_) for c in arr.chunks], type=type_)
-    if pa.types.is_struct(type_):
-        have = {f.name: i for i, f in enumerate(arr.type)}
-        children = [_to_type(arr.field(have[f.name]), f.type) if f.name in have else pa.nulls(len(arr), f.type)
-                    for f in type_]
-        return pa.StructArray.from_arrays(children, fields=list(type_), mask=arr.is_null())
-    if pa.types.is_list(type_):
-        offsets = pc.subtract(arr.offsets, arr.offsets[0]) if len(arr) else arr.offsets
-        return pa.ListArray.from_arrays(offsets, _to_type(arr.flatten(), type_.value_type), type=type_,
-                                        mask=arr.is_null())
-    return arr.cast(type_)
-
-
-def _to_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """A part's columns as the batch's final schema (it may have grown after the part)."""
-    cols = {name: table.column(name) for name in table.column_names}
-    n = table.num_rows
-    out = {f.name: _to_type(cols[f.name], f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema}
-    out[ERRORS] = cols[ERRORS]
-    return pa.table(out)
+    return arr if arr.type == type_ else to_type(arr, type_)
 
 
 def _with_string(schema: pa.Schema, path: tuple[str, ...]) -> pa.Schema:

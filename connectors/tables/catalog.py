@@ -44,6 +44,7 @@ class TableSettings:
     # a transaction makes, many times per commit), so a commit with 100 kept costs about twice one with
     # 20, and stays flat in the table's history either way (./dev bench tables --snapshots-kept).
     snapshots_kept: int = 20
+    body_formats: str = ""  # topics.body_format: ``glob=format`` pairs (connectors.bodies.base.BodyFormats)
 
 
 def default_settings(tier_location: str, state_dir: str, **overrides) -> TableSettings:

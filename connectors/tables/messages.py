@@ -28,8 +28,10 @@ bounded part per round, unless the metadata store kept the state its table still
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import re
 import time
 import uuid
 from collections import deque
@@ -38,6 +40,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from connectors.bodies.base import ERRORS, ERRORS_TYPE, as_schema
+from connectors.bodies.formats import BodyFormats
+from connectors.commitlog.arrow import MESSAGE_SCHEMA
 from connectors.faults import crash_point
 from connectors.tables import fresh
 from connectors.tables.base import KIND, TOPIC, TopicTables, find_spec, spec_with
@@ -51,6 +56,11 @@ log = logging.getLogger(__name__)
 SEQ = "tierlog.tier-seq."  # + broker: the tier record whose rows the table held at its last commit
 COVER = "tierlog.cover."  # + broker: [[queue, one past the highest offset the table holds], ...]
 FRESH_PREFIX = "_tables/fresh/"
+# + a sealed segment's name: its typed copy, which the table of a topic with typed columns
+# (topics.body_format) lists in the segment's place.  Why a copy and not the segment itself: a
+# column's type may widen, and Iceberg's rules let a file's long be read as a double only when the
+# file is rewritten, which the tables may do to their own files but never to the tier's.
+TYPED_PREFIX = "_tables/typed/"
 QUEUES_KEY = b"tierlog.queues"  # a fresh file's footer: [[queue, first, last], ...] of the rows it holds
 # Why a budget: the first round of a process looks at every table and reads its manifests and the
 # tier's segments, O(the retained segments): it does this much per round and goes on in the next,
@@ -61,6 +71,15 @@ FILES_PER_COMMIT = 500  # segments registered in one commit, at most: a backlog 
 
 class _TableMoved(Exception):
     """The table is at a snapshot of this broker that this process did not make."""
+
+
+class _Rewritten(_TableMoved):
+    """A column widened and this broker's files were rewritten to it: plan again from the table.
+    ``retired``: the files the rewrite took out, by the sequence number of the snapshot that did."""
+
+    def __init__(self, topic: str, retired: dict[str, int]):
+        super().__init__(topic)
+        self.retired = retired
 
 
 @dataclass
@@ -99,6 +118,9 @@ class MessageTables(TopicTables):
         self._lag: dict[str, tuple[int, int | None]] = {}  # topic -> (rows behind, commit ms of the oldest)
         self._parts = StagingParts()  # the staging objects' parts, kept from round to round
         self._last: TierView | None = None  # the view of the last round
+        self.formats = BodyFormats(settings.body_formats)
+        self.unreadable: dict[str, int] = {}  # per topic: bodies its format could not read, since this process started
+        self._copies_removed: dict[str, list[str]] = {}  # per topic: the typed copies its last commit took out
         self.commits = 0  # commits made, since this process started
         self.files_written = 0  # fresh files written, likewise
 
@@ -223,11 +245,15 @@ class MessageTables(TopicTables):
         for topic, plan in due:
             try:
                 self._commit_topic(view, topic, plan, rows.get(topic), covered.get(topic, {}))
-            except _TableMoved:
+            except _TableMoved as moved:
                 # Another process of this broker committed to the table since this one planned (a
-                # ``tierlog table rebuild``): the table says what it holds, and the next round plans anew.
-                log.info("table %s changed outside this process: taking its state afresh", self._name(topic))
+                # ``tierlog table rebuild``), or a widened column rewrote its files: the table says
+                # what it holds, and the next round plans anew.
+                if not isinstance(moved, _Rewritten):
+                    log.info("table %s changed outside this process: taking its state afresh", self._name(topic))
                 self._reconcile_topic(topic, view)
+                if isinstance(moved, _Rewritten):
+                    self._topics[topic].retired.update(moved.retired)
             except BaseException:
                 # The commit may have landed before the failure: the table, not this state, says what
                 # it holds, and a fresh file no commit lists is deleted when the table is reconciled.
@@ -247,16 +273,24 @@ class MessageTables(TopicTables):
         table = self._table(topic)
         register = plan.register  # at most FILES_PER_COMMIT: a backlog goes in parts (``fresh.plan``)
         added = None
-        add = [self._segment_file(table, seg) for seg in register]
-        if rows is not None and rows.num_rows:
-            name, data, queues = self._fresh_file(view.seq, topic, rows)
+        if rows is not None and not rows.num_rows:
+            rows = None
+        if self.formats.typed(topic):
+            segments, rows_typed = self._typed(topic, table, register, rows)
+            table = self._tables[topic]
+            add = [self._typed_copy(table, seg, seg_rows, typed) for seg, seg_rows, typed in segments]
+        else:
+            rows_typed = None
+            add = [self._segment_file(table, seg) for seg in register]
+        if rows is not None:
+            name, data, queues = self._fresh_file(view.seq, topic, rows, rows_typed)
             self.backend.put(name, data)
             self.files_written += 1
             crash_point("table_fresh_written")
             footer = pq.read_metadata(pa.BufferReader(data))
             add.append(described(table.metadata, self._fresh_spec(table), self._uri(name), footer, len(data)))
             added = fresh.FreshFile(name, queues)
-        remove_names = ({self._uri(n) for n in plan.remove}, {self._uri(s.name) for s in plan.unregister})
+        remove_names = ({self._uri(n) for n in plan.remove}, {s.name for s in plan.unregister})
         summary = {"tierlog.broker": self.broker, "tierlog.tier-seq": str(view.seq)}
         props = {SEQ + self.broker: str(view.seq)}
         cover = dict(known.state.cover)
@@ -270,6 +304,8 @@ class MessageTables(TopicTables):
         known.snapshot = table.current_snapshot().snapshot_id
         removed_seq = table.current_snapshot().sequence_number
         for name in plan.remove:
+            known.retired[name] = removed_seq
+        for name in self._copies_removed.pop(topic, ()):  # typed copies taken out: the table's own
             known.retired[name] = removed_seq
         self._keep(topic)
         self.commits += 1
@@ -296,9 +332,16 @@ class MessageTables(TopicTables):
         remove, snapshot = [], table.current_snapshot()
         # Each spec's manifests are read only for the files of it that go: fresh files' always few,
         # the segments' only when retention expired one.
-        for names, spec_id in zip(remove_names, (self._fresh_spec(table), self._segment_spec(table))):
-            if names and snapshot is not None:
-                remove += [f for f in spec_files(table, snapshot, spec_id) if f.file_path in names]
+        fresh_uris, segment_names = remove_names
+        if fresh_uris and snapshot is not None:
+            remove += [f for f in spec_files(table, snapshot, self._fresh_spec(table)) if f.file_path in fresh_uris]
+        if segment_names and snapshot is not None:
+            gone = [f for f in spec_files(table, snapshot, self._segment_spec(table))
+                    if segment_of(self._name_of(f.file_path) or "") in segment_names]
+            remove += gone
+            added = {f.file_path for f in add}
+            self._copies_removed[topic] = [self._name_of(f.file_path) for f in gone if f.file_path not in added
+                                           and self._name_of(f.file_path).startswith(TYPED_PREFIX)]
         with table.transaction() as tx:
             replace(tx, add, remove, summary)
             tx.set_properties(props)
@@ -340,7 +383,111 @@ class MessageTables(TopicTables):
         footer = pq.read_metadata(self.backend.open_input(seg.name, seg.size))
         return described(table.metadata, self._segment_spec(table), self._uri(seg.name), footer, seg.size)
 
-    def _fresh_file(self, seq: int, topic: str, rows: pa.Table) -> tuple[str, bytes, dict[int, tuple[int, int]]]:
+    # ------------------------------------------------------------ typed columns
+
+    def _typed(self, topic: str, table, register: list[Segment], rows: pa.Table | None):
+        """The typed columns of the segments to register and of the fresh rows, all as one schema,
+        the table's grown by what they hold (committed to the table before the files that need it)."""
+        fmt = self.formats.of(topic)
+        known = typed_schema(table)
+        schema, widened, read = known, set(), []
+        for seg in register:
+            seg_rows = layout.from_parquet(self.backend.read_whole(seg.name))
+            typed = fmt.typed(seg_rows["body"], schema)
+            read.append((seg, seg_rows, typed))
+            schema, widened = typed.schema, widened | typed.widened
+        fresh_typed = None
+        if rows is not None:
+            fresh_typed = fmt.typed(rows["body"], schema)
+            schema, widened = fresh_typed.schema, widened | fresh_typed.widened
+        unreadable = sum(t.unreadable for _, _, t in read) + (fresh_typed.unreadable if fresh_typed else 0)
+        if unreadable:
+            self.unreadable[topic] = self.unreadable.get(topic, 0) + unreadable
+            log.info("table %s: %d bodies are not JSON objects; kept whole, their typed columns null and "
+                     "_body_errors [\"$\"]", self._name(topic), unreadable)
+        if schema != known:
+            self._evolve(topic, schema, widened)
+        segments = [(seg, seg_rows, as_schema(t.columns, schema)) for seg, seg_rows, t in read]
+        return segments, (as_schema(fresh_typed.columns, schema) if fresh_typed is not None else None)
+
+    def _evolve(self, topic: str, schema: pa.Schema, widened: set[str]) -> None:
+        """Grow the table's schema to hold ``schema``'s typed columns: a commit of the schema alone, so
+        a crash after it leaves columns no file holds yet, which read as null."""
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.types import LongType
+
+        full = pa.schema([*MESSAGE_SCHEMA, *schema, pa.field(ERRORS, ERRORS_TYPE)])
+        for attempt in range(COMMIT_ATTEMPTS_SCHEMA):
+            table = self._table(topic)
+            current = table.schema()
+            widen = [p for p in sorted(widened) if isinstance(_find(current, p), LongType)]
+            try:
+                if widen:
+                    self._widen(topic, table, full, widen)  # raises _Rewritten
+                with table.update_schema() as update:
+                    update.union_by_name(full)
+                break
+            except CommitFailedException:  # another broker's change came first: measure against it
+                if attempt == COMMIT_ATTEMPTS_SCHEMA - 1:
+                    raise
+                self._tables.pop(topic, None)
+        log.info("table %s: schema now %s", self._name(topic), ", ".join(f"{f.name} {f.type}" for f in schema))
+        crash_point("table_schema_changed")
+
+    def _widen(self, topic: str, table, full: pa.Schema, widen: list[str]) -> None:
+        """Widen the long columns at ``widen`` to double, and in the same commit rewrite each of this
+        broker's files that holds one of them as a long: Iceberg's rules read a file's long as a
+        long only.  Then the plan of this round is stale: raises ``_Rewritten``."""
+        from pyiceberg.types import DoubleType
+
+        from connectors.tables.commit import described, replace, spec_files
+
+        snapshot = table.current_snapshot()
+        mine = (self._fresh_prefix(topic), TYPED_PREFIX + self._segment_prefix(topic))
+        listed = [(spec, f) for spec in (self._fresh_spec(table), self._segment_spec(table))
+                  for f in (spec_files(table, snapshot, spec) if snapshot is not None else ())
+                  if (self._name_of(f.file_path) or "").startswith(mine)]
+        add, remove = [], []
+        with table.transaction() as tx:
+            with tx.update_schema(allow_incompatible_changes=True) as update:
+                for path in widen:
+                    update.update_column(tuple(path.split(".")), DoubleType())
+                update.union_by_name(full)
+            schema_id = tx.table_metadata.current_schema_id
+            target = typed_schema(tx.table_metadata)
+            for spec, f in listed:
+                name = self._name_of(f.file_path)
+                rows = pq.read_table(pa.BufferReader(self.backend.read(name)))
+                if not any(_is_long(rows.schema, path) for path in widen):
+                    continue
+                meta = rows.schema.metadata or {}
+                typed = as_schema(rows.select([n for n in rows.column_names if n not in MESSAGE_SCHEMA.names]), target)
+                data = _parquet(rows.select(MESSAGE_SCHEMA.names), typed,
+                                {QUEUES_KEY: meta[QUEUES_KEY]} if QUEUES_KEY in meta else None)
+                new = _SCHEMA_SUFFIX.sub(".parquet", name).removesuffix(".parquet") + f".s{schema_id}.parquet"
+                self.backend.put(new, data)
+                footer = pq.read_metadata(pa.BufferReader(data))
+                add.append(described(tx.table_metadata, spec, self._uri(new), footer, len(data)))
+                remove.append(f)
+            replace(tx, add, remove, {"tierlog.broker": self.broker, "tierlog.commit": uuid.uuid4().hex})
+            crash_point("table_widening")
+        seq = table.current_snapshot().sequence_number
+        log.info("table %s: %s widened from long to double; %d files of this broker rewritten", self._name(topic),
+                 ", ".join(widen), len(add))
+        raise _Rewritten(topic, {self._name_of(f.file_path): seq for f in remove})
+
+    def _typed_copy(self, table, seg: Segment, rows: pa.Table, typed: pa.Table):
+        from connectors.tables.commit import described
+
+        name = TYPED_PREFIX + seg.name.removesuffix(".parquet") + f".s{table.metadata.current_schema_id}.parquet"
+        data = _parquet(rows, typed)
+        self.backend.put(name, data)
+        crash_point("table_typed_copy_written")
+        footer = pq.read_metadata(pa.BufferReader(data))
+        return described(table.metadata, self._segment_spec(table), self._uri(name), footer, len(data))
+
+    def _fresh_file(self, seq: int, topic: str, rows: pa.Table,
+                    typed: pa.Table | None = None) -> tuple[str, bytes, dict[int, tuple[int, int]]]:
         queues = {}
         ids, offsets = rows["queue_id"].to_pylist(), rows["queue_offset"].to_pylist()
         for q, o in zip(ids, offsets):
@@ -348,7 +495,7 @@ class MessageTables(TopicTables):
             queues[q] = (min(lo, o), max(hi, o))
         meta = {QUEUES_KEY: json.dumps([[q, lo, hi] for q, (lo, hi) in sorted(queues.items())]).encode()}
         name = f"{FRESH_PREFIX}{self.names.level}topic={escape_topic(topic)}/{seq:020d}-{uuid.uuid4().hex[:8]}.parquet"
-        return name, layout.to_parquet(rows, metadata=meta), queues
+        return name, _parquet(rows, typed, meta), queues
 
     def _expire_snapshots(self, topic: str) -> None:
         """Keep the newest ``snapshots_kept`` snapshots, expiring in steps, not at every commit; then
@@ -409,6 +556,7 @@ class MessageTables(TopicTables):
                     name = self._name_of(f.file_path)
                     if name is None:
                         continue
+                    name = segment_of(name)  # a segment's typed copy is in its place
                     if name.startswith(seg_prefix):
                         listed_segments.add(name)
                     elif name.startswith(fresh_prefix):
@@ -459,15 +607,19 @@ class MessageTables(TopicTables):
             self.states.record_table_state(topic, self._topics[topic].record())
 
     def _delete_unlisted_fresh(self, topic: str, table) -> None:
+        """Delete the table's own files of this broker (fresh files, typed copies) no kept snapshot lists."""
         from connectors.tables.commit import spec_files
 
         kept = set()
-        spec = self._fresh_spec(table)
+        specs = [self._fresh_spec(table)] + ([self._segment_spec(table)] if self.formats.typed(topic) else [])
         for snap in table.metadata.snapshots:
-            kept |= {self._name_of(f.file_path) for f in spec_files(table, snap, spec)}
-        for info in list(self.backend.list(self._fresh_prefix(topic))):
-            if info.name not in kept:
-                self.backend.delete(info.name)
+            for spec in specs:
+                kept |= {self._name_of(f.file_path) for f in spec_files(table, snap, spec)}
+        prefixes = [self._fresh_prefix(topic)] + ([TYPED_PREFIX + self._segment_prefix(topic)] if len(specs) > 1 else [])
+        for prefix in prefixes:
+            for info in list(self.backend.list(prefix)):
+                if info.name not in kept:
+                    self.backend.delete(info.name)
 
     def _topic_of(self, name: str) -> str | None:
         table = self.catalog.load_table((self.settings.namespace, name))
@@ -560,6 +712,68 @@ class MessageTables(TopicTables):
                 update.remove_field("queue_id")
             table = self.catalog.load_table(self._identifier(table.properties[TOPIC]))
         return table
+
+
+COMMIT_ATTEMPTS_SCHEMA = 5
+
+
+def segment_of(name: str) -> str:
+    """The sealed segment a table's file stands for: itself, or the segment a typed copy copies."""
+    if not name.startswith(TYPED_PREFIX):
+        return name
+    return _SCHEMA_SUFFIX.sub(".parquet", name[len(TYPED_PREFIX):])
+
+
+_SCHEMA_SUFFIX = re.compile(r"\.s\d+\.parquet$")
+
+
+def typed_schema(table) -> pa.Schema:
+    """The typed columns a message table (or its metadata) has: every column but the message's and
+    ``_body_errors``, as Arrow types of the body formats' own kinds."""
+    return pa.schema([pa.field(f.name, _plain(f.type)) for f in table.schema().as_arrow()
+                      if f.name not in MESSAGE_SCHEMA.names and f.name != ERRORS])
+
+
+def _plain(type_: pa.DataType) -> pa.DataType:
+    """An Arrow type from pyiceberg as a body format makes it: small strings and lists, no field ids."""
+    if pa.types.is_large_string(type_) or pa.types.is_string_view(type_):
+        return pa.string()
+    if pa.types.is_struct(type_):
+        return pa.struct([pa.field(f.name, _plain(f.type)) for f in type_])
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_):
+        return pa.list_(_plain(type_.value_type))
+    return type_
+
+
+def _is_long(schema: pa.Schema, path: str) -> bool:
+    """Whether a file's Arrow ``schema`` holds the field at dotted ``path`` as a long."""
+    type_ = pa.struct(list(schema))
+    for part in path.split("."):
+        if not pa.types.is_struct(type_) or type_.get_field_index(part) < 0:
+            return False
+        type_ = type_.field(part).type
+    return pa.types.is_int64(type_)
+
+
+def _find(schema, path: str):
+    try:
+        return schema.find_field(path).field_type
+    except ValueError:
+        return None
+
+
+def _parquet(rows: pa.Table, typed: pa.Table | None, metadata: dict[bytes, bytes] | None = None) -> bytes:
+    """A table's own data file: the message rows, and their typed columns when the topic has them."""
+    if typed is None:
+        return layout.to_parquet(rows, metadata=metadata)
+    table = rows.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA)
+    for name, column in zip(typed.column_names, typed.columns):
+        table = table.append_column(name, column)
+    sink = io.BytesIO()
+    pq.write_table(table.replace_schema_metadata(metadata) if metadata else table, sink,
+                   compression=layout.COMPRESSION, row_group_size=layout.group_rows(table), write_statistics=True,
+                   use_dictionary=layout.DICTIONARY_COLUMNS)
+    return sink.getvalue()
 
 
 def _tail_covers(records: list[dict], after: int, seq: int) -> bool:
