@@ -19,6 +19,7 @@ from connectors.commitlog.topics import CLASSES, TopicFilter
 from connectors.errors import ConfigError
 from connectors.kafka.settings import KafkaSettings, parse_topic_map
 from connectors.sinks import FILTERED_SINKS
+from connectors.bodies.formats import BodyFormats
 from connectors.tables.catalog import TableSettings, default_settings
 from connectors.tier.copies import CopySettings
 from connectors.tier.retention import Retention
@@ -113,6 +114,7 @@ class Settings:
     stage: StageSettings  # the tiering query's stagers
     writer: WriterSettings  # the tier writer
     tables: TableSettings | None  # the Iceberg tables; None: tables.enabled is off
+    body_formats: BodyFormats = field(compare=False)  # topics.body_format: JSON topics (typed columns, parsed values)
     driver_stage_bytes: int  # tier.stage_on_driver: tiering batches up to this size are staged by the driver; 0: none
     stage_processes: int  # tier.stage_in_processes, resolved: larger tiering batches are staged by this many; 0: Spark
     partition_bytes: int  # source.partition_bytes
@@ -160,6 +162,7 @@ def derive(conf: cfg.Config) -> Settings:
                               retention=kept, fold_every=max(1, t.fold_every), delete_grace_s=t.delete_grace_s,
                               copies=copies),
         tables=tables_on,
+        body_formats=BodyFormats(conf.topics.body_format),
         driver_stage_bytes=conf.source.partition_bytes if t.stage_on_driver else 0,
         stage_processes=stage_processes(conf),
         partition_bytes=conf.source.partition_bytes,

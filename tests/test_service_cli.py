@@ -266,7 +266,7 @@ def test_demo_runs_the_main_job(tmp_path):
         [line] = [x for x in r.stdout.splitlines() if x.startswith(f"  tierlog {prefix} ")]
         return line.split()[1:]
 
-    got = tierlog(*suggested("get"), "--format", "json", cwd=tmp_path)  # its paths are relative to where it ran
+    got = tierlog(*suggested("get topic-0"), "--format", "json", cwd=tmp_path)  # its paths are relative to where it ran
     assert got.returncode == 0 and len(got.stdout.splitlines()) == 5
     kv_get = suggested("kv get")
     kv = tierlog(*kv_get, "--format", "json", cwd=tmp_path)  # the key it names has a value

@@ -12,8 +12,8 @@ How the schema evolves, batch by batch against the ``known`` schema (the topic's
   field meeting other text) leaves the row's value null and names the field in ``_body_errors``;
   within a batch, a new field takes the first type its values had, widened as above, and a string
   field with some RFC 3339 values is a string;
-- a body that is not a JSON object (not JSON at all, empty, an array, a scalar) has every typed
-  column null and ``_body_errors`` ``["$"]``.
+- a body that is not a JSON object (not JSON at all, an array, a scalar) has every typed column
+  null and ``_body_errors`` ``["$"]``; an empty body (a delete's) has them null and no marker.
 
 Field names: a dot becomes ``_`` (Iceberg and SQL read dots as paths), and a top-level field named
 like a message column (``topic``, ``body``, ...) gets ``json_`` before it; both are logged once.
@@ -150,7 +150,7 @@ class JsonFormat(BodyFormat):
     def _fast(self, values: list, objects: list[int], known: pa.Schema, strings: list[tuple[str, ...]]) -> Typed:
         n = len(values)
         if not objects:
-            return _assemble(pa.table({f.name: pa.nulls(0, f.type) for f in known}), [], n, known, set(), n)
+            return _assemble(pa.table({f.name: pa.nulls(0, f.type) for f in known}), [], values, known, [])
         block = b"\n".join(values[i].replace(b"\n", b" ").replace(b"\r", b" ") for i in objects)
         parse = pa.schema([pa.field(f.name, _as_parsed(f.type)) for f in known])
         for path in strings:
@@ -188,7 +188,7 @@ class JsonFormat(BodyFormat):
                           for f in evolved})
         dropped = errors.pop(-1, None) is not None
         rows = [sorted(errors[i]) if i in errors else None for i in range(len(objects))]
-        out = _assemble(typed, rows, n, evolved, set(), n - len(objects), objects)
+        out = _assemble(typed, rows, values, evolved, objects)
         out.dropped = dropped
         return out
 
@@ -209,17 +209,17 @@ class JsonFormat(BodyFormat):
                 _unify_fields(types, obj, set(known.names), widened, "")
         evolved = pa.schema([pa.field(name, t) for name, t in types.items() if t is not None])
         rows, errors = [], []
-        for obj in parsed:
+        for obj, body in zip(parsed, values):
             if obj is None:
                 rows.append(None)
-                errors.append([WHOLE])
+                errors.append([WHOLE] if body else None)  # an empty body (a delete's) has no fields: no marker
                 continue
             errs: set[str] = set()
             rows.append({f.name: _conform(obj.get(f.name), f.type, f.name, errs) for f in evolved})
             errors.append(sorted(errs) or None)
         struct = pa.array([r if r is not None else {} for r in rows], type=pa.struct(list(evolved)))
         typed = pa.Table.from_arrays(struct.flatten(), schema=evolved) if len(evolved) else pa.table({})
-        unreadable = sum(1 for obj in parsed if obj is None)
+        unreadable = sum(1 for obj, body in zip(parsed, values) if obj is None and body)
         dropped = any(obj is not None and _untyped(obj, pa.struct(list(evolved))) for obj in parsed)
         return Typed(_with_errors(typed, errors, len(values)), evolved, widened & _paths(known), unreadable, dropped)
 
@@ -496,15 +496,18 @@ def _with_errors(typed: pa.Table, errors: list, n: int) -> pa.Table:
     return typed.append_column(ERRORS, col)
 
 
-def _assemble(typed: pa.Table, errors: list, n: int, schema: pa.Schema, widened: set[str], unreadable: int,
-              objects: list[int] | None = None) -> Typed:
-    """The batch's columns, the rows that were not objects null with ``["$"]``."""
-    if objects is not None and len(objects) == n:
+def _assemble(typed: pa.Table, errors: list, values: list, schema: pa.Schema, objects: list[int]) -> Typed:
+    """The batch's columns, the rows that were not objects null with ``["$"]`` (an empty body with
+    no marker: a delete's body is empty, and has no fields)."""
+    n = len(values)
+    widened: set[str] = set()
+    unreadable = sum(1 for i, v in enumerate(values) if v) - len(objects)
+    if len(objects) == n:
         return Typed(_with_errors(typed, errors, n), schema, widened, unreadable)
-    at = {row: i for i, row in enumerate(objects or [])}
+    at = {row: i for i, row in enumerate(objects)}
     take = pa.array([at.get(i) for i in range(n)], type=pa.int64())
     whole = typed.take(take) if typed.num_columns else typed
-    errs = [errors[at[i]] if i in at else [WHOLE] for i in range(n)]
+    errs = [errors[at[i]] if i in at else ([WHOLE] if values[i] else None) for i in range(n)]
     if not typed.num_columns:
         return Typed(pa.table({ERRORS: pa.array(errs, type=ERRORS_TYPE)}), schema, widened, unreadable)
     return Typed(_with_errors(whole, errs, n), schema, widened, unreadable)

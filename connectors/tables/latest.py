@@ -7,6 +7,12 @@ file of this broker, ``names[topic]``: every live key of the topic below physica
 snapshot, so an older table snapshot gives the values as of an earlier compacted snapshot (time
 travel), for as long as the tier keeps that snapshot's file (``compaction.snapshot_keep``).
 
+A topic with typed columns (``topics.body_format``) lists a typed copy of the snapshot instead
+(``connectors.tables.typed``): its rows and its bodies' typed columns, the table's schema grown (or
+widened) in the same transaction that lists it, so a reader never meets a file the schema does not
+fit.  Each copy parses the topic's live keys once more: the table follows the snapshots, every
+``compaction.snapshot_interval_s``, not each message.
+
 Why this shape: a compacted snapshot already is the table's content, written once by the
 compaction query, so registering it costs one commit and no copy; the snapshot's writer lets go of
 an older file only after ``release``, which expires the table snapshots that list it, so no table
@@ -18,8 +24,14 @@ from __future__ import annotations
 
 import logging
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from connectors.bodies.base import ERRORS, ERRORS_TYPE
+from connectors.bodies.formats import BodyFormats
 from connectors.faults import crash_point
 from connectors.tables.base import TopicTables, data_files
+from connectors.tables.typed import TYPED_PREFIX, copy_name, find_type, source_of, typed_parquet, typed_schema
 from connectors.tier import snapshots
 from connectors.tier.layout import escape_topic
 
@@ -33,6 +45,19 @@ class LatestTables(TopicTables):
 
     kind = "latest"
 
+    def __init__(self, settings, tier_location: str, broker: str, catalog=None, backend=None):
+        super().__init__(settings, tier_location, broker, catalog)
+        self.formats = BodyFormats(settings.body_formats)
+        self._backend = backend
+
+    @property
+    def backend(self):
+        if self._backend is None:
+            from connectors.tier.location import open_backend
+
+            self._backend = open_backend(self.tier_location)
+        return self._backend
+
     def commit(self, through_phy: int, names: dict[str, str]) -> None:
         for topic, name in sorted(names.items()):
             self._commit(topic, (name, through_phy))
@@ -43,7 +68,7 @@ class LatestTables(TopicTables):
         needed: set[str] = set()
         by_topic: dict[str, set[str]] = {}
         for snap in doomed:
-            by_topic.setdefault(snap.topic, set()).add(self._uri(snap.name))
+            by_topic.setdefault(snap.topic, set()).add(snap.name)
         for topic, uris in sorted(by_topic.items()):
             ident = self._identifier(topic)
             if not self.catalog.table_exists(ident):  # only the doomed snapshots' tables are loaded
@@ -51,15 +76,19 @@ class LatestTables(TopicTables):
             table = self._tables[topic] = self.catalog.load_table(ident)
             current = table.current_snapshot()
             expired = []
+            root = len(self._uri(""))
             for snap in table.metadata.snapshots:
-                listed_uris = uris & {f.file_path for f in data_files(table, snap)}
-                if not listed_uris:
+                listed = uris & {source_of(f.file_path[root:]) for f in data_files(table, snap)}
+                if not listed:
                     continue
                 if current is not None and snap.snapshot_id == current.snapshot_id:
-                    needed |= {u[len(self._uri("")):] for u in listed_uris}
+                    needed |= listed
                 else:
                     expired.append(snap)
             self._expire(topic, expired)
+            for name in sorted(uris - needed):  # their typed copies go with them (the tables' own files)
+                for info in list(self.backend.list(TYPED_PREFIX + name.removesuffix(".parquet") + ".s")):
+                    self.backend.delete(info.name)
         return needed
 
     def rebuild(self, backend) -> int:
@@ -91,20 +120,46 @@ class LatestTables(TopicTables):
 
         name, through = name_at
         table = self._table(topic)
-        have = self._files(topic, f"{snapshots.PREFIX}broker={escape_topic(self.broker)}/")
-        if list(have) == [name]:
+        mine = f"{snapshots.PREFIX}broker={escape_topic(self.broker)}/"
+        have = {**self._files(topic, mine), **self._files(topic, TYPED_PREFIX + mine)}
+        if [source_of(n) for n in have] == [name]:
             return
         summary = {"tierlog.broker": self.broker, "tierlog.through-phy": str(through)}
         with table.transaction() as tx:
+            listed = name
+            if self.formats.typed(topic):
+                listed = self._typed_copy(topic, tx, name)
             with tx.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
-                for old in sorted(set(have) - {name}):
+                for old in sorted(set(have) - {listed}):
                     overwrite.delete_data_file(have[old])
-                if name not in have:
-                    overwrite.append_data_file(parquet_file_to_data_file(table.io, tx.table_metadata, self._uri(name)))
+                if listed not in have:
+                    overwrite.append_data_file(parquet_file_to_data_file(table.io, tx.table_metadata, self._uri(listed)))
             tx.set_properties({THROUGH + self.broker: str(through)})
             crash_point("latest_table_committing")
         log.info("table %s: the snapshot through physical offset %d of broker %s", self._name(topic), through,
                  self.broker)
+
+    def _typed_copy(self, topic: str, tx, name: str) -> str:
+        """Write the typed copy of snapshot ``name`` and grow the table's schema to it, in ``tx``;
+        the copy's name.  A widened column needs no rewrite here: the copy replaces this broker's
+        only file in the same commit."""
+        from pyiceberg.types import DoubleType, LongType
+
+        rows = pq.read_table(pa.BufferReader(self.backend.read(name)), schema=snapshots.SNAPSHOT_SCHEMA)
+        known = typed_schema(tx.table_metadata)
+        typed = self.formats.of(topic).typed(rows["body"], known)
+        if typed.schema != known:
+            full = pa.schema([*snapshots.SNAPSHOT_SCHEMA, *typed.schema, pa.field(ERRORS, ERRORS_TYPE)])
+            current = tx.table_metadata.schema()
+            widen = [p for p in sorted(typed.widened) if isinstance(find_type(current, p), LongType)]
+            with tx.update_schema(allow_incompatible_changes=bool(widen)) as update:
+                for path in widen:
+                    update.update_column(tuple(path.split(".")), DoubleType())
+                update.union_by_name(full)
+        copy = copy_name(name, tx.table_metadata.current_schema_id)
+        self.backend.put(copy, typed_parquet(rows, typed.columns, schema=snapshots.SNAPSHOT_SCHEMA))
+        crash_point("latest_typed_copy_written")
+        return copy
 
     def _schema_and_spec(self):
         from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids

@@ -28,10 +28,8 @@ bounded part per round, unless the metadata store kept the state its table still
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-import re
 import time
 import uuid
 from collections import deque
@@ -40,13 +38,15 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from connectors.bodies.base import ERRORS, ERRORS_TYPE, as_schema
+from connectors.bodies.base import ERRORS, ERRORS_TYPE, WHOLE, Typed, as_schema
 from connectors.bodies.formats import BodyFormats
 from connectors.commitlog.arrow import MESSAGE_SCHEMA
 from connectors.faults import crash_point
 from connectors.tables import fresh
 from connectors.tables.base import KIND, TOPIC, TopicTables, find_spec, spec_with
 from connectors.tables.catalog import data_location
+from connectors.tables.typed import TYPED_PREFIX, copy_name, find_type, is_long, source_of, typed_parquet, \
+    typed_schema, versioned
 from connectors.tables.view import StagingParts, TierView, oldest_ms, parts_from, read_rows, staging_parts
 from connectors.tier import layout
 from connectors.tier.layout import Names, escape_topic
@@ -55,12 +55,8 @@ from connectors.tier.manifest import Segment
 log = logging.getLogger(__name__)
 SEQ = "tierlog.tier-seq."  # + broker: the tier record whose rows the table held at its last commit
 COVER = "tierlog.cover."  # + broker: [[queue, one past the highest offset the table holds], ...]
+UNREADABLE = "tierlog.unreadable-bodies."  # + broker: the bodies of a typed topic its format could not read, so far
 FRESH_PREFIX = "_tables/fresh/"
-# + a sealed segment's name: its typed copy, which the table of a topic with typed columns
-# (topics.body_format) lists in the segment's place.  Why a copy and not the segment itself: a
-# column's type may widen, and Iceberg's rules let a file's long be read as a double only when the
-# file is rewritten, which the tables may do to their own files but never to the tier's.
-TYPED_PREFIX = "_tables/typed/"
 QUEUES_KEY = b"tierlog.queues"  # a fresh file's footer: [[queue, first, last], ...] of the rows it holds
 # Why a budget: the first round of a process looks at every table and reads its manifests and the
 # tier's segments, O(the retained segments): it does this much per round and goes on in the next,
@@ -276,11 +272,12 @@ class MessageTables(TopicTables):
         if rows is not None and not rows.num_rows:
             rows = None
         if self.formats.typed(topic):
-            segments, rows_typed = self._typed(topic, table, register, rows)
+            segments, rows_typed, unreadable = self._typed(topic, table, register, rows, plan.remove,
+                                                           known.state.cover)
             table = self._tables[topic]
             add = [self._typed_copy(table, seg, seg_rows, typed) for seg, seg_rows, typed in segments]
         else:
-            rows_typed = None
+            rows_typed, unreadable = None, 0
             add = [self._segment_file(table, seg) for seg in register]
         if rows is not None:
             name, data, queues = self._fresh_file(view.seq, topic, rows, rows_typed)
@@ -297,6 +294,8 @@ class MessageTables(TopicTables):
         for q, end in {**plan.registered, **covered}.items():
             cover[q] = max(cover.get(q, 0), end)
         props[COVER + self.broker] = json.dumps(sorted(cover.items()), separators=(",", ":"))
+        if unreadable:
+            props[UNREADABLE + self.broker] = str(int(table.properties.get(UNREADABLE + self.broker, 0)) + unreadable)
         summary["tierlog.commit"] = uuid.uuid4().hex  # a retry finds whether this commit landed
         self._commit(topic, (add, remove_names, summary, props))
         table = self._tables[topic]
@@ -337,7 +336,7 @@ class MessageTables(TopicTables):
             remove += [f for f in spec_files(table, snapshot, self._fresh_spec(table)) if f.file_path in fresh_uris]
         if segment_names and snapshot is not None:
             gone = [f for f in spec_files(table, snapshot, self._segment_spec(table))
-                    if segment_of(self._name_of(f.file_path) or "") in segment_names]
+                    if source_of(self._name_of(f.file_path) or "") in segment_names]
             remove += gone
             added = {f.file_path for f in add}
             self._copies_removed[topic] = [self._name_of(f.file_path) for f in gone if f.file_path not in added
@@ -385,13 +384,24 @@ class MessageTables(TopicTables):
 
     # ------------------------------------------------------------ typed columns
 
-    def _typed(self, topic: str, table, register: list[Segment], rows: pa.Table | None):
+    def _typed(self, topic: str, table, register: list[Segment], rows: pa.Table | None, removing: list[str],
+               cover: dict[int, int]):
         """The typed columns of the segments to register and of the fresh rows, all as one schema,
-        the table's grown by what they hold (committed to the table before the files that need it)."""
+        the table's grown by what they hold (committed to the table before the files that need it).
+        A segment whose every row is in the fresh files this commit removes takes its typed rows
+        from them: each body is parsed once, for its fresh file.  Also: how many bodies the format
+        could not read, of the rows new to the table (a fresh file's, or a segment's past ``cover``)."""
         fmt = self.formats.of(topic)
         known = typed_schema(table)
         schema, widened, read = known, set(), []
+        held = self._held_rows(removing, known) if register and removing else None
         for seg in register:
+            from_fresh = _rows_of(held, seg) if held is not None else None
+            if from_fresh is not None:
+                names = [n for n in from_fresh.column_names if n not in MESSAGE_SCHEMA.names]
+                read.append((seg, from_fresh.select(MESSAGE_SCHEMA.names),
+                             Typed(from_fresh.select(names), known)))
+                continue
             seg_rows = layout.from_parquet(self.backend.read_whole(seg.name))
             typed = fmt.typed(seg_rows["body"], schema)
             read.append((seg, seg_rows, typed))
@@ -400,7 +410,13 @@ class MessageTables(TopicTables):
         if rows is not None:
             fresh_typed = fmt.typed(rows["body"], schema)
             schema, widened = fresh_typed.schema, widened | fresh_typed.widened
-        unreadable = sum(t.unreadable for _, _, t in read) + (fresh_typed.unreadable if fresh_typed else 0)
+        unreadable = fresh_typed.unreadable if fresh_typed else 0
+        for seg, seg_rows, t in read:
+            if t.unreadable and seg.end >= cover.get(seg.queue_id, 0):  # a backlog: rare, and small in Python
+                first = cover.get(seg.queue_id, 0)
+                unreadable += sum(1 for offset, errors in zip(seg_rows["queue_offset"].to_pylist(),
+                                                              t.columns[ERRORS].to_pylist())
+                                  if errors == [WHOLE] and offset >= first)
         if unreadable:
             self.unreadable[topic] = self.unreadable.get(topic, 0) + unreadable
             log.info("table %s: %d bodies are not JSON objects; kept whole, their typed columns null and "
@@ -408,7 +424,22 @@ class MessageTables(TopicTables):
         if schema != known:
             self._evolve(topic, schema, widened)
         segments = [(seg, seg_rows, as_schema(t.columns, schema)) for seg, seg_rows, t in read]
-        return segments, (as_schema(fresh_typed.columns, schema) if fresh_typed is not None else None)
+        return segments, (as_schema(fresh_typed.columns, schema) if fresh_typed is not None else None), unreadable
+
+    def _held_rows(self, names: list[str], known: pa.Schema) -> pa.Table | None:
+        """The rows of these fresh files, their typed columns as ``known`` (the table's: each file's
+        are a part of it, written before it grew)."""
+        pieces = []
+        for name in names:
+            rows = pq.read_table(self.backend.read_whole(name))
+            typed = rows.select([n for n in rows.column_names if n not in MESSAGE_SCHEMA.names])
+            if ERRORS not in typed.column_names:
+                return None  # written before the topic was typed: parse the segments instead
+            typed = as_schema(typed, known)
+            pieces.append(pa.Table.from_arrays([*rows.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA).columns,
+                                                *typed.columns],
+                                               names=[*MESSAGE_SCHEMA.names, *typed.column_names]))
+        return pa.concat_tables(pieces) if pieces else None
 
     def _evolve(self, topic: str, schema: pa.Schema, widened: set[str]) -> None:
         """Grow the table's schema to hold ``schema``'s typed columns: a commit of the schema alone, so
@@ -420,7 +451,7 @@ class MessageTables(TopicTables):
         for attempt in range(COMMIT_ATTEMPTS_SCHEMA):
             table = self._table(topic)
             current = table.schema()
-            widen = [p for p in sorted(widened) if isinstance(_find(current, p), LongType)]
+            widen = [p for p in sorted(widened) if isinstance(find_type(current, p), LongType)]
             try:
                 if widen:
                     self._widen(topic, table, full, widen)  # raises _Rewritten
@@ -458,13 +489,13 @@ class MessageTables(TopicTables):
             for spec, f in listed:
                 name = self._name_of(f.file_path)
                 rows = pq.read_table(pa.BufferReader(self.backend.read(name)))
-                if not any(_is_long(rows.schema, path) for path in widen):
+                if not any(is_long(rows.schema, path) for path in widen):
                     continue
                 meta = rows.schema.metadata or {}
                 typed = as_schema(rows.select([n for n in rows.column_names if n not in MESSAGE_SCHEMA.names]), target)
-                data = _parquet(rows.select(MESSAGE_SCHEMA.names), typed,
+                data = typed_parquet(rows.select(MESSAGE_SCHEMA.names), typed,
                                 {QUEUES_KEY: meta[QUEUES_KEY]} if QUEUES_KEY in meta else None)
-                new = _SCHEMA_SUFFIX.sub(".parquet", name).removesuffix(".parquet") + f".s{schema_id}.parquet"
+                new = versioned(name, schema_id)
                 self.backend.put(new, data)
                 footer = pq.read_metadata(pa.BufferReader(data))
                 add.append(described(tx.table_metadata, spec, self._uri(new), footer, len(data)))
@@ -479,8 +510,8 @@ class MessageTables(TopicTables):
     def _typed_copy(self, table, seg: Segment, rows: pa.Table, typed: pa.Table):
         from connectors.tables.commit import described
 
-        name = TYPED_PREFIX + seg.name.removesuffix(".parquet") + f".s{table.metadata.current_schema_id}.parquet"
-        data = _parquet(rows, typed)
+        name = copy_name(seg.name, table.metadata.current_schema_id)
+        data = typed_parquet(rows, typed)
         self.backend.put(name, data)
         crash_point("table_typed_copy_written")
         footer = pq.read_metadata(pa.BufferReader(data))
@@ -495,7 +526,7 @@ class MessageTables(TopicTables):
             queues[q] = (min(lo, o), max(hi, o))
         meta = {QUEUES_KEY: json.dumps([[q, lo, hi] for q, (lo, hi) in sorted(queues.items())]).encode()}
         name = f"{FRESH_PREFIX}{self.names.level}topic={escape_topic(topic)}/{seq:020d}-{uuid.uuid4().hex[:8]}.parquet"
-        return name, _parquet(rows, typed, meta), queues
+        return name, typed_parquet(rows, typed, meta), queues
 
     def _expire_snapshots(self, topic: str) -> None:
         """Keep the newest ``snapshots_kept`` snapshots, expiring in steps, not at every commit; then
@@ -556,7 +587,7 @@ class MessageTables(TopicTables):
                     name = self._name_of(f.file_path)
                     if name is None:
                         continue
-                    name = segment_of(name)  # a segment's typed copy is in its place
+                    name = source_of(name)  # a segment's typed copy is in its place
                     if name.startswith(seg_prefix):
                         listed_segments.add(name)
                     elif name.startswith(fresh_prefix):
@@ -687,6 +718,8 @@ class MessageTables(TopicTables):
                 oldest = oldest_ms(topic, behind, parts)
                 row.update(lag_messages=sum(b - a for a, b in behind.values()),
                            lag_s=round(max(0, now_ms - oldest) / 1000, 1) if oldest is not None else 0.0)
+            if self.formats.typed(topic) or any(k.startswith(UNREADABLE) for k in table.properties):
+                row["unreadable_bodies"] = sum(int(v) for k, v in table.properties.items() if k.startswith(UNREADABLE))
             rows.append(row)
         return rows
 
@@ -717,63 +750,16 @@ class MessageTables(TopicTables):
 COMMIT_ATTEMPTS_SCHEMA = 5
 
 
-def segment_of(name: str) -> str:
-    """The sealed segment a table's file stands for: itself, or the segment a typed copy copies."""
-    if not name.startswith(TYPED_PREFIX):
-        return name
-    return _SCHEMA_SUFFIX.sub(".parquet", name[len(TYPED_PREFIX):])
+def _rows_of(held: pa.Table, seg: Segment) -> pa.Table | None:
+    """The segment's rows in ``held``, in offset order, when every one of them is there; else None."""
+    import pyarrow.compute as pc
 
-
-_SCHEMA_SUFFIX = re.compile(r"\.s\d+\.parquet$")
-
-
-def typed_schema(table) -> pa.Schema:
-    """The typed columns a message table (or its metadata) has: every column but the message's and
-    ``_body_errors``, as Arrow types of the body formats' own kinds."""
-    return pa.schema([pa.field(f.name, _plain(f.type)) for f in table.schema().as_arrow()
-                      if f.name not in MESSAGE_SCHEMA.names and f.name != ERRORS])
-
-
-def _plain(type_: pa.DataType) -> pa.DataType:
-    """An Arrow type from pyiceberg as a body format makes it: small strings and lists, no field ids."""
-    if pa.types.is_large_string(type_) or pa.types.is_string_view(type_):
-        return pa.string()
-    if pa.types.is_struct(type_):
-        return pa.struct([pa.field(f.name, _plain(f.type)) for f in type_])
-    if pa.types.is_list(type_) or pa.types.is_large_list(type_):
-        return pa.list_(_plain(type_.value_type))
-    return type_
-
-
-def _is_long(schema: pa.Schema, path: str) -> bool:
-    """Whether a file's Arrow ``schema`` holds the field at dotted ``path`` as a long."""
-    type_ = pa.struct(list(schema))
-    for part in path.split("."):
-        if not pa.types.is_struct(type_) or type_.get_field_index(part) < 0:
-            return False
-        type_ = type_.field(part).type
-    return pa.types.is_int64(type_)
-
-
-def _find(schema, path: str):
-    try:
-        return schema.find_field(path).field_type
-    except ValueError:
+    mask = pc.and_(pc.equal(held["queue_id"], seg.queue_id),
+                   pc.and_(pc.greater_equal(held["queue_offset"], seg.base), pc.less_equal(held["queue_offset"], seg.end)))
+    rows = held.filter(mask)
+    if rows.num_rows != seg.rows:
         return None
-
-
-def _parquet(rows: pa.Table, typed: pa.Table | None, metadata: dict[bytes, bytes] | None = None) -> bytes:
-    """A table's own data file: the message rows, and their typed columns when the topic has them."""
-    if typed is None:
-        return layout.to_parquet(rows, metadata=metadata)
-    table = rows.select(MESSAGE_SCHEMA.names).cast(MESSAGE_SCHEMA)
-    for name, column in zip(typed.column_names, typed.columns):
-        table = table.append_column(name, column)
-    sink = io.BytesIO()
-    pq.write_table(table.replace_schema_metadata(metadata) if metadata else table, sink,
-                   compression=layout.COMPRESSION, row_group_size=layout.group_rows(table), write_statistics=True,
-                   use_dictionary=layout.DICTIONARY_COLUMNS)
-    return sink.getvalue()
+    return rows.sort_by("queue_offset")
 
 
 def _tail_covers(records: list[dict], after: int, seq: int) -> bool:

@@ -9,7 +9,7 @@ import logging
 from connectors.errors import ConfigError, TierlogError
 from streaming import config as cfg
 from streaming.cli.found import open_kv, open_reader, require_kv_topic
-from streaming.cli.output import emit, ms_to_iso, parse_time
+from streaming.cli.output import emit, ms_to_iso, parse_time, parsed_body
 from streaming.settings import Settings, derive
 
 log = logging.getLogger("tierlog")
@@ -18,9 +18,12 @@ log = logging.getLogger("tierlog")
 KV_COLUMNS = ["topic", "key", "body", "phy_offset", "queue_id", "queue_offset", "store_ts"]
 
 
-def _kv_row(entry) -> dict:
-    return {"topic": entry.topic, "key": entry.key, "body": entry.body, "phy_offset": entry.phy_offset,
-            "queue_id": entry.queue_id, "queue_offset": entry.queue_offset, "store_ts": ms_to_iso(entry.store_ts)}
+def _kv_row(entry, fmt: str = "table", settings: Settings | None = None) -> dict:
+    row = {"topic": entry.topic, "key": entry.key, "body": entry.body, "phy_offset": entry.phy_offset,
+           "queue_id": entry.queue_id, "queue_offset": entry.queue_offset, "store_ts": ms_to_iso(entry.store_ts)}
+    if fmt == "json" and settings is not None:
+        row.update(parsed_body(entry.body, settings.body_formats.typed(entry.topic)))
+    return row
 
 
 def cmd_kv(args, conf: cfg.Config) -> int:
@@ -52,11 +55,11 @@ def cmd_kv(args, conf: cfg.Config) -> int:
                 raise TierlogError(f"key {args.key!r} is not in topic {args.topic!r}: no message of the topic "
                                    f"below physical offset {kv.applied_through()} (what the view has applied) "
                                    "carried it")
-            emit([_kv_row(entry)], args.format, KV_COLUMNS)
+            emit([_kv_row(entry, args.format, s)], args.format, KV_COLUMNS)
             return 0
         require_kv_topic(kv, args.topic)
         entries = kv.scan(args.topic, args.prefix or "")
-        rows = (_kv_row(e) for e in itertools.islice(entries, args.limit or None))
+        rows = (_kv_row(e, args.format, s) for e in itertools.islice(entries, args.limit or None))
         if emit(rows, args.format, KV_COLUMNS) == 0 and args.format == "table":
             log.info("no live key in topic %r with prefix %r", args.topic, args.prefix or "")
         return 0
@@ -89,6 +92,8 @@ def _from_tier(args, settings: Settings) -> int:
     answer = reader.get(args.topic, args.key, at)
     row = {"topic": args.topic, "key": args.key, "as_of": ms_to_iso(answer.at_ms), "state": answer.state,
            "body": answer.value}
+    if args.format == "json":
+        row.update(parsed_body(answer.value, settings.body_formats.typed(args.topic)))
     if answer.change is not None:
         row.update(store_ts=ms_to_iso(answer.change["store_ts"]), broker=answer.change["broker"],
                    phy_offset=answer.change["phy_offset"], queue_id=answer.change["queue_id"],

@@ -28,6 +28,21 @@ def emit(rows: Iterable[dict], fmt: str, columns: list[str] | None = None, out=N
     return len(rows)
 
 
+def parsed_body(body, typed: bool) -> dict:
+    """What a JSON line adds for a body of a topic whose bodies are JSON (``topics.body_format``):
+    ``value``, the body parsed, or null and ``value_error`` when it is not a JSON object (the raw
+    ``body`` is printed beside it either way); nothing for other topics."""
+    if not typed or body is None:
+        return {}
+    try:
+        value = json.loads(bytes(body))
+    except (ValueError, UnicodeDecodeError):
+        value = None
+    if isinstance(value, dict):
+        return {"value": value}
+    return {"value": None, "value_error": "the body is not a JSON object"}
+
+
 def _json_default(value):
     if isinstance(value, (bytes, bytearray, memoryview)):
         return base64.b64encode(bytes(value)).decode()

@@ -9,19 +9,22 @@ from connectors.errors import TierlogError
 from streaming import config as cfg
 from streaming.cli.found import open_kv, open_reader
 from streaming.cli.inspect import INSPECT_COLUMNS
-from streaming.cli.output import emit, ms_to_iso, parse_time
+from streaming.cli.output import emit, ms_to_iso, parse_time, parsed_body
 from streaming.settings import Settings, derive
 
 log = logging.getLogger("tierlog")
 
 
-def _message_rows(table, fmt: str) -> Iterator[dict]:
-    """Arrow message rows as the CLI prints them: store and born times in epoch ms (ISO in tables)."""
+def _message_rows(table, fmt: str, settings: Settings) -> Iterator[dict]:
+    """Arrow message rows as the CLI prints them: store and born times in epoch ms (ISO in tables);
+    in JSON lines, a JSON topic's body parsed too (``value``)."""
     for row in table.to_pylist():
         row["properties"] = dict(row["properties"] or [])
         for col in ("born_ts", "store_ts"):
             ms = round(row[col].timestamp() * 1000)
             row[col] = ms_to_iso(ms) if fmt == "table" else ms
+        if fmt == "json":
+            row.update(parsed_body(row["body"], settings.body_formats.typed(row["topic"])))
         yield row
 
 
@@ -41,7 +44,7 @@ def cmd_get(args, conf: cfg.Config) -> int:
     if result.status is GetStatus.OFFSET_OVERFLOW_BADLY:
         raise TierlogError(f"offset {args.offset} of {where} is past its commit offset {result.commit}: "
                            f"the tier holds {result.low}..{result.commit - 1}")
-    emit(_message_rows(result.messages, args.format), args.format,
+    emit(_message_rows(result.messages, args.format, s), args.format,
          INSPECT_COLUMNS if args.format == "table" else None)
     log.info("%d message(s); next offset %d (commit offset %d)", result.messages.num_rows, result.next_offset,
              result.commit)
@@ -53,7 +56,7 @@ def cmd_key(args, conf: cfg.Config) -> int:
     end = parse_time(args.until) if args.until else None
     s = derive(conf)
     table = open_reader(s, args.read_broker, args.topic).by_key(args.topic, args.key, begin, end)
-    emit(_message_rows(table, args.format), args.format, INSPECT_COLUMNS if args.format == "table" else None)
+    emit(_message_rows(table, args.format, s), args.format, INSPECT_COLUMNS if args.format == "table" else None)
     log.info("%d message(s) with key %r in topic %s in the tier", table.num_rows, args.key, args.topic)
     if args.latest:
         _print_latest(s, args.topic, args.key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import sys
 
@@ -38,14 +39,18 @@ def cmd_demo(args, conf: cfg.Config) -> int:
         checkpoint=dataclasses.replace(conf.checkpoint, dir=os.path.join(root, "checkpoints")),
         source=dataclasses.replace(conf.source, max_bytes_per_trigger=16 << 20),
         tables=dataclasses.replace(conf.tables, enabled=True),  # so the Iceberg examples read the demo too
+        # orders-0's bodies are JSON: its table has typed columns (docs/reading.md, "Typed columns")
+        topics=dataclasses.replace(conf.topics, body_format=conf.topics.body_format or f"{ORDERS}=json"),
     )
     demo = derive(conf)
     say = lambda text: print(f"demo: {text}", file=sys.stderr, flush=True)  # noqa: E731
-    say(f"1/3 producing {args.messages} messages (3 topics x 4 queues, 2,000 keys, 10% deletes) into "
-        f"{demo.paths.commitlog}")
-    workload = Workload(messages=args.messages, topics=3, queues=4, keys=2000, body_size=512, delete_ratio=0.1,
-                        seed=args.seed)
-    produce(demo, workload.generate(), args.messages)
+    say(f"1/3 producing {args.messages} messages (3 topics of bytes and {ORDERS} of JSON orders, 4 queues "
+        f"each, 2,000 keys, 10% deletes) into {demo.paths.commitlog}")
+    orders = Workload(messages=args.messages // 10, topics=1, queues=4, keys=2000, body_size=512, seed=args.seed,
+                      topic_prefix=ORDERS.rsplit("-", 1)[0], body_format="json")
+    workload = Workload(messages=args.messages - orders.messages, topics=3, queues=4, keys=2000, body_size=512,
+                        delete_ratio=0.1, seed=args.seed)
+    produce(demo, _one_in(10, workload.generate(), orders.generate()), args.messages)
     say("2/3 tiering and compacting (latest value per key) with Spark until caught up "
         "(the first batch is slow: Spark starts its Python workers)")
     written = conf  # the tierlog.toml left behind names no embedded broker: it is gone by then
@@ -90,6 +95,18 @@ def cmd_demo(args, conf: cfg.Config) -> int:
     return 0
 
 
+ORDERS = "orders-0"  # the demo's topic of JSON bodies
+
+
+def _one_in(n: int, many, few):
+    """``many`` with one of ``few`` after every ``n - 1`` of them, then what is left of either."""
+    for i, m in enumerate(many):
+        yield m
+        if i % (n - 1) == n - 2:
+            yield from itertools.islice(few, 1)
+    yield from few
+
+
 def try_next(config_file: str, tier: str, key: str, sealed: int, tables: dict[str, str] | None = None) -> list[str]:
     """The demo's last lines: commands that run exactly as printed, from this directory (a test
     runs each one).  ``tierlog`` and ``python`` are spelled as this shell finds them.  ``tables``:
@@ -100,6 +117,7 @@ def try_next(config_file: str, tier: str, key: str, sealed: int, tables: dict[st
     lines = ["", f"Try next (from this directory; `{tl}` is the tierlog command):",
              f"  {tl} status --config {config_file}    # --watch keeps it on screen",
              f"  {tl} get topic-0 0 0 --max 5 --config {config_file}",
+             f"  {tl} get {ORDERS} 0 0 --max 1 --format json --config {config_file}    # value: the JSON body parsed",
              f"  {tl} kv get topic-0 {key} --config {config_file}",
              f"  {tl} key topic-0 {key} --latest --config {config_file}",
              f"  {tl} kv history topic-0 {key} --config {config_file}    # then: kv get ... --as-of TIME",
@@ -121,9 +139,13 @@ def try_next(config_file: str, tier: str, key: str, sealed: int, tables: dict[st
                  f"partitioning='hive').to_table(columns=['topic', 'queue_offset']).num_rows)\"")
     if tables and importlib.util.find_spec("duckdb") and importlib.util.find_spec("duckdb_ext"):
         queries = {"messages": "select queue_id, count(*) AS messages from iceberg_scan('{}') group by all order by all",
-                   "latest": "select count(*) AS live_keys, max(store_ts) AS newest from iceberg_scan('{}')"}
-        lines.append(f"  (topic-0's Iceberg tables, each at the metadata location `{tl} table info` prints:)")
-        for kind, location in sorted(tables.items(), key=lambda kv: kv[0] != "messages"):
+                   "latest": "select count(*) AS live_keys, max(store_ts) AS newest from iceberg_scan('{}')",
+                   # typed columns: a filter SQL reads, pruned by their statistics
+                   "orders": "select count(*) AS orders, round(sum(amount), 2) AS total, count(coupon) AS coupons "
+                             "from iceberg_scan('{}') where amount > 100 and paid"}
+        lines.append(f"  (topic-0's Iceberg tables and {ORDERS}'s, each at the metadata location "
+                     f"`{tl} table info` prints:)")
+        for kind, location in sorted(tables.items(), key=lambda kv: ("messages", "latest", "orders").index(kv[0])):
             query = queries[kind].format(location)
             lines.append(f"  {py} -c \"import duckdb, importlib.util as u; con = duckdb.connect(config="
                          f"{{'extension_directory': u.find_spec('duckdb_ext').submodule_search_locations[0] + "
@@ -143,7 +165,10 @@ def _table_locations(settings: Settings) -> dict[str, str]:
     except Exception as exc:  # noqa: BLE001 - the tables are an extra: the demo's other lines stand
         log.warning("the demo's Iceberg tables could not be listed (%s: %s)", type(exc).__name__, exc)
         return {}
-    return {r["kind"]: r["metadata_location"] for r in rows if r["topic"] == "topic-0" and r["metadata_location"]}
+    found = {r["kind"]: r["metadata_location"] for r in rows if r["topic"] == "topic-0" and r["metadata_location"]}
+    found.update({"orders": r["metadata_location"] for r in rows
+                  if (r["topic"], r["kind"]) == (ORDERS, "messages") and r["metadata_location"]})
+    return found
 
 
 def _command(name: str, in_checkout: str | None) -> str:

@@ -121,7 +121,8 @@ def show_status(args, settings: Settings) -> int:
         emit(sink_rows, "table")
         print()
         if tables:
-            emit(tables, "table", TABLE_COLUMNS)
+            typed = ["unreadable_bodies"] if any("unreadable_bodies" in t for t in tables) else []
+            emit(tables, "table", TABLE_COLUMNS + typed)  # a JSON topic's bodies that are not JSON objects
             print()
         if quarantined:
             print("quarantined (corrupt commitlog ranges skipped under commitlog.on_corrupt = quarantine):")

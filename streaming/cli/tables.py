@@ -26,7 +26,8 @@ def cmd_table(args, conf: cfg.Config) -> int:
     rows = table_rows(settings, rebuild=args.table_command == "rebuild")
     if not rows and args.format == "table":
         log.info("no table yet: `tierlog run` makes each topic's tables as it tiers the topic")
-    emit(rows, args.format, COLUMNS)
+    typed = ["unreadable_bodies"] if any("unreadable_bodies" in r for r in rows) else []  # JSON topics only
+    emit(rows, args.format, COLUMNS[:-1] + typed + COLUMNS[-1:])
     return 0
 
 

@@ -45,6 +45,9 @@ class Metrics:
         self.table_lag_seconds = Gauge("tierlog_table_lag_seconds", "How long the oldest committed message a topic's "
                                        "message table does not hold yet has waited.", ["topic"], registry=r)
         self.table_commits = Counter("tierlog_table_commits", "Commits to the message tables.", registry=r)
+        self.table_unreadable = Counter("tierlog_table_unreadable_bodies", "Bodies of a topic with typed columns "
+                                        "(topics.body_format) its format could not read: kept whole, typed columns "
+                                        "null, _body_errors [\"$\"].", ["topic"], registry=r)
         self.table_files = Counter("tierlog_table_fresh_files", "Fresh files written for the message tables.",
                                    registry=r)
         self.late_starts = Counter("tierlog_query_late_starts",

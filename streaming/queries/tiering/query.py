@@ -42,6 +42,7 @@ class TieringQuery(StreamedQuery):
         self._log_reader: CommitLogReader | None = None  # kept open: it remembers the frontier
         self._source_options: SourceOptions | None = None
         self._table_counts = (0, 0)  # the message tables' commits and fresh files, as last counted
+        self._unreadable: dict[str, int] = {}  # per topic: bodies its format could not read, as last counted
         self._tables_logged = (0, 0)  # the same, as the last batch line gave them
 
     def start(self, committed_end: int | None) -> None:
@@ -95,6 +96,9 @@ class TieringQuery(StreamedQuery):
         for topic, (messages, seconds) in tables.lag().items():
             m.table_lag_messages.labels(topic).set(messages)
             m.table_lag_seconds.labels(topic).set(seconds)
+        for topic, count in tables.unreadable.items():
+            m.table_unreadable.labels(topic).inc(count - self._unreadable.get(topic, 0))
+        self._unreadable = dict(tables.unreadable)
         m.table_commits.inc(tables.commits - self._table_counts[0])
         m.table_files.inc(tables.files_written - self._table_counts[1])
         self._table_counts = (tables.commits, tables.files_written)
