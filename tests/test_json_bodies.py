@@ -174,3 +174,19 @@ def test_the_topic_to_format_setting():
     for bad in ("orders", "orders=xml", "=json"):
         with pytest.raises(ConfigError, match="topics.body_format"):
             BodyFormats(bad)
+
+
+def test_renamed_fields_stay_on_the_batch_reader_once_known(monkeypatch):
+    # A field named like a message column, or with a dot, is known under its column name after the
+    # first batch; later batches must not fall to the body-by-body path for it.
+    import connectors.bodies.json_body as jb
+
+    exact = []
+    real = jb.JsonFormat._exact
+    monkeypatch.setattr(jb.JsonFormat, "_exact", lambda self, values, known: exact.append(len(values)) or
+                        real(self, values, known))
+    bodies = enc(*({"topic": f"t{i}", "o": {"a.b": i, "c": "x"}, "n": i} for i in range(200)))
+    first = check(bodies)
+    exact.clear()
+    second = check(bodies, first.schema)
+    assert second.schema == first.schema and exact == []

@@ -169,15 +169,11 @@ class JsonFormat(BodyFormat):
             raise _Conflict("rows")
         errors: dict[int, set[str]] = {}
         fields, columns = [], []
-        for name, column in zip(table.column_names, table.columns):
-            raw = (name,)
-            column = column.combine_chunks()
+        named = _by_name([(n, c.combine_chunks()) for n, c in zip(table.column_names, table.columns)],
+                         set(known.names), top=True)
+        for name, raw, column in named:
             top = known.field(name).type if name in known.names else None
-            if top is None:
-                name = clean_name(name, top=True)
-                if name in known.names or name in [f.name for f in fields]:
-                    raise _Conflict(name)  # a cleaned name met another: the exact path decides
-            column, type_ = _finish(column, top, name, None, errors, raw)
+            column, type_ = _finish(column, top, name, None, errors, (raw,))
             if type_ is None:
                 continue  # only nulls so far: no type, no column
             fields.append(pa.field(name, type_))
@@ -372,6 +368,23 @@ def _as_parsed(type_: pa.DataType) -> pa.DataType:
     return type_
 
 
+def _by_name(columns: list[tuple[str, pa.Array]], known: set[str], top: bool) -> list[tuple[str, str, pa.Array]]:
+    """(column name, JSON name, values) of the columns pyarrow read, one per column name: a JSON
+    name whose column is a known one under another name (``topic``, ``json_topic``) takes the
+    place of the known column pyarrow was told of, which then holds nothing.  Two names with values
+    for one column (``a.b`` and ``a_b`` in one batch): the exact path decides."""
+    out: dict[str, tuple[str, pa.Array]] = {}
+    for raw, arr in columns:
+        name = raw if raw in known else clean_name(raw, top)
+        if name in out:
+            if arr.null_count == len(arr):
+                continue
+            if out[name][1].null_count != len(out[name][1]):
+                raise _Conflict(name)
+        out[name] = (raw, arr)
+    return [(name, raw, arr) for name, (raw, arr) in out.items()]
+
+
 def _finish(arr: pa.Array, known: pa.DataType | None, path: str, rows: pa.Array | None,
             errors: dict[int, set[str]], raw: tuple[str, ...]) -> tuple[pa.Array, pa.DataType | None]:
     """A column pyarrow read, as its type by the rules (``known``: the table's type, else inferred
@@ -380,17 +393,21 @@ def _finish(arr: pa.Array, known: pa.DataType | None, path: str, rows: pa.Array 
     if pa.types.is_null(t):
         return arr, None
     dropping = arr.null_count < len(arr)  # values with no type, if none is found below
+    if known is not None and (pa.types.is_struct(t) != pa.types.is_struct(known)
+                              or pa.types.is_list(t) != pa.types.is_list(known)):
+        raise _Conflict(path)  # a column pyarrow inferred under another name, of another kind
     if pa.types.is_struct(t):
         children, fields = [], []
         known_fields = {f.name: f.type for f in known} if known is not None else {}
-        for i, f in enumerate(t):
-            name = f.name if f.name in known_fields else clean_name(f.name, top=False)
-            if name != f.name and name in [g.name for g in t]:
-                raise _Conflict(name)
-            child, ct = _finish(arr.field(i), known_fields.get(f.name), f"{path}.{name}", rows, errors, raw + (f.name,))
+        for name, raw_name, child in _by_name([(f.name, arr.field(i)) for i, f in enumerate(t)], set(known_fields),
+                                              top=False):
+            child, ct = _finish(child, known_fields.get(name), f"{path}.{name}", rows, errors, raw + (raw_name,))
             if ct is not None:
                 children.append(child)
                 fields.append(pa.field(name, ct))
+        if not fields and known is not None:  # empty objects, of a known struct: its fields null
+            return pa.StructArray.from_arrays([pa.nulls(len(arr), f.type) for f in known], fields=list(known),
+                                              mask=arr.is_null()), known
         if not fields:
             if dropping:
                 errors.setdefault(-1, set()).add(path)  # only empty objects so far
@@ -401,6 +418,8 @@ def _finish(arr: pa.Array, known: pa.DataType | None, path: str, rows: pa.Array 
         item_rows = parents if rows is None else rows.take(parents)
         values, vt = _finish(arr.flatten(), known.value_type if known is not None else None, path + "[]",
                              item_rows, errors, raw + ("[]",))
+        if vt is None and known is not None:  # empty lists (or of nulls), of a known list type
+            values, vt = pa.nulls(len(values), known.value_type), known.value_type
         if vt is None:
             if dropping:
                 errors.setdefault(-1, set()).add(path)  # only empty lists so far
