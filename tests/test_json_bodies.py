@@ -190,3 +190,12 @@ def test_renamed_fields_stay_on_the_batch_reader_once_known(monkeypatch):
     exact.clear()
     second = check(bodies, first.schema)
     assert second.schema == first.schema and exact == []
+
+
+def test_the_cli_prints_a_json_topics_body_parsed_beside_the_raw_one():
+    from streaming.cli.output import parsed_body
+
+    assert parsed_body(b'{"a": [1, {"b": "\xc3\xa9"}]}', typed=True) == {"value": {"a": [1, {"b": "é"}]}}
+    assert parsed_body(b"not json", typed=True) == {"value": None, "value_error": "the body is not a JSON object"}
+    assert parsed_body(b"[1]", typed=True)["value"] is None
+    assert parsed_body(b'{"a": 1}', typed=False) == {} and parsed_body(None, typed=True) == {}
