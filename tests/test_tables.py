@@ -674,7 +674,7 @@ def test_readme_table_examples_run_against_a_real_tier(spark, tmp_path):
     rows = [r for r in written_rows(conf.commitlog.dir)
             if r["topic"] == "topic-0" and entered_a_queue(r) and r["queue_offset"] < sealed[("topic-0", r["queue_id"])].commit]
 
-    [block] = readme_python_blocks("SqlCatalog", "iceberg_scan")
+    [block] = readme_python_blocks("SqlCatalog", "iceberg_scan", "rmq_topic_0")  # the typed columns' reads orders-0
     ns: dict = {}
     exec(block.replace("data/demo/state", conf.state.dir), ns)  # the docs read the demo's tables: this test's
     want = sorted((r["queue_offset"], r["body"]) for r in rows if r["queue_id"] == 1 and r["queue_offset"] >= 100)
