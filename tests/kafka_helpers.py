@@ -70,8 +70,12 @@ def read_with_librdkafka(bootstrap: str, partitions: list[tuple[str, int]], expe
     ``confluent_kafka.Message``, by partition, in offset order."""
     import confluent_kafka
 
+    # A fetch the broker answers "offset not available" resets to the log's start, not its end: with
+    # librdkafka's default (the end) one such answer at offset 0, on a topic a moment old, left a
+    # read-back with none of the records a producer had acknowledged (CI, test_native_producer).
     consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "tierlog-tests-read-back",
-                                         "enable.auto.commit": False, "enable.partition.eof": False})
+                                         "enable.auto.commit": False, "enable.partition.eof": False,
+                                         "auto.offset.reset": "earliest"})
     got: dict[tuple[str, int], list] = {tp: [] for tp in partitions}
     deadline = time.monotonic() + timeout_s
     try:
