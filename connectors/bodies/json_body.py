@@ -148,7 +148,6 @@ class JsonFormat(BodyFormat):
     # ------------------------------------------------------------ pyarrow's reader, a batch at once
 
     def _fast(self, values: list, objects: list[int], known: pa.Schema, strings: list[tuple[str, ...]]) -> Typed:
-        n = len(values)
         if not objects:
             return _assemble(pa.table({f.name: pa.nulls(0, f.type) for f in known}), [], values, known, [])
         block = b"\n".join(values[i].replace(b"\n", b" ").replace(b"\r", b" ") for i in objects)
