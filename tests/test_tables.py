@@ -731,6 +731,46 @@ def run_spark_reader(block: str, tmp_path) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def run_spark_sql(catalog_uri: str, warehouse: str, queries: dict[str, str], tmp_path) -> dict[str, list[dict]]:
+    """Each of ``queries`` as the downstream reader's Spark answers it over tierlog's SQLite catalog
+    (a ``jdbc`` catalog named ``tierlog``, as reading.md configures it): its rows as dicts, structs
+    as dicts, timestamps as ISO strings, bytes as base64."""
+    import subprocess
+
+    from tests.jvm import classpath
+
+    assert SPARK_READER.exists(), f"{SPARK_READER} is missing: run `./dev setup`"
+    assert catalog_uri.startswith("sqlite:///"), catalog_uri
+    script = f"""
+import base64, datetime, json
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+         .config("spark.jars", {",".join(classpath("spark-iceberg").split(":"))!r})
+         .config("spark.sql.catalog.tierlog", "org.apache.iceberg.spark.SparkCatalog")
+         .config("spark.sql.catalog.tierlog.type", "jdbc")
+         .config("spark.sql.catalog.tierlog.uri", {"jdbc:sqlite:" + catalog_uri[len("sqlite://"):]!r})
+         .config("spark.sql.catalog.tierlog.warehouse", {warehouse!r})
+         .getOrCreate())
+def plain(v):
+    if isinstance(v, dict):
+        return {{k: plain(x) for k, x in v.items()}}
+    if isinstance(v, list):
+        return [plain(x) for x in v]
+    if isinstance(v, (bytes, bytearray)):
+        return base64.b64encode(bytes(v)).decode()
+    if isinstance(v, datetime.datetime):
+        return v.isoformat()
+    return v
+out = {{name: [plain(r.asDict(recursive=True)) for r in spark.sql(q).collect()] for name, q in {queries!r}.items()}}
+print(json.dumps(out))
+"""
+    (tmp_path / "spark_sql.py").write_text(script)
+    result = subprocess.run([str(SPARK_READER), str(tmp_path / "spark_sql.py")], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def test_a_sync_that_fails_after_its_commit_landed_registers_nothing_twice(tmp_path, monkeypatch):
     """The commit is in the catalog, then the step after it fails, before the process took in what
     it committed, and again after: the next round must not add the same rows or segments again
