@@ -31,7 +31,7 @@ from connectors.bodies.base import ERRORS, ERRORS_TYPE
 from connectors.bodies.formats import BodyFormats
 from connectors.faults import crash_point
 from connectors.tables.base import TopicTables, data_files
-from connectors.tables.typed import TYPED_PREFIX, copy_name, find_type, source_of, typed_parquet, typed_schema
+from connectors.tables.typed import TYPED_PREFIX, copy_name, grow, source_of, typed_parquet, typed_schema, widening
 from connectors.tier import snapshots
 from connectors.tier.layout import escape_topic
 
@@ -143,19 +143,12 @@ class LatestTables(TopicTables):
         """Write the typed copy of snapshot ``name`` and grow the table's schema to it, in ``tx``;
         the copy's name.  A widened column needs no rewrite here: the copy replaces this broker's
         only file in the same commit."""
-        from pyiceberg.types import DoubleType, LongType
-
         rows = pq.read_table(pa.BufferReader(self.backend.read(name)), schema=snapshots.SNAPSHOT_SCHEMA)
         known = typed_schema(tx.table_metadata)
         typed = self.formats.of(topic).typed(rows["body"], known)
         if typed.schema != known:
             full = pa.schema([*snapshots.SNAPSHOT_SCHEMA, *typed.schema, pa.field(ERRORS, ERRORS_TYPE)])
-            current = tx.table_metadata.schema()
-            widen = [p for p in sorted(typed.widened) if isinstance(find_type(current, p), LongType)]
-            with tx.update_schema(allow_incompatible_changes=bool(widen)) as update:
-                for path in widen:
-                    update.update_column(tuple(path.split(".")), DoubleType())
-                update.union_by_name(full)
+            grow(tx, full, widening(tx.table_metadata.schema(), typed.widened))
         copy = copy_name(name, tx.table_metadata.current_schema_id)
         self.backend.put(copy, typed_parquet(rows, typed.columns, schema=snapshots.SNAPSHOT_SCHEMA))
         crash_point("latest_typed_copy_written")

@@ -45,8 +45,8 @@ from connectors.faults import crash_point
 from connectors.tables import fresh
 from connectors.tables.base import KIND, TOPIC, TopicTables, find_spec, spec_with
 from connectors.tables.catalog import data_location
-from connectors.tables.typed import TYPED_PREFIX, copy_name, find_type, is_long, source_of, typed_parquet, \
-    typed_schema, versioned
+from connectors.tables.typed import TYPED_PREFIX, copy_name, grow, is_long, source_of, typed_parquet, typed_schema, \
+    versioned, widening
 from connectors.tables.view import StagingParts, TierView, oldest_ms, parts_from, read_rows, staging_parts
 from connectors.tier import layout
 from connectors.tier.layout import Names, escape_topic
@@ -445,18 +445,16 @@ class MessageTables(TopicTables):
         """Grow the table's schema to hold ``schema``'s typed columns: a commit of the schema alone, so
         a crash after it leaves columns no file holds yet, which read as null."""
         from pyiceberg.exceptions import CommitFailedException
-        from pyiceberg.types import LongType
 
         full = pa.schema([*MESSAGE_SCHEMA, *schema, pa.field(ERRORS, ERRORS_TYPE)])
         for attempt in range(COMMIT_ATTEMPTS_SCHEMA):
             table = self._table(topic)
-            current = table.schema()
-            widen = [p for p in sorted(widened) if isinstance(find_type(current, p), LongType)]
+            widen = widening(table.schema(), widened)
             try:
                 if widen:
-                    self._widen(topic, table, full, widen)  # raises _Rewritten
-                with table.update_schema() as update:
-                    update.union_by_name(full)
+                    self._widen(topic, table, full, widen)  # commits with the files it rewrites; raises _Rewritten
+                with table.transaction() as tx:
+                    grow(tx, full, [])
                 break
             except CommitFailedException:  # another broker's change came first: measure against it
                 if attempt == COMMIT_ATTEMPTS_SCHEMA - 1:
@@ -469,8 +467,6 @@ class MessageTables(TopicTables):
         """Widen the long columns at ``widen`` to double, and in the same commit rewrite each of this
         broker's files that holds one of them as a long: Iceberg's rules read a file's long as a
         long only.  Then the plan of this round is stale: raises ``_Rewritten``."""
-        from pyiceberg.types import DoubleType
-
         from connectors.tables.commit import described, replace, spec_files
 
         snapshot = table.current_snapshot()
@@ -480,10 +476,7 @@ class MessageTables(TopicTables):
                   if (self._name_of(f.file_path) or "").startswith(mine)]
         add, remove = [], []
         with table.transaction() as tx:
-            with tx.update_schema(allow_incompatible_changes=True) as update:
-                for path in widen:
-                    update.update_column(tuple(path.split(".")), DoubleType())
-                update.union_by_name(full)
+            grow(tx, full, widen)
             schema_id = tx.table_metadata.current_schema_id
             target = typed_schema(tx.table_metadata)
             for spec, f in listed:

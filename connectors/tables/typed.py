@@ -77,6 +77,26 @@ def find_type(schema, path: str):
         return None
 
 
+def widening(schema, widened: set[str]) -> list[str]:
+    """Of the dotted paths a body format ``widened``, those an Iceberg ``schema`` holds as a long:
+    the ones to widen to double (another broker may have widened the rest already)."""
+    from pyiceberg.types import LongType
+
+    return [p for p in sorted(widened) if isinstance(find_type(schema, p), LongType)]
+
+
+def grow(tx, full: pa.Schema, widen: list[str]) -> None:
+    """In transaction ``tx``, the one schema change of a typed table: the longs at ``widen`` become
+    doubles and ``full``'s columns the schema lacks are added (by name, so a broker's concurrent
+    change of the same columns is the same change)."""
+    from pyiceberg.types import DoubleType
+
+    with tx.update_schema(allow_incompatible_changes=bool(widen)) as update:
+        for path in widen:
+            update.update_column(tuple(path.split(".")), DoubleType())
+        update.union_by_name(full)
+
+
 def typed_parquet(rows: pa.Table, typed: pa.Table | None, metadata: dict[bytes, bytes] | None = None,
                   schema: pa.Schema = MESSAGE_SCHEMA) -> bytes:
     """A table's own data file: the rows (of ``schema``: a message's, or a snapshot's), and their
