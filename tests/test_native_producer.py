@@ -33,10 +33,22 @@ PARTITIONS = 3
 
 
 def make_topic(bootstrap: str, name: str, partitions: int = PARTITIONS) -> str:
+    """Topic ``name``, once the broker names a leader of each of its partitions: as the service's
+    topics are made before any record is sent to them."""
+    import confluent_kafka.admin
+
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     admin.create_topics([NewTopic(name, partitions, 1)])
     admin.close()
-    return name
+    lister = confluent_kafka.admin.AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + 60
+    while True:
+        topic = lister.list_topics(name, timeout=10).topics.get(name)
+        if topic is not None and topic.error is None and len(topic.partitions) == partitions and \
+                all(p.leader >= 0 and p.error is None for p in topic.partitions.values()):
+            return name
+        assert time.monotonic() < deadline, f"topic {name}: no leader of every partition in 60 s"
+        time.sleep(0.1)
 
 
 def varied_records(topics: tuple[str, ...], n: int, seed: int) -> Records:
