@@ -70,8 +70,14 @@ def oracle(bodies: list[bytes], schema: pa.Schema) -> list[dict]:
     return rows
 
 
-def check(bodies: list[bytes], known: pa.Schema = pa.schema([])):
-    typed = JsonFormat().typed(pa.array(bodies, pa.binary()), known)
+def check(bodies: list[bytes], known: pa.Schema = pa.schema([]), fmt: JsonFormat | None = None):
+    """The format's answer for ``bodies`` is the oracle's.  ``fmt``: a format that has read batches
+    before (as a topic's does), whose answer must also be a new format's, which remembers nothing."""
+    typed = (fmt or JsonFormat()).typed(pa.array(bodies, pa.binary()), known)
+    if fmt is not None:
+        fresh = JsonFormat().typed(pa.array(bodies, pa.binary()), known)
+        assert (typed.columns, typed.schema, typed.widened, typed.unreadable) == \
+            (fresh.columns, fresh.schema, fresh.widened, fresh.unreadable)
     assert typed.columns.num_rows == len(bodies)
     assert typed.columns.column_names == typed.schema.names + ["_body_errors"]
     assert typed.columns.to_pylist() == oracle(bodies, typed.schema)
@@ -152,6 +158,7 @@ def test_random_batches_in_sequence_agree_with_the_oracle(seed):
               [1, 2], ["a"], [{"x": 1}], {}, [], 2 ** 70]
     fields = ["a", "b", "c.d", "topic", "é"]
     known = pa.schema([])
+    fmt = JsonFormat()  # one for the sequence: what it remembers of one batch it uses in the next
     for _ in range(8):
         bodies = []
         for _ in range(rnd.choice([1, 5, 40, 300])):
@@ -161,9 +168,38 @@ def test_random_batches_in_sequence_agree_with_the_oracle(seed):
             else:
                 obj = {f: rnd.choice(values[:8] if r < 0.7 else values) for f in rnd.sample(fields, rnd.randint(0, 5))}
                 bodies.append(json.dumps(obj, indent=rnd.choice([None, 2])).encode())
-        typed = check(bodies, known)
+        typed = check(bodies, known, fmt)
         known = typed.schema
     assert known.names  # something was typed
+
+
+def test_a_field_that_did_not_fit_is_read_apart_in_later_batches_with_the_in_order_answer(monkeypatch):
+    # The workload's orders send the customer as a number in one body of 31: after the first batch
+    # names it, later batches read those bodies exactly, apart, and the rest in one fast parse each
+    # (check: the answer is a new format's, and the oracle's); a batch whose odd bodies add a field
+    # is read in order.
+    import connectors.bodies.json_body as jb
+    from connectors.commitlog.workload import json_body
+
+    fast = []
+    real = jb.JsonFormat._fast
+    fmt = JsonFormat()
+    monkeypatch.setattr(jb.JsonFormat, "_fast", lambda self, values, *a: (self is fmt and fast.append(len(values)))
+                        or real(self, values, *a))
+    orders = [json_body(i, 4000, f"key-{i:04d}", 300, steady=False) for i in range(2600)]
+    known = check(orders[:400], pa.schema([]), fmt).schema
+    assert len(fast) > 5  # in order: each odd body cost a parse of the window before it
+    apart = 0
+    for start in range(400, 2600, 200):
+        fast.clear()
+        grown = check(orders[start:start + 200], known, fmt).schema
+        if grown == known:  # no field added (the coupon is, a third of the way in), none widened (the amount, halfway)
+            assert len(fast) == 1, (start, fast)  # apart: one fast parse of the rest
+            apart += 1
+        known = grown
+    assert apart >= 7
+    odd_with_new = [json.dumps({"customer": 7, "new": "x"}).encode()] + orders[2400:2500]
+    check(odd_with_new, known, fmt)
 
 
 def test_the_topic_to_format_setting():

@@ -22,6 +22,13 @@ Why two paths: pyarrow's JSON reader parses a batch in C++, several times faster
 body in Python (docs/benchmarks.md), but it fails a whole batch on one body that does not fit.
 Then the batch is read again body by body (``json.loads``), the reference semantics above; the
 fast path is taken only where its answer is the same.
+
+Why a format remembers fields: a producer that sends one field as a number now and then fails
+pyarrow's batch at each such body, and each failure costs a parse of what came before it again.
+A field pyarrow named as not fitting is remembered with the kind of value that did not fit; in
+later batches the bodies whose text shows that field with that kind are read exactly, apart from
+the rest, when neither part adds a field (only then is the answer the same as in order: a new
+field takes its first value's type).  What is remembered changes how fast, never what is read.
 """
 
 from __future__ import annotations
@@ -55,12 +62,18 @@ class _Conflict(Exception):
 class _Row(Exception):
     """pyarrow's reader found a value that does not fit its field at this body (an index of the batch)."""
 
-    def __init__(self, at: int):
+    def __init__(self, at: int, why: str = ""):
         super().__init__(at)
         self.at = at
+        self.why = why
 
 
 _AT_ROW = re.compile(r" in row (\d+)")
+# pyarrow's words for a value that did not fit its column: the column's path, the new value's kind
+_CHANGED = re.compile(r"Column\((/[^)]*)\) changed from \w+ to (\w+)")
+# how a JSON value of each kind pyarrow names starts
+_STARTS = {"number": rb"[-0-9]", "string": rb'"', "boolean": rb"[tf]", "object": rb"\{", "array": rb"\["}
+MAX_REMEMBERED = 32  # fields remembered as not fitting, per format: a hint, so bounded
 
 
 class _Inferred(Exception):
@@ -91,9 +104,51 @@ class JsonFormat(BodyFormat):
 
     name = "json"
 
+    def __init__(self) -> None:
+        self._misfits: set[bytes] = set()  # patterns of a remembered field with a kind that did not fit
+        self._screen: re.Pattern | None = None
+
     def typed(self, bodies: pa.Array, known: pa.Schema) -> Typed:
+        values = bodies.to_pylist()
+        if self._screen is not None:
+            suspects = [i for i, v in enumerate(values) if v and self._screen.search(v)]
+            if suspects and len(suspects) < len(values):
+                apart = self._apart(values, known, suspects)
+                if apart is not None:
+                    return apart
+        return self._in_order(values, known)
+
+    def _apart(self, values: list, known: pa.Schema, suspects: list[int]) -> Typed | None:
+        """``values`` with the ``suspects`` read exactly and the rest fast, each apart; None where
+        either part adds a field (see the module's docstring), to be read in order instead."""
+        marked = set(suspects)
+        order = [i for i in range(len(values)) if i not in marked] + suspects
+        fast = self._in_order([values[i] for i in order[:len(values) - len(suspects)]], known)
+        if fast.dropped or not _same_fields(fast.schema, known):
+            return None
+        exact = self._exact([values[i] for i in suspects], fast.schema)
+        if exact.dropped or not _same_fields(exact.schema, known):
+            return None
+        whole = pa.concat_tables([as_schema(fast.columns, exact.schema), as_schema(exact.columns, exact.schema)])
+        back = pa.array(sorted(range(len(order)), key=order.__getitem__), type=pa.int64())
+        return Typed(whole.take(back), exact.schema, (fast.widened | exact.widened) & _paths(known),
+                     fast.unreadable + exact.unreadable)
+
+    def _remember(self, why: str) -> None:
+        """Remember the field and kind pyarrow's error ``why`` names (see the module's docstring)."""
+        found = _CHANGED.search(why)
+        if found is None or len(self._misfits) >= MAX_REMEMBERED:
+            return
+        name = found.group(1).rsplit("/", 1)[-1]
+        start = _STARTS.get(found.group(2))
+        if start is None or name in ("", "[]"):
+            return  # a list's items: their field has no name of its own to find
+        self._misfits.add(re.escape(json.dumps(name).encode()) + rb"\s*:\s*" + start)
+        self._screen = re.compile(b"|".join(sorted(self._misfits)))
+
+    def _in_order(self, values: list, known: pa.Schema) -> Typed:
         read: list[tuple[Typed, list]] = []
-        self._read(bodies.to_pylist(), known, read)
+        self._read(values, known, read)
         schema = read[-1][0].schema if read else known
         # A part that left out a field's values for want of a type ({} or [] alone), where a later
         # part gave the field one: read again against the batch's schema, so they fit it or are marked.
@@ -128,6 +183,7 @@ class JsonFormat(BodyFormat):
                 except _Inferred as e:
                     strings.append(e.path)
                 except _Row as e:
+                    self._remember(e.why)
                     if e.at:
                         known = self._read(rest[:e.at], known, parts)
                     parts.append((self._exact(rest[e.at:e.at + 1], known), rest[e.at:e.at + 1]))
@@ -162,7 +218,7 @@ class JsonFormat(BodyFormat):
         except pa.ArrowInvalid as e:
             at = _AT_ROW.search(str(e))
             if at is not None and int(at.group(1)) < len(objects):
-                raise _Row(objects[int(at.group(1))]) from e
+                raise _Row(objects[int(at.group(1))], str(e)) from e
             raise
         if table.num_rows != len(objects):
             raise _Conflict("rows")
@@ -491,6 +547,18 @@ def _grown_type(known: pa.DataType, seen: pa.DataType) -> pa.DataType:
     if pa.types.is_list(known) and pa.types.is_list(seen):
         return pa.list_(_grown_type(known.value_type, seen.value_type))
     return known
+
+
+def _same_fields(a: pa.Schema, b: pa.Schema) -> bool:
+    """Whether two schemas have the same fields at every depth, a long in one a double in the other
+    aside (a widening)."""
+    def same(x: pa.DataType, y: pa.DataType) -> bool:
+        if pa.types.is_struct(x) and pa.types.is_struct(y):
+            return [f.name for f in x] == [f.name for f in y] and all(same(f.type, g.type) for f, g in zip(x, y))
+        if pa.types.is_list(x) and pa.types.is_list(y):
+            return same(x.value_type, y.value_type)
+        return x == y or {str(x), str(y)} == {"int64", "double"}
+    return same(pa.struct(list(a)), pa.struct(list(b)))
 
 
 def _paths(schema: pa.Schema) -> set[str]:
