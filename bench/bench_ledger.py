@@ -1,7 +1,7 @@
 """The cost ledger: where the whole service's CPU goes, by part, at a fixed append rate.
 
     ./dev bench ledger [--rates 100,10000] [--body 1024] [--keys 1000] [--seconds 60] [--warmup 30]
-                       [--kafka] [--broker tansu|apache-kafka] [--variant V] [--slices N]
+                       [--kafka] [--broker tansu|apache-kafka] [--variant V] [--slices N] [--bodies random|json]
 
 For each rate: a new root; ``tierlog run`` as a process (tiering and compaction; with ``--kafka``
 the mirror and the changelog into an embedded tansu, which is not counted); a separate process
@@ -453,7 +453,7 @@ def machine(out: dict, busy: float, kernel: float, generator: float) -> dict:
 def measure(rate: float, args, kafka: str | None, broker_pid: int | None = None) -> dict:
     conf_for = lambda root: variant_conf(root, args.variant, kafka)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="tierlog-ledger-tasks-") as tasks_dir, \
-            service_under_load(conf_for, rate, args.body, prefix="tierlog-ledger-", keys=args.keys,
+            service_under_load(conf_for, rate, args.body, prefix="tierlog-ledger-", keys=args.keys, bodies=args.bodies,
                                env={TASK_CPU: os.path.join(tasks_dir, "task-cpu"),
                                     NAMED_THREADS: os.path.join(tasks_dir, "named-threads")}) as service:
         cpu_file = service.env[TASK_CPU]
@@ -517,11 +517,13 @@ def main() -> None:
     parser.add_argument("--variant", default="the default",
                         help="a configuration of ./dev bench quiet's (bench/bench_quiet.py), e.g. mirror-process")
     parser.add_argument("--slices", type=int, default=1, help="also print the window cut in this many slices")
+    parser.add_argument("--bodies", choices=("random", "json"), default="random",
+                        help="the generator's bodies: random bytes, or JSON orders (with --variant json-topics, typed)")
     args = parser.parse_args()
     broker = chosen_broker(args.kafka, args.broker)
     with kafka_broker(broker) as (bootstrap, broker_pid):
         runs = [measure(float(r), args, bootstrap, broker_pid) for r in args.rates.split(",")]
-    report({"benchmark": "ledger", "variant": args.variant, "kafka": broker is not None, "broker": broker, "runs": runs,
+    report({"benchmark": "ledger", "variant": args.variant, "bodies": args.bodies, "kafka": broker is not None, "broker": broker, "runs": runs,
             "target_unattributed_share": 0.10})
 
 

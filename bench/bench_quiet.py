@@ -94,6 +94,8 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
         conf = dataclasses.replace(conf, spark=dataclasses.replace(conf.spark, jit_c1_only=False))
     if name == "mirror-process":
         conf = dataclasses.replace(conf, kafka=dataclasses.replace(conf.kafka, mirror_process=True))
+    if name == "json-topics":  # what typing every topic's bodies costs (with ``--bodies json``)
+        conf = dataclasses.replace(conf, topics=dataclasses.replace(conf.topics, body_format="*=json"))
     if name == "tables-off":  # what the Iceberg tables cost: the service without them
         conf = dataclasses.replace(conf, tables=dataclasses.replace(conf.tables, enabled=False))
     if name == "mirror-only":
@@ -109,11 +111,11 @@ def variant_conf(root: str, name: str, kafka: str | None) -> cfg.Config:
 
 @contextlib.contextmanager
 def service_under_load(conf_for, rate: float, body: int = 1024, prefix: str = "tierlog-quiet-",
-                       env: dict | None = None, keys: int = 1000):
+                       env: dict | None = None, keys: int = 1000, bodies: str = "random"):
     """A service over a new root (``conf_for(root)``), with ``env`` added to its environment, its
     first batch committed, while a separate process (``bench/loadgen.py``, records encoded beforehand,
     under a tenth of a core) appends ``rate`` messages a second of ``body`` bytes over 64 queues,
-    their keys drawn from ``keys`` (its pid is the service's ``generator_pid``); both are killed and
+    their keys drawn from ``keys``, the bodies ``bodies`` (``loadgen --bodies``) (its pid is the service's ``generator_pid``); both are killed and
     the root removed on the way out."""
     root = tempfile.mkdtemp(prefix=prefix)
     service = ServiceProcess(root, conf=conf_for(root))
@@ -122,7 +124,8 @@ def service_under_load(conf_for, rate: float, body: int = 1024, prefix: str = "t
     try:
         service.produce(100, seed=1)
         service.start_until_first_commit()
-        producer = subprocess.Popen(loadgen.command(service.conf.commitlog, rate, 10**12, body, keys, 2),
+        producer = subprocess.Popen(loadgen.command(service.conf.commitlog, rate, 10**12, body, keys, 2,
+                                                    bodies=bodies),
                                     cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         service.generator_pid = producer.pid
         yield service

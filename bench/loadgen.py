@@ -3,6 +3,7 @@ commitlog directory at a steady rate, at a small part of a core, from a process 
 
     python -m bench.loadgen DIR --rate 50000 --seconds 60 [--body 1024] [--queues 64]
                             [--topic topic-0] [--keys 100000] [--file-size BYTES] [--seed 0]
+                            [--bodies random|json]
 
 Why: ``tierlog produce`` encodes every message in Python (about 20 µs of a core each), so beside
 the service it reached only 14,400-17,300 msgs/s of 1 KiB when asked for 25,000; the rates the
@@ -59,8 +60,27 @@ def encode(topic: bytes, queue_id: int, body: bytes, props: bytes) -> bytes:
     ))
 
 
-def pool(topic: str, queues: int, keys: int, body: int, seed: int) -> np.ndarray:
-    """Records ``i`` in queue ``i % queues``, keys drawn from ``keys``, as rows of one array."""
+_ALNUM = bytes((b"abcdefghijklmnopqrstuvwxyz0123456789" * 8)[:256])  # a random byte -> a letter or digit
+
+
+def order(i: int, key: str, size: int, noise: bytes) -> bytes:
+    """An order in JSON of exactly ``size`` bytes (when ``size`` leaves room for its fields), of
+    one shape all along: its ``note`` pads it, with letters and digits from ``noise``, so zstd finds
+    no more repeats in it than in a producer's text."""
+    head = json.dumps({"order_id": i, "customer": f"c-{key[-4:]}", "amount": (i % 500) + 0.25, "paid": i % 3 == 0,
+                       "placed_at": f"2026-12-{1 + i % 28:02d}T{i % 24:02d}:{i % 60:02d}:00.{i % 1000:03d}Z",
+                       "address": {"city": ("Berlin", "Lyon", "Koeln")[i % 3], "zip": f"{10000 + i % 90000}"},
+                       "items": [{"sku": f"s-{(i + j) % 50}", "qty": 1 + j} for j in range(1 + i % 3)],
+                       "coupon": f"WINTER{i % 5}"}).encode()
+    pad = size - len(head) - len(',"note":""')
+    if pad <= 0:
+        return head
+    return head[:-1] + b',"note":"' + noise[:pad].translate(_ALNUM) + b'"}'
+
+
+def pool(topic: str, queues: int, keys: int, body: int, seed: int, bodies: str = "random") -> np.ndarray:
+    """Records ``i`` in queue ``i % queues``, keys drawn from ``keys``, as rows of one array;
+    ``bodies``: random bytes, or JSON orders (``order``) of the same size."""
     rng = random.Random(seed)
     probe = encode(topic.encode(), 0, bytes(body), b"")
     count = max(queues, min(65_536, POOL_BYTES // (len(probe) + 64)) // queues * queues)
@@ -72,8 +92,14 @@ def pool(topic: str, queues: int, keys: int, body: int, seed: int) -> np.ndarray
     rows = []
     for i in range(count):
         # §7: name U+0001 value U+0002; fixed-width values keep every record the same length.
-        props = f"KEYS\x01key-{rng.randrange(keys):08d}\x02TAGS\x01tag-{i % 3}\x02".encode()
-        rows.append(encode(topic.encode(), i % queues, noise[i * body:(i + 1) * body], props))
+        key = f"key-{rng.randrange(keys):08d}"
+        props = f"KEYS\x01{key}\x02TAGS\x01tag-{i % 3}\x02".encode()
+        payload = noise[i * body:(i + 1) * body]
+        if bodies == "json":
+            payload = order(i, key, body, payload)
+            if len(payload) != body:
+                sys.exit(f"loadgen: --body {body} is too small for a JSON order of {len(payload)} bytes")
+        rows.append(encode(topic.encode(), i % queues, payload, props))
     return np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(count, len(rows[0])).copy()
 
 
@@ -160,17 +186,18 @@ class Appender:
         os.close(self.fd)
 
 
-def command(commitlog, rate: float, messages: int, body: int, keys: int, seed: int, queues: int = 64) -> list[str]:
+def command(commitlog, rate: float, messages: int, body: int, keys: int, seed: int, queues: int = 64,
+            bodies: str = "random") -> list[str]:
     """This generator's command line for a service's ``commitlog`` settings (its ``dir`` and
     ``file_size``), run from the repository's root."""
     return [sys.executable, "-m", "bench.loadgen", commitlog.dir, "--rate", str(rate), "--messages", str(messages),
             "--queues", str(queues), "--body", str(body), "--keys", str(keys), "--seed", str(seed),
-            "--file-size", str(commitlog.file_size)]
+            "--file-size", str(commitlog.file_size), "--bodies", bodies]
 
 
 def run(args) -> dict:
     os.makedirs(args.dir, exist_ok=True)
-    rows = pool(args.topic, args.queues, args.keys, args.body, args.seed)
+    rows = pool(args.topic, args.queues, args.keys, args.body, args.seed, args.bodies)
     end, offsets = log_end(args.dir, args.topic, args.queues)
     total = args.messages or int(args.rate * args.seconds)
     appender = Appender(args.dir, rows, args.queues, args.file_size, end, offsets)
@@ -205,6 +232,8 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--file-size", type=int, default=1 << 30, help="the commitlog's file size (the broker's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bodies", choices=("random", "json"), default="random",
+                    help="random bytes, or JSON orders of one shape, each --body bytes")
     args = ap.parse_args()
     if args.rate <= 0 or args.queues < 1 or args.keys < 1 or args.body < 0:
         sys.exit("loadgen: --rate, --queues and --keys must be positive, --body not negative")
