@@ -2,6 +2,7 @@
 against tiering it as ``bytes``, and both against the floor, in one run.
 
     ./dev bench json_bodies [--messages 40000] [--body 1024] [--queues 8] [--rounds 5] [--shape steady|evolving]
+                            [--commits 8]
 
 One commitlog of JSON orders, about ``--body`` bytes each: ``steady``, one shape all along
 (``Workload(body_format="json-steady")``), or ``evolving`` (``"json"``): a field added, a long
@@ -9,9 +10,10 @@ widened to double, one body in 31 with a customer of the wrong type and one in 9
 each of which the format reads alone.
 Each round runs three variants, in an order reversed every other round, each on a fresh tier:
 - ``floor``: the stager alone over the log's ranges (read, body CRC, sort, zstd Parquet, write);
-- ``bytes``: the same staging, then the tier writer's commit, the message tables brought to hold
-  every row (fresh files), the seal of every queue, and the tables again (the segments take the
-  fresh files' place): the path of a message in ``tierlog run``;
+- ``bytes``: the same staging, then in ``--commits`` parts (the service's micro-batches) the tier
+  writer's commit and the message tables brought to hold every row (a fresh file each); then the
+  seal of every queue, and the tables again (the segments take the fresh files' place): the path
+  of a message in ``tierlog run``;
 - ``json``: the same, the topic typed: each body parsed into the fresh files, the table's schema
   grown, and at the seal each segment's typed copy written in its place.
 
@@ -59,8 +61,10 @@ def tier_once(log_dir: str, root: str, parts: list, variant: str) -> dict:
                            location, "broker-a")
     writer = TierWriter(WriterSettings(location=location, segment_age_s=0.0, delete_grace_s=0), store, tables=tables)
     try:
-        writer.commit(0, staged, CommitLogGaps(ReaderOptions(log_dir)).between)
-        writer.settle_tables(300)  # fresh files
+        gaps = CommitLogGaps(ReaderOptions(log_dir)).between
+        for batch_id, part in enumerate(staged):
+            writer.commit(batch_id, [part], gaps)
+            writer.settle_tables(300)  # a fresh file
         writer.maintain(int(time.time() * 1000) + 60_000)  # every queue sealed
         writer.settle_tables(300)  # the segments (or their typed copies) in the fresh files' place
         cpu = time.process_time() - t0
@@ -79,6 +83,7 @@ def main() -> None:
     ap.add_argument("--queues", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--shape", choices=("steady", "evolving"), default="steady")
+    ap.add_argument("--commits", type=int, default=8, help="the log tiered in this many commits (micro-batches)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="bench-json-")
     try:
@@ -87,7 +92,8 @@ def main() -> None:
             append_in_chunks(w, Workload(messages=args.messages, topics=1, queues=args.queues, keys=10_000,
                                          body_size=args.body, seed=1,
                                          body_format="json" if args.shape == "evolving" else "json-steady").generate())
-        parts = ranges(log_dir, 32 << 20)
+        size = sum(end - first for first, end, _ in ranges(log_dir, 1 << 62))
+        parts = ranges(log_dir, max(1 << 20, -(-size // max(1, args.commits))))
         names = ["floor", "bytes", "json"]
         got: dict[str, list[dict]] = {n: [] for n in names}
         for name in names:  # untimed: the first of each pays for imports and the catalog's first open
@@ -98,7 +104,7 @@ def main() -> None:
         us = {n: statistics.median(g["cpu_s"] for g in got[n]) / args.messages * 1e6 for n in names}
         for n in ("bytes", "json"):
             assert all(g["rows"] == args.messages for g in got[n]), (n, [g["rows"] for g in got[n]])
-        report({"bench": "json_bodies", "shape": args.shape, "messages": args.messages, "body_bytes": args.body, "rounds": args.rounds,
+        report({"bench": "json_bodies", "shape": args.shape, "messages": args.messages, "commits": len(parts), "body_bytes": args.body, "rounds": args.rounds,
                 "cpu_us_per_message": {n: round(v, 2) for n, v in us.items()},
                 "rounds_cpu_s": {n: [round(g["cpu_s"], 3) for g in got[n]] for n in names},
                 "json_over_bytes": round(us["json"] / us["bytes"], 3),

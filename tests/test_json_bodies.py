@@ -200,6 +200,13 @@ def test_a_field_that_did_not_fit_is_read_apart_in_later_batches_with_the_in_ord
     assert apart >= 7
     odd_with_new = [json.dumps({"customer": 7, "new": "x"}).encode()] + orders[2400:2500]
     check(odd_with_new, known, fmt)
+    # a topic whose first customer was a number: every later string one is odd, and read apart
+    fmt = JsonFormat()
+    known = check(orders[5:400], pa.schema([]), fmt).schema
+    assert known.field("customer").type == pa.int64()
+    fast.clear()
+    check(orders[400:600], known, fmt)
+    assert len(fast) == 1, fast
 
 
 def test_the_topic_to_format_setting():

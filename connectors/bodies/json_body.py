@@ -112,7 +112,7 @@ class JsonFormat(BodyFormat):
         values = bodies.to_pylist()
         if self._screen is not None:
             suspects = [i for i, v in enumerate(values) if v and self._screen.search(v)]
-            if suspects and len(suspects) < len(values):
+            if suspects:
                 apart = self._apart(values, known, suspects)
                 if apart is not None:
                     return apart
@@ -143,8 +143,9 @@ class JsonFormat(BodyFormat):
         start = _STARTS.get(found.group(2))
         if start is None or name in ("", "[]"):
             return  # a list's items: their field has no name of its own to find
-        self._misfits.add(re.escape(json.dumps(name).encode()) + rb"\s*:\s*" + start)
-        self._screen = re.compile(b"|".join(sorted(self._misfits)))
+        # a new set, never one changed in place: the tables' threads may share this format
+        misfits = self._misfits | {re.escape(json.dumps(name).encode()) + rb"\s*:\s*" + start}
+        self._screen, self._misfits = re.compile(b"|".join(sorted(misfits))), misfits
 
     def _in_order(self, values: list, known: pa.Schema) -> Typed:
         read: list[tuple[Typed, list]] = []
