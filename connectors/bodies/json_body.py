@@ -25,10 +25,12 @@ fast path is taken only where its answer is the same.
 
 Why a format remembers fields: a producer that sends one field as a number now and then fails
 pyarrow's batch at each such body, and each failure costs a parse of what came before it again.
-A field pyarrow named as not fitting is remembered with the kind of value that did not fit; in
-later batches the bodies whose text shows that field with that kind are read exactly, apart from
-the rest, when neither part adds a field (only then is the answer the same as in order: a new
-field takes its first value's type).  What is remembered changes how fast, never what is read.
+A field pyarrow named as not fitting is remembered with the kind of value that did not fit; from
+then on (the rest of that batch, and later batches) the bodies whose text shows that field with
+that kind are read exactly, apart from the rest, where that gives the in-order answer: a new
+field takes its first value's type and its place among the new columns, so the odd bodies may add
+no field but the one the rest add, with its type (``_agrees``); otherwise the batch is read in
+order.  What is remembered changes how fast, never what is read.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class _Inferred(Exception):
 
 
 EXACT_ROWS = 16  # a failing part of a batch is halved down to this many bodies, then read body by body
+APART_ROWS = 256  # the least rest of a batch read apart once a body in it named a misfit
 
 
 def clean_name(name: str, top: bool) -> str:
@@ -110,24 +113,27 @@ class JsonFormat(BodyFormat):
 
     def typed(self, bodies: pa.Array, known: pa.Schema) -> Typed:
         values = bodies.to_pylist()
-        if self._screen is not None:
-            suspects = [i for i, v in enumerate(values) if v and self._screen.search(v)]
-            if suspects:
-                apart = self._apart(values, known, suspects)
-                if apart is not None:
-                    return apart
-        return self._in_order(values, known)
+        apart = self._apart(values, known)
+        return apart if apart is not None else self._in_order(values, known)
 
-    def _apart(self, values: list, known: pa.Schema, suspects: list[int]) -> Typed | None:
-        """``values`` with the ``suspects`` read exactly and the rest fast, each apart; None where
-        either part adds a field (see the module's docstring), to be read in order instead."""
+    def _apart(self, values: list, known: pa.Schema) -> Typed | None:
+        """``values``, the bodies that show a remembered misfit read exactly and the rest fast, each
+        apart; None where there are none, or where that would not be the in-order answer (see
+        ``_agrees``), to be read in order instead."""
+        screen = self._screen
+        suspects = [i for i, v in enumerate(values) if v and screen.search(v)] if screen is not None else []
+        if not suspects:
+            return None
         marked = set(suspects)
         order = [i for i in range(len(values)) if i not in marked] + suspects
+        odd = [values[i] for i in suspects]
         fast = self._in_order([values[i] for i in order[:len(values) - len(suspects)]], known)
-        if fast.dropped or not _same_fields(fast.schema, known):
+        if fast.dropped:
             return None
-        exact = self._exact([values[i] for i in suspects], fast.schema)
-        if exact.dropped or not _same_fields(exact.schema, known):
+        exact = self._exact(odd, fast.schema)
+        if exact.dropped or not _same_fields(exact.schema, fast.schema):
+            return None  # the odd bodies add a field the rest do not have
+        if not _same_fields(fast.schema, known) and not _agrees(known, fast.schema, self._exact(odd, known).schema):
             return None
         whole = pa.concat_tables([as_schema(fast.columns, exact.schema), as_schema(exact.columns, exact.schema)])
         back = pa.array(sorted(range(len(order)), key=order.__getitem__), type=pa.int64())
@@ -189,6 +195,12 @@ class JsonFormat(BodyFormat):
                         known = self._read(rest[:e.at], known, parts)
                     parts.append((self._exact(rest[e.at:e.at + 1], known), rest[e.at:e.at + 1]))
                     known, start = parts[-1][0].schema, start + e.at + 1
+                    # the rest of this batch apart, now that the field is remembered (the bodies
+                    # that show it are outside every fast part, so this recurses only on a new one)
+                    apart = self._apart(values[start:], known) if len(values) - start >= APART_ROWS else None
+                    if apart is not None:
+                        parts.append((apart, values[start:]))
+                        return apart.schema
                     window = max(EXACT_ROWS * 4, 2 * e.at)
                     break
                 except (pa.ArrowInvalid, _Conflict):
@@ -548,6 +560,20 @@ def _grown_type(known: pa.DataType, seen: pa.DataType) -> pa.DataType:
     if pa.types.is_list(known) and pa.types.is_list(seen):
         return pa.list_(_grown_type(known.value_type, seen.value_type))
     return known
+
+
+def _agrees(known: pa.Schema, fast: pa.Schema, odd: pa.Schema) -> bool:
+    """Whether the schema of bodies read apart is the in-order one: ``fast`` (the rest's) and ``odd``
+    (the odd bodies' alone) each keep ``known``'s fields (a widening aside) and add top-level fields
+    only, and the odd bodies add none, or the one field the rest add, of the same type (the order
+    and type of new fields are their first values')."""
+    def base(schema: pa.Schema) -> pa.Schema:
+        return pa.schema([schema.field(name) for name in known.names])
+    if not (_same_fields(base(fast), known) and _same_fields(base(odd), known)):
+        return False
+    added = [f for f in fast if f.name not in known.names]
+    odd_added = [f for f in odd if f.name not in known.names]
+    return not odd_added or (len(added) == 1 and odd_added == added)
 
 
 def _same_fields(a: pa.Schema, b: pa.Schema) -> bool:
