@@ -155,7 +155,7 @@ class JsonFormat(BodyFormat):
 
     def _in_order(self, values: list, known: pa.Schema) -> Typed:
         read: list[tuple[Typed, list]] = []
-        self._read(values, known, read)
+        self._read(values, known, read, [1])
         schema = read[-1][0].schema if read else known
         # A part that left out a field's values for want of a type ({} or [] alone), where a later
         # part gave the field one: read again against the batch's schema, so they fit it or are marked.
@@ -167,7 +167,7 @@ class JsonFormat(BodyFormat):
         return Typed(whole, schema, set().union(*(p.widened for p in parts)) & _paths(known),
                      sum(p.unreadable for p in parts))
 
-    def _read(self, values: list, known: pa.Schema, parts: list[tuple[Typed, list]]) -> pa.Schema:
+    def _read(self, values: list, known: pa.Schema, parts: list[tuple[Typed, list]], tries: list[int]) -> pa.Schema:
         """Read ``values`` into ``parts``, fast where pyarrow's answer is the exact one; the schema
         after.  A body pyarrow names as not fitting is read alone, exactly, and the rest around it
         fast again: a field one producer sends as a number now and then costs its bodies alone."""
@@ -178,7 +178,7 @@ class JsonFormat(BodyFormat):
             # that often do not fit would otherwise cost a parse of the whole rest each.
             rest = values[start:start + window]
             if start + window < len(values):
-                known = self._read(rest, known, parts)
+                known = self._read(rest, known, parts, tries)
                 start, window = start + len(rest), min(len(values), window * 2)
                 continue
             objects = [i for i, b in enumerate(rest) if _looks_like_object(b)]
@@ -192,12 +192,16 @@ class JsonFormat(BodyFormat):
                 except _Row as e:
                     self._remember(e.why)
                     if e.at:
-                        known = self._read(rest[:e.at], known, parts)
+                        known = self._read(rest[:e.at], known, parts, tries)
                     parts.append((self._exact(rest[e.at:e.at + 1], known), rest[e.at:e.at + 1]))
                     known, start = parts[-1][0].schema, start + e.at + 1
                     # the rest of this batch apart, now that the field is remembered (the bodies
-                    # that show it are outside every fast part, so this recurses only on a new one)
-                    apart = self._apart(values[start:], known) if len(values) - start >= APART_ROWS else None
+                    # that show it are outside every fast part, so this recurses only on a new
+                    # one); ``tries``: once a batch, as an attempt that fails costs a parse of the rest
+                    apart = None
+                    if tries[0] and len(values) - start >= APART_ROWS:
+                        tries[0] -= 1
+                        apart = self._apart(values[start:], known)
                     if apart is not None:
                         parts.append((apart, values[start:]))
                         return apart.schema
@@ -208,7 +212,7 @@ class JsonFormat(BodyFormat):
                         parts.append((self._exact(rest, known), rest))
                         return parts[-1][0].schema
                     half = len(rest) // 2
-                    return self._read(rest[half:], self._read(rest[:half], known, parts), parts)
+                    return self._read(rest[half:], self._read(rest[:half], known, parts, tries), parts, tries)
             else:
                 parts.append((self._exact(rest, known), rest))
                 return parts[-1][0].schema
@@ -584,7 +588,7 @@ def _same_fields(a: pa.Schema, b: pa.Schema) -> bool:
             return [f.name for f in x] == [f.name for f in y] and all(same(f.type, g.type) for f, g in zip(x, y))
         if pa.types.is_list(x) and pa.types.is_list(y):
             return same(x.value_type, y.value_type)
-        return x == y or {str(x), str(y)} == {"int64", "double"}
+        return x == y or {x, y} == {pa.int64(), pa.float64()}
     return same(pa.struct(list(a)), pa.struct(list(b)))
 
 
