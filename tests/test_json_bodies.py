@@ -223,6 +223,13 @@ def test_a_field_that_did_not_fit_is_read_apart_from_then_on_with_the_in_order_a
             for i in range(2000)]
     check(lone, known, fmt)
     assert len(tries) == 2, len(tries)
+    # a field named outside ASCII, as producers write it: found in the body's own bytes
+    named = JsonFormat()
+    bodies = [json.dumps({"é": "s", "n": i}, ensure_ascii=False).encode() for i in range(300)]
+    bodies[7] = json.dumps({"é": 5, "n": 7}, ensure_ascii=False).encode()
+    known_named = check(bodies, pa.schema([]), named).schema
+    assert [i for i, b in enumerate(bodies) if named._screen.search(b)] == [7]
+    check(bodies, known_named, named)
     # a topic whose first customer was a number: every later string one is odd, and read apart
     fmt = JsonFormat()
     known = check(orders[5:400], pa.schema([]), fmt).schema

@@ -150,7 +150,7 @@ class JsonFormat(BodyFormat):
         if start is None or name in ("", "[]"):
             return  # a list's items: their field has no name of its own to find
         # a new set, never one changed in place: the tables' threads may share this format
-        misfits = self._misfits | {re.escape(json.dumps(name).encode()) + rb"\s*:\s*" + start}
+        misfits = self._misfits | {re.escape(json.dumps(name, ensure_ascii=False).encode()) + rb"\s*:\s*" + start}
         self._screen, self._misfits = re.compile(b"|".join(sorted(misfits))), misfits
 
     def _in_order(self, values: list, known: pa.Schema) -> Typed:
