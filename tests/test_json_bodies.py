@@ -213,8 +213,8 @@ def test_a_field_that_did_not_fit_is_read_apart_from_then_on_with_the_in_order_a
     two_new = [json.dumps({"customer": f"c-{i}", "g": i, "h": i}).encode() for i in range(300)]
     two_new[150:150] = [json.dumps({"customer": 7, "h": 1}).encode()]
     check(two_new, known, fmt)
-    # odd bodies that each add a field the rest lack: read in order, with one try apart a batch
-    # besides the first (a try that fails costs a parse of the rest of the batch)
+    # odd bodies that each add a field the rest lack: read in order, each try apart after the first
+    # made on at most half as many bodies as the one before (a try that fails costs a parse of the rest)
     tries = []
     real_apart = jb.JsonFormat._apart
     monkeypatch.setattr(jb.JsonFormat, "_apart", lambda self, *a: (self is fmt and tries.append(1))
@@ -222,7 +222,7 @@ def test_a_field_that_did_not_fit_is_read_apart_from_then_on_with_the_in_order_a
     lone = [json.dumps({"customer": 7, f"only{i}": i} if i % 31 == 5 else {"customer": f"c-{i}"}).encode()
             for i in range(2000)]
     check(lone, known, fmt)
-    assert len(tries) == 2, len(tries)
+    assert 2 <= len(tries) <= 5, len(tries)  # 2,000 bodies, then at most 1,000, 500, 250 (APART_ROWS: 256)
     # a field named outside ASCII, as producers write it: found in the body's own bytes
     named = JsonFormat()
     bodies = [json.dumps({"é": "s", "n": i}, ensure_ascii=False).encode() for i in range(300)]

@@ -155,7 +155,7 @@ class JsonFormat(BodyFormat):
 
     def _in_order(self, values: list, known: pa.Schema) -> Typed:
         read: list[tuple[Typed, list]] = []
-        self._read(values, known, read, [1])
+        self._read(values, known, read, [len(values) + 1])
         schema = read[-1][0].schema if read else known
         # A part that left out a field's values for want of a type ({} or [] alone), where a later
         # part gave the field one: read again against the batch's schema, so they fit it or are marked.
@@ -197,11 +197,12 @@ class JsonFormat(BodyFormat):
                     known, start = parts[-1][0].schema, start + e.at + 1
                     # the rest of this batch apart, now that the field is remembered (the bodies
                     # that show it are outside every fast part, so this recurses only on a new
-                    # one); ``tries``: once a batch, as an attempt that fails costs a parse of the rest
-                    apart = None
-                    if tries[0] and len(values) - start >= APART_ROWS:
-                        tries[0] -= 1
+                    # one).  A try that fails costs a parse of the rest, so the next is made only
+                    # on at most half as many bodies (``tries``): all of them cost at most two parses.
+                    apart, left = None, len(values) - start
+                    if APART_ROWS <= left < tries[0]:
                         apart = self._apart(values[start:], known)
+                        tries[0] = left // 2 if apart is None else tries[0]
                     if apart is not None:
                         parts.append((apart, values[start:]))
                         return apart.schema
