@@ -130,10 +130,11 @@ class JsonFormat(BodyFormat):
         fast = self._in_order([values[i] for i in order[:len(values) - len(suspects)]], known)
         if fast.dropped:
             return None
-        exact = self._exact(odd, fast.schema)
+        parsed = _parse(odd)  # once, for both schemas below
+        exact = self._exact(odd, fast.schema, parsed)
         if exact.dropped or not _same_fields(exact.schema, fast.schema):
             return None  # the odd bodies add a field the rest do not have
-        if not _same_fields(fast.schema, known) and not _agrees(known, fast.schema, self._exact(odd, known).schema):
+        if not _same_fields(fast.schema, known) and not _agrees(known, fast.schema, _evolved(parsed, known)[0]):
             return None
         whole = pa.concat_tables([as_schema(fast.columns, exact.schema), as_schema(exact.columns, exact.schema)])
         back = pa.array(sorted(range(len(order)), key=order.__getitem__), type=pa.int64())
@@ -263,20 +264,10 @@ class JsonFormat(BodyFormat):
 
     # ------------------------------------------------------------ the reference: body by body
 
-    def _exact(self, values: list, known: pa.Schema) -> Typed:
-        parsed: list[dict | None] = []
-        for body in values:
-            try:
-                value = json.loads(body) if body else None
-            except (ValueError, UnicodeDecodeError):
-                value = None
-            parsed.append(_clean_object(value) if isinstance(value, dict) else None)
-        types = {f.name: f.type for f in known}
-        widened: set[str] = set()
-        for obj in parsed:
-            if obj is not None:
-                _unify_fields(types, obj, set(known.names), widened, "")
-        evolved = pa.schema([pa.field(name, t) for name, t in types.items() if t is not None])
+    def _exact(self, values: list, known: pa.Schema, parsed: list[dict | None] | None = None) -> Typed:
+        """``values`` by the reference rules; ``parsed``: their ``_parse``, when the caller has it."""
+        parsed = _parse(values) if parsed is None else parsed
+        evolved, widened = _evolved(parsed, known)
         rows, errors = [], []
         for obj, body in zip(parsed, values):
             if obj is None:
@@ -294,6 +285,28 @@ class JsonFormat(BodyFormat):
 
 
 # ---------------------------------------------------------------- the exact path's rules
+
+
+def _parse(values: list) -> list[dict | None]:
+    """Each body as the standard library parses it, its names cleaned; None where it is not an object."""
+    parsed: list[dict | None] = []
+    for body in values:
+        try:
+            value = json.loads(body) if body else None
+        except (ValueError, UnicodeDecodeError):
+            value = None
+        parsed.append(_clean_object(value) if isinstance(value, dict) else None)
+    return parsed
+
+
+def _evolved(parsed: list[dict | None], known: pa.Schema) -> tuple[pa.Schema, set[str]]:
+    """``known`` grown by the parsed bodies, in their order, and the paths of it that widened."""
+    types = {f.name: f.type for f in known}
+    widened: set[str] = set()
+    for obj in parsed:
+        if obj is not None:
+            _unify_fields(types, obj, set(known.names), widened, "")
+    return pa.schema([pa.field(name, t) for name, t in types.items() if t is not None]), widened
 
 
 def _clean_object(obj: dict, top: bool = True) -> dict:
