@@ -707,15 +707,26 @@ def test_readme_table_examples_run_against_a_real_tier(spark, tmp_path):
 SPARK_READER = Path(__file__).parents[1] / ".cache" / "spark-reader" / "bin" / "python"
 
 
-def run_spark_reader(block: str, tmp_path) -> dict:
-    """Runs a README Spark block in the downstream reader's Spark (``./dev`` sets it up), with the
-    jars ``./dev`` fetched in place of ``spark.jars.packages``; returns its results as JSON."""
-    import re
+def spark_reader_output(script: str, tmp_path) -> dict:
+    """Runs ``script`` in the downstream reader's Spark (``./dev`` sets it up); the JSON of its
+    last line of output."""
     import subprocess
+
+    assert SPARK_READER.exists(), f"{SPARK_READER} is missing: run `./dev setup`"
+    (tmp_path / "spark_reader.py").write_text(script)
+    result = subprocess.run([str(SPARK_READER), str(tmp_path / "spark_reader.py")], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_spark_reader(block: str, tmp_path) -> dict:
+    """Runs a README Spark block in the downstream reader's Spark, with the jars ``./dev`` fetched
+    in place of ``spark.jars.packages``; returns its results as JSON."""
+    import re
 
     from tests.jvm import classpath
 
-    assert SPARK_READER.exists(), f"{SPARK_READER} is missing: run `./dev setup`"
     jars = ",".join(classpath("spark-iceberg").split(":"))
     script = re.sub(r'\.config\("spark\.jars\.packages",.*?\)\n', f'.config("spark.jars", "{jars}")\n', block,
                     count=1, flags=re.S)
@@ -724,22 +735,15 @@ def run_spark_reader(block: str, tmp_path) -> dict:
                                                         '.master("local[1]").getOrCreate())')
               + "\nprint(json.dumps({'per_queue': [list(r) for r in per_queue],"
                 " 'value': [[base64.b64encode(bytes(r[0])).decode()] for r in value]}))\n")
-    (tmp_path / "spark_reader.py").write_text(script)
-    result = subprocess.run([str(SPARK_READER), str(tmp_path / "spark_reader.py")], capture_output=True, text=True,
-                            timeout=300, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return spark_reader_output(script, tmp_path)
 
 
 def run_spark_sql(catalog_uri: str, warehouse: str, queries: dict[str, str], tmp_path) -> dict[str, list[dict]]:
     """Each of ``queries`` as the downstream reader's Spark answers it over tierlog's SQLite catalog
     (a ``jdbc`` catalog named ``tierlog``, as reading.md configures it): its rows as dicts, structs
     as dicts, timestamps as ISO strings, bytes as base64."""
-    import subprocess
-
     from tests.jvm import classpath
 
-    assert SPARK_READER.exists(), f"{SPARK_READER} is missing: run `./dev setup`"
     assert catalog_uri.startswith("sqlite:///"), catalog_uri
     script = f"""
 import base64, datetime, json
@@ -764,11 +768,7 @@ def plain(v):
 out = {{name: [plain(r.asDict(recursive=True)) for r in spark.sql(q).collect()] for name, q in {queries!r}.items()}}
 print(json.dumps(out))
 """
-    (tmp_path / "spark_sql.py").write_text(script)
-    result = subprocess.run([str(SPARK_READER), str(tmp_path / "spark_sql.py")], capture_output=True, text=True,
-                            timeout=300, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return spark_reader_output(script, tmp_path)
 
 
 def test_a_sync_that_fails_after_its_commit_landed_registers_nothing_twice(tmp_path, monkeypatch):

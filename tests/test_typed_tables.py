@@ -105,23 +105,20 @@ def assert_spark_reads_the_typed_columns(table, tables_settings, tmp_path) -> No
     got = run_spark_sql(tables_settings.catalog_uri, tables_settings.warehouse, {
         "rows": f"select queue_id, queue_offset, body, {columns} from {name}",
         "filtered": f"select count(*) as n from {name} where amount > 100 and paid"}, tmp_path)
+    def empty_as_null(row: dict) -> dict:
+        # pyiceberg's null list of structs, read as empty (issue 3833, above): Spark reads the null
+        return {c: None if v == [] and c in typed else v for c, v in row.items()}
+
     want = table.scan(selected_fields=("queue_id", "queue_offset", "body", *typed)).to_arrow().to_pylist()
     for row in want:
         row["body"] = base64.b64encode(row["body"]).decode()
         for c in times:
             row[c] = None if row[c] is None else round(row[c].timestamp() * 1_000_000)
-        # pyiceberg's null list of structs, read as empty (issue 3833, above): Spark reads the null
-        for c, v in row.items():
-            if v == [] and c in typed:
-                row[c] = None
+    want = [empty_as_null(row) for row in want]
 
     def key(r):
         return r["queue_id"], r["queue_offset"]
-    spark_rows = sorted(got["rows"], key=key)
-    for r in spark_rows:
-        for c, v in r.items():
-            if v == [] and c in typed:
-                r[c] = None
+    spark_rows = sorted((empty_as_null(r) for r in got["rows"]), key=key)
     assert len(spark_rows) == len(want)
     assert spark_rows == sorted(want, key=key)
     assert got["filtered"] == [{"n": sum(1 for r in want if r["amount"] is not None and r["amount"] > 100 and r["paid"])}]
